@@ -1,0 +1,3 @@
+from verl_cluster.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""The `verl-cluster` command: parse, call the library, print. Subcommands live in sibling modules."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from verl_cluster import __version__
+from verl_cluster.cli.output import report_error
+
+# subcommand name -> module under verl_cluster.cli (each has add_parser(sub) and run(args) -> int)
+COMMANDS = {
+    "up": "lifecycle_cmds",
+    "down": "lifecycle_cmds",
+    "status": "lifecycle_cmds",
+    "check": "check_cmd",
+    "doctor": "doctor_cmd",
+    "plan": "plan_cmd",
+    "submit": "submit_cmd",
+    "jobs": "jobs_cmds",
+    "logs": "jobs_cmds",
+    "stop": "jobs_cmds",
+}
+
+
+def common_flags() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verl-cluster",
+        description="Start, check, plan and launch multi-node verl RL runs on Ray.",
+        parents=[common_flags()],
+    )
+    parser.add_argument("--version", action="version", version=f"verl-cluster {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    loaded = set()
+    for name, module in COMMANDS.items():
+        if module in loaded:
+            continue
+        try:
+            mod = importlib.import_module(f"verl_cluster.cli.{module}")
+        except ModuleNotFoundError as e:
+            if e.name == f"verl_cluster.cli.{module}":
+                continue  # subcommand not built yet
+            raise
+        mod.add_parsers(sub, common_flags())
+        loaded.add(module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as e:  # argparse: 2 on bad arguments
+        return int(e.code) if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except BaseException as e:  # noqa: BLE001 - the one place errors become messages
+        return report_error(e, debug)

@@ -1,0 +1,35 @@
+"""Printing helpers shared by the subcommands: JSON, rich tables, errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from verl_cluster.errors import EXIT_UNHEALTHY, VerlClusterError
+
+out = Console(highlight=False, soft_wrap=True)  # data
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # progress, messages
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def report_error(e: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(e, file=sys.stderr)
+    if isinstance(e, VerlClusterError):
+        err.print(f"[bold red]error:[/] {escape(e.message)}")
+        if e.hint:
+            err.print(f"[yellow]hint:[/] {escape(e.hint)}")
+        return e.exit_code
+    err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))}")
+    if not debug:
+        err.print("[yellow]hint:[/] run again with --debug for the traceback, and report it")
+    return EXIT_UNHEALTHY

@@ -1,0 +1,190 @@
+"""cluster.yaml schema: frozen dataclasses, parsed once by `load_cluster`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import MISSING
+
+from verl_cluster.config.loader import load
+from verl_cluster.errors import ConfigError
+
+LOCAL_HOSTS = ("localhost", "local", "127.0.0.1")
+
+
+@dataclass(frozen=True)
+class SshSpec:
+    user: Optional[str] = None  # default: ~/.ssh/config, then the current user
+    port: int = 22
+    key_file: Optional[str] = None  # default: ~/.ssh/config IdentityFile, agent, ~/.ssh/id_*
+    known_hosts_file: str = "~/.ssh/known_hosts"
+    connect_timeout_s: float = 10.0
+    command_timeout_s: float = 120.0
+    keepalive_s: int = 15
+    accept_new_host_keys: bool = False
+    use_ssh_config: bool = True
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    host: str = MISSING
+    node_ip: Optional[str] = None  # address Ray advertises; default: host (must then be an IP)
+    ssh_user: Optional[str] = None
+    ssh_port: Optional[int] = None
+    ssh_key_file: Optional[str] = None
+    gpus: Optional[int] = None  # default: NVML count on that node
+    cpus: Optional[int] = None
+    resources: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    ray_executable: Optional[str] = None  # per-node override of ray.ray_executable
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in LOCAL_HOSTS
+
+
+@dataclass(frozen=True)
+class HeadSpec(NodeSpec):
+    gcs_port: int = 6379
+    dashboard_port: int = 8265
+    ray_client_port: int = 10001
+
+
+@dataclass(frozen=True)
+class PortsSpec:
+    """Ports Ray would otherwise pick at random; pinned so they can be firewalled and checked."""
+
+    node_manager: int = 6700
+    object_manager: int = 6701
+    dashboard_agent_grpc: int = 6702
+    dashboard_agent_listen: int = 52365
+    metrics_export: int = 6703
+    runtime_env_agent: int = 6704
+    min_worker: int = 10002
+    max_worker: int = 19999
+
+
+@dataclass(frozen=True)
+class RaySpec:
+    ray_executable: Optional[str] = None  # absolute path on the nodes; default: the `ray` beside this Python
+    temp_dir: str = "/tmp/vc-{cluster_name}"  # short: Ray's unix sockets must stay under 107 chars
+    object_store_memory: Optional[int] = None
+    start_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ports: PortsSpec = field(default_factory=PortsSpec)
+    start_timeout_s: float = 90.0
+    register_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    backend: str = field(default="auto", metadata={"choices": ("auto", "ucx", "tcp")})
+    interface: str = "auto"  # auto or an interface name, e.g. eth1
+
+
+@dataclass(frozen=True)
+class SecuritySpec:
+    auth: str = field(default="token", metadata={"choices": ("token", "none")})
+    dashboard_host: str = field(default="loopback", metadata={"choices": ("loopback", "private", "all")})
+    token_file: str = "~/.verl-cluster/{cluster_name}/auth_token"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    cluster_name: str = MISSING
+    head: HeadSpec = MISSING
+    workers: list[NodeSpec] = field(default_factory=list)
+    ssh: SshSpec = field(default_factory=SshSpec)
+    ray: RaySpec = field(default_factory=RaySpec)
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    security: SecuritySpec = field(default_factory=SecuritySpec)
+    source: str = "<memory>"  # the file it came from (set by load_cluster)
+
+    # ---- derived values: one place that knows the defaults ----
+    def nodes(self) -> list[tuple[str, NodeSpec]]:
+        """(role, spec) for the head then every worker."""
+        return [("head", self.head)] + [("worker", w) for w in self.workers]
+
+    def node_ip(self, node: NodeSpec) -> str:
+        if node.node_ip:
+            return node.node_ip
+        if node.is_local:
+            return "127.0.0.1"
+        return node.host
+
+    @property
+    def head_ip(self) -> str:
+        return self.node_ip(self.head)
+
+    @property
+    def gcs_address(self) -> str:
+        return f"{self.head_ip}:{self.head.gcs_port}"
+
+    @property
+    def temp_dir(self) -> str:
+        return self.ray.temp_dir.format(cluster_name=self.cluster_name)
+
+    @property
+    def token_file(self) -> Path:
+        return Path(os.path.expanduser(self.security.token_file.format(cluster_name=self.cluster_name)))
+
+    def ray_executable(self, node: NodeSpec) -> str:
+        if node.ray_executable:
+            return node.ray_executable
+        if self.ray.ray_executable:
+            return self.ray.ray_executable
+        return str(Path(sys.executable).with_name("ray"))
+
+    def python_executable(self, node: NodeSpec) -> str:
+        """The Python of the environment that holds `ray` on that node (same bin/ folder)."""
+        ray = self.ray_executable(node)
+        return str(Path(ray).with_name("python")) if "/" in ray else "python3"
+
+    def dashboard_bind_host(self) -> str:
+        return {"loopback": "127.0.0.1", "private": self.head_ip, "all": "0.0.0.0"}[self.security.dashboard_host]
+
+
+def _check_semantics(spec: ClusterSpec) -> None:
+    src = spec.source
+    if not spec.cluster_name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(
+            f"{src}: cluster_name `{spec.cluster_name}` may hold only letters, digits, '-' and '_'",
+            "it names temp dirs and files on every node",
+        )
+    seen: dict[str, str] = {}
+    for role, node in spec.nodes():
+        ip = spec.node_ip(node)
+        if ip in seen:
+            raise ConfigError(f"{src}: {role} `{node.host}` has the same address {ip} as {seen[ip]}",
+                              "each node needs its own address; set node_ip if two names point to one machine")
+        seen[ip] = f"{role} `{node.host}`"
+        if node.gpus is not None and node.gpus < 0:
+            raise ConfigError(f"{src}: {role} `{node.host}`: gpus must be >= 0")
+    if spec.workers and spec.head.is_local and not spec.head.node_ip:
+        raise ConfigError(
+            f"{src}: head is `{spec.head.host}` but the cluster has workers: they cannot reach 127.0.0.1",
+            "set head.node_ip to this machine's address on the network the workers share",
+        )
+    p = spec.ray.ports
+    if not 0 < p.min_worker <= p.max_worker < 65536:
+        raise ConfigError(f"{src}: ray.ports.min_worker..max_worker must be a valid port range")
+    if len(spec.temp_dir) > 60:
+        raise ConfigError(f"{src}: ray.temp_dir `{spec.temp_dir}` is too long ({len(spec.temp_dir)} chars)",
+                          "Ray's unix socket paths must stay under 107 chars: keep temp_dir under 60")
+    if not spec.temp_dir.startswith("/"):
+        raise ConfigError(f"{src}: ray.temp_dir must be an absolute path, got `{spec.temp_dir}`")
+
+
+def load_cluster(path: str | os.PathLike, overrides: list[str] | None = None) -> ClusterSpec:
+    """Parse and validate a cluster.yaml; raises ConfigError with file:line on bad input."""
+    from dataclasses import replace
+
+    spec = load(path, ClusterSpec, overrides)
+    spec = replace(spec, source=str(path))
+    _check_semantics(spec)
+    return spec

@@ -1,0 +1,137 @@
+"""Job spec schema (launch/*.yaml): one file describes a run for both `plan` and `submit`.
+
+verl settings stay in verl's own key names under `overrides` (the one source of truth); `model` and
+`data` are lifted out because preflight and the planner need them, and are turned back into overrides.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from verl_cluster.config.loader import apply_dotlist, build, read_yaml
+from verl_cluster.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: Optional[str] = None  # local HF dir (on the nodes) or hub name
+    catalog: Optional[str] = None  # shape from the shipped catalog, e.g. qwen2.5-0.5b
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    strategy: str = field(default="auto", metadata={"choices": ("auto", "colocate", "split", "separate-reward")})
+    gpus: Optional[str] = None  # hypothetical hardware, e.g. 2x8xH100-80GB (plan --gpus wins)
+
+
+@dataclass(frozen=True)
+class TorchrunSpec:
+    nproc_per_node: Optional[int] = None  # default: GPUs per node, or 1 on CPU nodes
+    master_port: int = 29500
+    rdzv_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str = "???"
+    entrypoint: Optional[str] = None  # a Python module run as `python -m`, e.g. verl.trainer.main_ppo
+    command: list[str] = field(default_factory=list)  # or a command (argv)
+    args: list[str] = field(default_factory=list)  # extra argv after the module / command
+    launcher: str = field(default="auto", metadata={"choices": ("auto", "ray", "torchrun")})
+    cluster: Optional[str] = None  # cluster.yaml, relative to this file; default cluster_configs/local.yaml
+    model: ModelSpec = field(default_factory=ModelSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    placement: PlacementSpec = field(default_factory=PlacementSpec)
+    overrides: dict[str, Any] = field(default_factory=dict)  # verl Hydra overrides, verl key names
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)  # names of env vars read from the submitting shell
+    working_dir: Optional[str] = None  # local code shipped with the job (Ray runtime_env working_dir)
+    runtime_env: dict[str, Any] = field(default_factory=dict)  # extra runtime_env keys (pip, excludes, ...)
+    torchrun: TorchrunSpec = field(default_factory=TorchrunSpec)
+    source: str = "<memory>"
+
+    def verl_overrides(self) -> dict[str, Any]:
+        """Flat verl overrides: model/data lifted back in, then the user's `overrides` (which win)."""
+        out: dict[str, Any] = {}
+        if self.model.path:
+            out["actor_rollout_ref.model.path"] = self.model.path
+            out["critic.model.path"] = self.model.path
+        if self.data.train_files:
+            out["data.train_files"] = list(self.data.train_files)
+        if self.data.val_files:
+            out["data.val_files"] = list(self.data.val_files)
+        out.update(self.overrides)
+        return out
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Effective value of a verl key (`a.b.c`) as this job sets it, else `default`."""
+        return self.verl_overrides().get(key, default)
+
+    @property
+    def is_ray_only(self) -> bool:
+        return (self.entrypoint or "").startswith("verl.trainer.main_")
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    if not isinstance(data, dict):
+        return {prefix: data} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+JOB_KEYS = {f for f in JobSpec.__dataclass_fields__ if f != "source"}
+
+
+def load_job(path: str | os.PathLike, cli_overrides: list[str] | None = None) -> JobSpec:
+    """Parse a job spec. CLI `key=value` items whose first part is a job field (e.g. `placement.strategy=split`)
+    change the spec; all others are verl overrides (`data.train_batch_size=256`)."""
+    data, lines = read_yaml(path)
+    src = str(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{src}:1: expected a mapping at the top level")
+    if isinstance(data.get("overrides"), dict):
+        data = dict(data, overrides=flatten(data["overrides"]))
+    spec_items, verl_items = [], []
+    for item in cli_overrides or []:
+        key = item.partition("=")[0].strip().lstrip("+")
+        (spec_items if key.split(".")[0] in JOB_KEYS and key.split(".")[0] != "overrides" else verl_items).append(item)
+    if spec_items:
+        data = apply_dotlist(data, spec_items, src)
+    if verl_items:
+        extra = flatten(apply_dotlist({}, verl_items, src))
+        data = dict(data, overrides={**(data.get("overrides") or {}), **extra})
+    job = build(JobSpec, data, src, lines)
+    job = replace(job, source=src)
+    if bool(job.entrypoint) == bool(job.command):
+        raise ConfigError(f"{src}: set exactly one of `entrypoint` (a Python module) or `command` (an argv list)",
+                          "e.g. entrypoint: verl.trainer.main_ppo")
+    if job.launcher == "torchrun" and job.is_ray_only:
+        raise ConfigError(f"{src}: `{job.entrypoint}` runs on Ray; launcher torchrun cannot run it",
+                          "use launcher: ray (or auto)")
+    return job
+
+
+def job_cluster_path(job: JobSpec, default: str | None = None) -> Optional[Path]:
+    """The cluster file a job names, resolved relative to the job file."""
+    if job.cluster:
+        p = Path(job.cluster)
+        return p if p.is_absolute() or p.exists() else Path(job.source).parent / p
+    return Path(default) if default else None
