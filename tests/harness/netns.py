@@ -1,0 +1,239 @@
+"""Hosts made of Linux namespaces, for integration tests with real sshd and real Ray.
+
+Layout: a bridge `vcbr<N>` in the root namespace holding 10.213.N.1/24 (so the test process can reach
+the hosts), one veth per host namespace, host addresses 10.213.N.(10+i) that exist only inside the
+namespaces this lab creates. Each host runs under
+    ip netns exec NS unshare --pid --fork --mount-proc --kill-child ...
+so `ray stop` or a killall inside one host cannot touch another, and SIGKILL on the wrapper ends the
+whole host. /tmp and /root are private tmpfs mounts per host, as on separate machines.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BASE = Path("/var/tmp/vc-lab")  # host-side files: outside /tmp, which each host mounts privately
+
+
+def integration_ready() -> str | None:
+    """None when this machine can run namespace hosts, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "unshare", "nsenter", "ssh-keygen"):
+        if not shutil.which(tool):
+            return f"`{tool}` not installed"
+    if not Path("/usr/sbin/sshd").exists():
+        return "openssh-server not installed"
+    return None
+
+
+def _sh(*argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=timeout)
+
+
+@dataclass
+class Host:
+    name: str
+    ns: str
+    ip: str
+    home: Path  # host-side folder with its sshd config and keys
+    wrapper: subprocess.Popen | None = None
+    sshd: bool = False
+    extra_ips: list[str] = field(default_factory=list)
+
+    @property
+    def init_pid(self) -> int:
+        """PID (in the root namespace) of the host's PID-namespace init, for nsenter."""
+        assert self.wrapper is not None, f"{self.name} is not running"
+        for _ in range(100):
+            kids = Path(f"/proc/{self.wrapper.pid}/task/{self.wrapper.pid}/children").read_text().split()
+            if kids:
+                return int(kids[0])
+            time.sleep(0.02)
+        raise RuntimeError(f"{self.name}: host init did not start")
+
+    @property
+    def alive(self) -> bool:
+        return self.wrapper is not None and self.wrapper.poll() is None
+
+    def run(self, argv: list[str], timeout: float = 60, check: bool = False,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+        """Run argv inside this host (its network, PID and mount namespaces)."""
+        full = ["nsenter", "-t", str(self.init_pid), "-n", "-p", "-m", "--"] + argv
+        return subprocess.run(full, capture_output=True, text=True, timeout=timeout, check=check,
+                              env={**os.environ, **(env or {})})
+
+    def pids(self, pattern: str) -> list[int]:
+        r = self.run(["pgrep", "-f", pattern])
+        return [int(p) for p in r.stdout.split()]
+
+
+class NetnsLab:
+    """Creates and tears down namespace hosts. Use as a context manager or via the pytest fixture."""
+
+    def __init__(self, tag: str = "t"):
+        BASE.mkdir(parents=True, exist_ok=True)
+        self.n = self._claim_subnet()
+        self.bridge = f"vcbr{self.n}"
+        self.prefix = f"vc{self.n}"
+        self.subnet = f"10.213.{self.n}"
+        self.dir = BASE / f"lab{self.n}"
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        self.hosts: list[Host] = []
+        self.tag = tag
+        self._make_keys()
+        _sh("ip", "link", "add", self.bridge, "type", "bridge")
+        _sh("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+        _sh("ip", "link", "set", self.bridge, "up")
+
+    # ---- subnet bookkeeping: one lab per /24, locked so parallel test runs never collide ----
+    def _claim_subnet(self) -> int:
+        for n in range(20, 250):
+            lock = open(BASE / f"subnet{n}.lock", "w")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            self._lock = lock
+            # leftovers of a crashed earlier lab on this subnet: remove them
+            _sh("ip", "link", "del", f"vcbr{n}", check=False)
+            for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
+                ns = line.split()[0] if line.strip() else ""
+                if ns.startswith(f"vc{n}-"):
+                    _sh("ip", "netns", "pids", ns, check=False)
+                    _sh("ip", "netns", "del", ns, check=False)
+            return n
+        raise RuntimeError("no free lab subnet")
+
+    def _make_keys(self) -> None:
+        self.client_key = self.dir / "id_ed25519"
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.client_key))
+        self.known_hosts = self.dir / "known_hosts"
+        self.known_hosts.write_text("")
+        os.chmod(self.client_key, 0o600)
+
+    # ---- hosts ----
+    def add_host(self, name: str, sshd: bool = True, known: bool = True) -> Host:
+        i = len(self.hosts)
+        ns = f"{self.prefix}-{name}"
+        ip = f"{self.subnet}.{10 + i}"
+        veth = f"{self.prefix}v{i}"
+        _sh("ip", "netns", "add", ns)
+        _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _sh("ip", "link", "set", veth, "master", self.bridge)
+        _sh("ip", "link", "set", veth, "up")
+        for argv in (["ip", "addr", "add", f"{ip}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                     ["ip", "link", "set", "lo", "up"]):
+            _sh("ip", "netns", "exec", ns, *argv)
+        home = self.dir / name
+        home.mkdir()
+        host = Host(name, ns, ip, home)
+        self._write_sshd_files(host, known)
+        self.hosts.append(host)
+        self.start(host, sshd=sshd)
+        return host
+
+    def _write_sshd_files(self, host: Host, known: bool) -> None:
+        key = host.home / "host_ed25519"
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+        shutil.copy(f"{self.client_key}.pub", host.home / "authorized_keys")
+        (host.home / "sshd_config").write_text(
+            f"ListenAddress {host.ip}\nPort 22\nHostKey {key}\nAuthorizedKeysFile {host.home}/authorized_keys\n"
+            f"PidFile {host.home}/sshd.pid\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "PubkeyAuthentication yes\nUsePAM no\nStrictModes no\nPermitRootLogin yes\n"
+            "Subsystem sftp internal-sftp\nMaxSessions 64\nMaxStartups 64\nLogLevel VERBOSE\n")
+        if known:
+            pub = Path(f"{key}.pub").read_text().split()
+            with open(self.known_hosts, "a") as f:
+                f.write(f"{host.ip} {pub[0]} {pub[1]}\n")
+
+    def start(self, host: Host, sshd: bool = True) -> None:
+        """Boot the host: a PID namespace with private /tmp and /root, running sshd (or just sleeping)."""
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        main = (f"exec /usr/sbin/sshd -D -f {host.home}/sshd_config -E {host.home}/sshd.log" if sshd
+                else "exec sleep infinity")
+        boot = f"mount -t tmpfs -o size=2g tmpfs /tmp && mount -t tmpfs tmpfs /root && {main}"
+        host.wrapper = subprocess.Popen(
+            ["ip", "netns", "exec", host.ns, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+             "sh", "-c", boot], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        host.sshd = sshd
+        if sshd:
+            self._wait_port(host, 22)
+
+    def _wait_port(self, host: Host, port: int, timeout: float = 10) -> None:
+        import socket
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if host.wrapper.poll() is not None:
+                raise RuntimeError(f"{host.name} died: {host.wrapper.stderr.read().decode()[-500:]}")
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                if s.connect_ex((host.ip, port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"{host.name}: port {port} not open after {timeout}s")
+
+    def stop(self, host: Host) -> None:
+        """Power the host off: every process in it dies."""
+        if host.wrapper and host.wrapper.poll() is None:
+            host.wrapper.send_signal(signal.SIGKILL)
+            host.wrapper.wait(10)
+        host.wrapper = None
+
+    def stop_sshd(self, host: Host) -> None:
+        """Keep the host up but with no SSH server (`unreachable` for our CLI)."""
+        self.stop(host)
+        self.start(host, sshd=False)
+
+    def add_interface(self, host: Host, name: str, ip_cidr: str) -> None:
+        """A second interface (a dummy link) that does not reach the bridge."""
+        _sh("ip", "netns", "exec", host.ns, "ip", "link", "add", name, "type", "dummy")
+        _sh("ip", "netns", "exec", host.ns, "ip", "addr", "add", ip_cidr, "dev", name)
+        _sh("ip", "netns", "exec", host.ns, "ip", "link", "set", name, "up")
+        host.extra_ips.append(ip_cidr)
+
+    # ---- cluster files for the product ----
+    def cluster_yaml(self, head: Host | str, workers: list[Host], name: str | None = None,
+                     extra: str = "", path: Path | None = None) -> Path:
+        """Write a cluster.yaml for these hosts (head may be 'localhost')."""
+        name = name or f"lab{self.n}"
+        ray = str(Path(sys.executable).with_name("ray"))
+        head_host = head if isinstance(head, str) else head.ip
+        lines = [f"cluster_name: {name}", "head:", f"  host: {head_host}"]
+        lines += ["workers:"] + [f"  - host: {w.ip}" for w in workers] if workers else ["workers: []"]
+        lines += ["ssh:", "  user: root", f"  key_file: {self.client_key}", f"  known_hosts_file: {self.known_hosts}",
+                  "  connect_timeout_s: 5",
+                  "ray:", f"  ray_executable: {ray}", f"  temp_dir: /tmp/vc-{name}",
+                  "  object_store_memory: 209715200",
+                  "security:", f"  token_file: {self.dir}/{name}-token"]
+        text = "\n".join(lines) + "\n" + extra
+        path = path or self.dir / f"{name}.yaml"
+        path.write_text(text)
+        return path
+
+    # ---- teardown ----
+    def close(self) -> None:
+        for h in self.hosts:
+            self.stop(h)
+        for h in self.hosts:
+            _sh("ip", "netns", "del", h.ns, check=False)
+        _sh("ip", "link", "del", self.bridge, check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self._lock.close()
+
+    def __enter__(self) -> "NetnsLab":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
