@@ -5,7 +5,7 @@ the hosts), one veth per host namespace, host addresses 10.213.N.(10+i) that exi
 namespaces this lab creates. Each host runs under
     ip netns exec NS unshare --pid --fork --mount-proc --kill-child ...
 so `ray stop` or a killall inside one host cannot touch another, and SIGKILL on the wrapper ends the
-whole host. /tmp and /root are private tmpfs mounts per host, as on separate machines.
+whole host. /tmp is a private tmpfs per host, as on separate machines (not /root: Python may live there).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class NetnsLab:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         main = (f"exec /usr/sbin/sshd -D -f {host.home}/sshd_config -E {host.home}/sshd.log" if sshd
                 else "exec sleep infinity")
-        boot = f"mount -t tmpfs -o size=2g tmpfs /tmp && mount -t tmpfs tmpfs /root && {main}"
+        boot = f"mount -t tmpfs -o size=2g tmpfs /tmp && {main}"
         host.wrapper = subprocess.Popen(
             ["ip", "netns", "exec", host.ns, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
              "sh", "-c", boot], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

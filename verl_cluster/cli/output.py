@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from typing import Any
@@ -12,7 +13,9 @@ from rich.markup import escape
 
 from verl_cluster.errors import EXIT_UNHEALTHY, VerlClusterError
 
-out = Console(highlight=False, soft_wrap=True)  # data
+# wide tables when piped (rich would wrap at 80 columns)
+_width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "200"))
+out = Console(highlight=False, width=_width)  # data
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # progress, messages
 
 

@@ -73,20 +73,22 @@ class LocalRunner:
             raise RunnerError(self.host, f"`{argv[0]}` not found", "check the executable path in the config")
         return LocalProcess(proc)
 
-    def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> None:
+    def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> str:
         dst = Path(os.path.expanduser(remote_path))
         dst.parent.mkdir(parents=True, exist_ok=True)
         if Path(local_path).resolve() != dst.resolve():
             shutil.copyfile(local_path, dst)
         os.chmod(dst, mode)
+        return str(dst)
 
-    def put_text(self, text: str, remote_path: str, mode: int = 0o600) -> None:
+    def put_text(self, text: str, remote_path: str, mode: int = 0o600) -> str:
         dst = Path(os.path.expanduser(remote_path))
         dst.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.chmod(dst, mode)
+        return str(dst)
 
     def close(self) -> None:
         pass

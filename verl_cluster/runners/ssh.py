@@ -227,13 +227,14 @@ class SshRunner:
         return SshProcess(chan, self.host)
 
     # ---- files ----
-    def put_text(self, text: str, remote_path: str, mode: int = 0o600) -> None:
-        self._put(lambda sftp, path: sftp.putfo(_BytesReader(text.encode()), path), remote_path, mode)
+    def put_text(self, text: str, remote_path: str, mode: int = 0o600) -> str:
+        return self._put(lambda sftp, path: sftp.putfo(_BytesReader(text.encode()), path), remote_path, mode)
 
-    def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> None:
-        self._put(lambda sftp, path: sftp.put(local_path, path), remote_path, mode)
+    def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> str:
+        return self._put(lambda sftp, path: sftp.put(local_path, path), remote_path, mode)
 
-    def _put(self, send, remote_path: str, mode: int) -> None:
+    def _put(self, send, remote_path: str, mode: int) -> str:
+        """Copy with sftp; returns the absolute remote path (`~/` resolved)."""
         try:
             sftp = self._connect().open_sftp()
             sftp.get_channel().settimeout(self.target.connect_timeout_s * 3)
@@ -248,6 +249,7 @@ class SshRunner:
             send(sftp, path)
             sftp.chmod(path, mode)
             sftp.close()
+            return path
         except (OSError, paramiko.SSHException, EOFError) as e:
             raise RunnerError(self.host, f"copying to {remote_path} failed: {e}")
 

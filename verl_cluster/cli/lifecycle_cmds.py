@@ -1,0 +1,216 @@
+"""`up`, `down`, `status`."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from verl_cluster.cli.output import err, out, print_json
+from verl_cluster.config.cluster import load_cluster
+from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
+
+DEFAULT_CLUSTER = "cluster_configs/local.yaml"
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("up", parents=[common], help="start or heal the Ray cluster")
+    _cluster_arg(p)
+    p.add_argument("--restart", action="store_true", help="restart every node (applies a changed config)")
+    p.add_argument("--dry-run", action="store_true", help="print what would run on each node, then stop")
+    p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    p.set_defaults(func=run_up)
+
+    p = sub.add_parser("down", parents=[common], help="stop exactly what `up` started")
+    _cluster_arg(p)
+    p.add_argument("--force", action="store_true",
+                   help="run `ray stop --force` on every node: kills ALL Ray processes there, other users' too")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_down)
+
+    p = sub.add_parser("status", parents=[common], help="nodes, resources, versions, jobs")
+    _cluster_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_status)
+
+
+def _cluster_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("cluster", nargs="?", default=DEFAULT_CLUSTER, help=f"cluster.yaml (default {DEFAULT_CLUSTER})")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. ray.object_store_memory=2e8")
+
+
+def load(args):
+    return load_cluster(args.cluster, args.overrides)
+
+
+# ---------------- up ----------------
+
+class _ProgressTable:
+    """Live per-node progress on stderr."""
+
+    def __init__(self, spec, enabled: bool):
+        self.rows = {n.host: ("head" if r == "head" else "worker", "waiting", time.monotonic())
+                     for r, n in spec.nodes()}
+        self.lock = threading.Lock()
+        self.live = Live(self.render(), console=err, refresh_per_second=8, transient=True) if enabled else None
+
+    def render(self) -> Table:
+        t = Table(title="verl-cluster up", show_edge=False)
+        for c in ("node", "role", "state", "s"):
+            t.add_column(c)
+        for host, (role, msg, t0) in self.rows.items():
+            t.add_row(host, role, msg, f"{time.monotonic() - t0:.1f}")
+        return t
+
+    def update(self, host: str, msg: str) -> None:
+        with self.lock:
+            role, _, t0 = self.rows.get(host, ("?", "", time.monotonic()))
+            self.rows[host] = (role, msg, t0)
+            if self.live:
+                self.live.update(self.render())
+
+    def __enter__(self):
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live:
+            self.live.__exit__(*exc)
+
+
+def node_env_for(spec) -> tuple[dict, list[str]]:
+    """Per-node backend environment (NCCL/Gloo/UCX) from `check`'s selection, when available."""
+    try:
+        from verl_cluster.diagnostics.backend import env_for_up
+    except ImportError:
+        return {}, []
+    return env_for_up(spec)
+
+
+def run_up(args) -> int:
+    from verl_cluster.lifecycle.commands import plan_start
+    from verl_cluster.lifecycle.up import up
+
+    spec = load(args)
+    if args.dry_run:
+        cmds = plan_start(spec)
+        if args.json:
+            print_json({"cluster": spec.cluster_name, "nodes": [c.to_json() for c in cmds]})
+        else:
+            for c in cmds:
+                out.print(f"[bold]{c.role} {escape(c.host)}[/] ({c.ip})")
+                out.print("  env:  " + escape(" ".join(f"{k}={v}" for k, v in sorted(c.masked_env().items()))))
+                out.print("  argv: " + escape(" ".join(c.argv)))
+            out.print("(dry run: nothing was started; backend env from `check` is added at `up` time)")
+        return EXIT_OK
+    if spec.security.dashboard_host == "all":
+        err.print("[yellow]warning:[/] the dashboard/Jobs API will listen on 0.0.0.0: anyone who reaches the "
+                  "port can run code on this cluster (ShadowRay, CVE-2023-48022). Keep token auth on.")
+    node_env, reasons = node_env_for(spec)
+    with _ProgressTable(spec, enabled=not args.json and err.is_terminal) as prog:
+        report = up(spec, restart=args.restart, node_env=node_env,
+                    progress=prog.update if not args.json else None)
+    if args.json:
+        print_json(report.to_json() | {"backend_reasons": reasons})
+    else:
+        t = Table(title=f"cluster {spec.cluster_name}: {'healthy' if report.healthy else 'NOT healthy'} "
+                        f"({report.seconds:.1f}s)")
+        for c in ("node", "role", "address", "result", "CPUs", "GPUs", "reason"):
+            t.add_column(c)
+        for n in report.nodes:
+            color = "green" if n.ok else ("yellow" if n.action == "changed" else "red")
+            t.add_row(n.host, n.role, n.ip, f"[{color}]{n.action}[/]", _num(n.cpus), _num(n.gpus),
+                      escape(n.reason))
+        out.print(t)
+        for n in report.nodes:
+            if n.log_tail:
+                out.print(f"[red]{escape(n.host)}[/] last lines:\n{escape(n.log_tail)}")
+        for r in reasons:
+            out.print(f"backend: {escape(r)}")
+        if report.healthy:
+            out.print(f"next: verl-cluster status {escape(args.cluster)}   |   stop: verl-cluster down {escape(args.cluster)}")
+    return EXIT_OK if report.healthy else EXIT_UNHEALTHY
+
+
+def _num(x) -> str:
+    return "" if x is None else f"{x:g}"
+
+
+# ---------------- down ----------------
+
+def run_down(args) -> int:
+    from verl_cluster.lifecycle.down import down
+
+    spec = load(args)
+    if args.force:
+        err.print("[yellow]warning:[/] --force runs `ray stop --force`: every Ray process on these hosts dies, "
+                  "including other users' and other clusters'.")
+    results = down(spec, force=args.force)
+    ok = all(r.ok for r in results)
+    if args.json:
+        print_json({"cluster": spec.cluster_name, "ok": ok, "nodes": [r.to_json() for r in results]})
+    else:
+        t = Table(title=f"cluster {spec.cluster_name}: {'stopped' if ok else 'NOT fully stopped'}")
+        for c in ("node", "role", "result"):
+            t.add_column(c)
+        for r in results:
+            if r.error:
+                res = f"[red]{escape(r.error)}[/]"
+            elif r.left:
+                res = f"[red]{len(r.left)} processes still running: {r.left}[/]"
+            elif r.stopped > 0:
+                res = f"[green]stopped {r.stopped} processes[/] ({', '.join(r.kinds[:6])})"
+            elif r.stopped < 0:
+                res = "[green]ray stop --force done[/]"
+            else:
+                res = "nothing was running"
+            t.add_row(r.host, r.role, res)
+        out.print(t)
+    return EXIT_OK if ok else EXIT_UNHEALTHY
+
+
+# ---------------- status ----------------
+
+def run_status(args) -> int:
+    from verl_cluster.lifecycle.status import cluster_status
+
+    spec = load(args)
+    st = cluster_status(spec)
+    if args.json:
+        print_json(st.to_json())
+    else:
+        render_status(st)
+    return EXIT_OK if st.healthy else EXIT_UNHEALTHY
+
+
+def render_status(st) -> None:
+    t = Table(title=f"cluster {st.cluster} (GCS {st.head_address}): {'healthy' if st.healthy else 'NOT healthy'}")
+    for c in ("node", "role", "address", "state", "CPUs", "GPUs", "GPU model", "free GPUs", "Ray", "Python", "reason"):
+        t.add_column(c)
+    for n in st.nodes:
+        color = {"alive": "green", "dead": "red", "missing": "yellow"}.get(n.state, "red")
+        models = sorted(set(n.gpu_models))
+        model = f"{models[0]} ({n.gpu_memory_mib[0] // 1024} GiB)" if len(models) == 1 else ", ".join(models)
+        free = "" if n.available is None else _num(n.available.get("GPU", 0.0))
+        t.add_row(n.host, n.role, n.ip, f"[{color}]{n.state}[/]", _num(n.cpus), _num(n.gpus), model, free,
+                  n.ray_version or "", n.python_version or "", escape(n.reason))
+    out.print(t)
+    if st.jobs:
+        j = Table(title="running jobs")
+        for c in ("id", "status", "entrypoint"):
+            j.add_column(c)
+        for job in st.jobs:
+            j.add_row(job["id"], job["status"], escape(job["entrypoint"][:80]))
+        out.print(j)
+    else:
+        out.print("no running jobs")
+    for x in st.extra_nodes:
+        out.print(f"[yellow]note:[/] node {x['ip']} is in the cluster but not in the config")
+    for p in st.problems:
+        out.print(f"[yellow]problem:[/] {escape(p)}")
+    out.print(f"dashboard: {st.dashboard}")

@@ -1,0 +1,178 @@
+"""Node-side helper, shipped as source and run with the node's Python (`python -c SOURCE CMD ARGS`).
+
+Stdlib only (ray and pynvml are imported where present). Commands:
+  probe TEMP_DIR          versions, GPUs (NVML), this cluster's Ray processes, saved start state
+  kill TEMP_DIR           stop exactly the Ray processes of this TEMP_DIR (and their children), verify
+  gcs ADDR [DASHBOARD]    node table from the GCS (+ jobs from the Jobs API)
+Prints its JSON result after a marker line (see runners.remote_python).
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+MARK = "@@VC-JSON@@"
+
+
+def emit(data):
+    print(MARK + json.dumps(data, default=str), flush=True)
+
+
+def read_procs():
+    """pid -> (ppid, cmdline) for every process we can see."""
+    procs = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        procs[int(name)] = (ppid, cmd)
+    return procs
+
+
+def ours(temp_dir, procs=None):
+    """Processes of the Ray started with --temp-dir TEMP_DIR, and all their descendants."""
+    procs = procs if procs is not None else read_procs()
+    mine, pid = set(), os.getpid()
+    while pid in procs and pid not in mine:  # this script and its parents (timeout, env, sshd) carry the path too
+        mine.add(pid)
+        pid = procs[pid][0]
+    pat = re.compile(r"(^|[=\s])" + re.escape(temp_dir.rstrip("/")) + r"(/|\s|$)")
+    found = {pid for pid, (_, cmd) in procs.items() if pat.search(cmd) and pid not in mine}
+    grew = True
+    while grew:  # add children (ray::IDLE workers rename themselves and lose the path)
+        grew = False
+        for pid, (ppid, _) in procs.items():
+            if ppid in found and pid not in found and pid not in mine:
+                found.add(pid)
+                grew = True
+    return {pid: procs[pid][1] for pid in found}
+
+
+def kind(cmd):
+    for k in ("gcs_server", "raylet", "dashboard.py", "log_monitor", "monitor.py", "agent.py", "ray.util.client"):
+        if k in cmd.split(" ", 1)[0] or (k.endswith(".py") and k in cmd):
+            return k.replace(".py", "")
+    return cmd.split(" ", 1)[0].rsplit("/", 1)[-1][:40]
+
+
+def gpus():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as e:  # no driver, no GPU, no pynvml
+        return [], f"{type(e).__name__}: {e}"
+    out = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        name = pynvml.nvmlDeviceGetName(h)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_total_mib": mem.total // 2**20, "memory_free_mib": mem.free // 2**20})
+    return out, None
+
+
+def version(dist):
+    try:
+        from importlib.metadata import version as v
+
+        return v(dist)
+    except Exception:
+        return None
+
+
+def cmd_probe(temp_dir):
+    found = ours(temp_dir)
+    kinds = sorted({kind(c) for c in found.values()})
+    state = None
+    try:
+        with open(os.path.join(temp_dir, "vc-node.json")) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        pass
+    g, nvml_error = gpus()
+    emit({"hostname": socket.gethostname(), "home": os.path.expanduser("~"),
+          "python": sys.version.split()[0], "ray_version": version("ray"),
+          "gpus": g, "nvml_error": nvml_error, "kinds": kinds, "pids": sorted(found),
+          "raylet": "raylet" in kinds, "gcs": "gcs_server" in kinds, "state": state})
+
+
+def cmd_kill(temp_dir):
+    found = ours(temp_dir)
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        for pid in found:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            alive = [p for p in found if os.path.exists(f"/proc/{p}") and not zombie(p)]
+            if not alive:
+                break
+            time.sleep(0.1)
+    left = [p for p in found if os.path.exists(f"/proc/{p}") and not zombie(p)]
+    try:
+        os.remove(os.path.join(temp_dir, "vc-node.json"))
+    except OSError:
+        pass
+    emit({"stopped": len(found) - len(left), "left": left,
+          "kinds": sorted({kind(c) for c in found.values()})})
+
+
+def zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def cmd_gcs(addr, dashboard=None):
+    from ray._raylet import GcsClient
+
+    client = GcsClient(address=addr)
+    nodes = []
+    for node_id, info in client.get_all_node_info(timeout=10).items():
+        nodes.append({"node_id": info.node_id.hex(), "ip": info.node_manager_address,
+                      "alive": info.state == 0, "is_head": bool(info.is_head_node),
+                      "resources": dict(info.resources_total), "labels": dict(info.labels),
+                      "start_time_ms": info.start_time_ms})
+    available = {}
+    try:
+        from ray._private.state import GlobalState  # noqa: F401 - availability differs by version
+
+        reply = client.get_all_resource_usage(timeout=10)
+        for u in reply.resource_usage_data.batch:
+            available[u.node_id.hex()] = dict(u.resources_available)
+    except Exception:
+        pass
+    for n in nodes:
+        n["available"] = available.get(n["node_id"])
+    jobs, jobs_error = [], None
+    if dashboard:
+        try:
+            from ray.job_submission import JobSubmissionClient
+
+            for j in JobSubmissionClient(dashboard).list_jobs():
+                jobs.append({"id": j.submission_id or j.job_id, "status": str(j.status.value),
+                             "entrypoint": (j.entrypoint or "")[:200], "start_time": j.start_time})
+        except Exception as e:
+            jobs_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    emit({"nodes": nodes, "jobs": jobs, "jobs_error": jobs_error})
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    {"probe": cmd_probe, "kill": cmd_kill, "gcs": cmd_gcs}[cmd](*args)

@@ -1,0 +1,70 @@
+"""Talking to nodes: probe, stop our Ray, query the GCS — via the node-side script over any runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_cluster.config.cluster import ClusterSpec, NodeSpec
+from verl_cluster.lifecycle import node_script
+from verl_cluster.lifecycle.auth import ray_auth_env
+from verl_cluster.runners import CommandRunner, runner_for
+from verl_cluster.runners.remote_python import run_python, script_source
+
+SCRIPT = script_source(node_script.__file__)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a node told us about itself and our Ray on it."""
+
+    hostname: str
+    home: str
+    python: str
+    ray_version: str | None
+    gpus: list[dict] = field(default_factory=list)
+    nvml_error: str | None = None
+    kinds: list[str] = field(default_factory=list)  # our Ray processes by kind
+    raylet: bool = False
+    gcs: bool = False
+    state: dict | None = None  # what `up` saved when it started this node
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Probe":
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})
+
+
+class Node:
+    """One configured node with its runner."""
+
+    def __init__(self, spec: ClusterSpec, role: str, node: NodeSpec, runner: CommandRunner | None = None):
+        self.spec, self.role, self.node = spec, role, node
+        self.host = node.host
+        self.ip = spec.node_ip(node)
+        self.runner = runner or runner_for(spec, node)
+        self.python = spec.python_executable(node)
+
+    def script(self, *args: str, timeout: float = 30.0, env: dict | None = None) -> Any:
+        return run_python(self.runner, self.python, SCRIPT, args, env=env, timeout=timeout)
+
+    def probe(self) -> Probe:
+        return Probe.from_json(self.script("probe", self.spec.temp_dir))
+
+    def kill(self) -> dict:
+        return self.script("kill", self.spec.temp_dir, timeout=30)
+
+    def gcs(self, with_jobs: bool = False, token_path: str | None = None) -> dict:
+        """Node table from the GCS, queried on this node (the head) so no port has to be open to us."""
+        args = ["gcs", self.spec.gcs_address]
+        if with_jobs:
+            h = "127.0.0.1" if self.spec.security.dashboard_host == "loopback" else self.spec.head_ip
+            args.append(f"http://{h}:{self.spec.head.dashboard_port}")
+        env = ray_auth_env(self.spec, token_path) if token_path else ray_auth_env(self.spec)
+        return self.script(*args, env=env, timeout=30)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def cluster_nodes(spec: ClusterSpec) -> list[Node]:
+    return [Node(spec, role, n) for role, n in spec.nodes()]

@@ -1,0 +1,136 @@
+"""`status`: every configured node alive/dead/missing, with resources, versions and running jobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.errors import RunnerError
+from verl_cluster.lifecycle.auth import remote_token_path
+from verl_cluster.lifecycle.nodes import Probe, cluster_nodes
+from verl_cluster.runners import fan_out
+
+
+@dataclass
+class NodeStatus:
+    host: str
+    role: str
+    ip: str
+    state: str  # alive | dead | missing | unreachable
+    reason: str = ""
+    cpus: float = 0.0
+    gpus: float = 0.0
+    gpu_models: list[str] = field(default_factory=list)
+    gpu_memory_mib: list[int] = field(default_factory=list)
+    ray_version: Optional[str] = None
+    python_version: Optional[str] = None
+    resources: dict = field(default_factory=dict)
+    available: Optional[dict] = None  # free resources (GPU, CPU, ...) when the GCS reports them
+    node_id: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.state == "alive"
+
+    def to_json(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["alive"] = self.alive
+        d["gpus"] = int(self.gpus) if float(self.gpus).is_integer() else self.gpus
+        return d
+
+
+@dataclass
+class ClusterStatus:
+    cluster: str
+    head_address: str
+    dashboard: str
+    nodes: list[NodeStatus] = field(default_factory=list)
+    jobs: list[dict] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    extra_nodes: list[dict] = field(default_factory=list)  # alive in the GCS but not in the config
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self.nodes) and all(n.alive for n in self.nodes)
+
+    def to_json(self) -> dict:
+        return {"cluster": self.cluster, "healthy": self.healthy, "head": self.head_address,
+                "dashboard": self.dashboard, "nodes": [n.to_json() for n in self.nodes], "jobs": self.jobs,
+                "problems": self.problems, "extra_nodes": self.extra_nodes}
+
+
+def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
+    nodes = cluster_nodes(spec)
+    dash_host = "127.0.0.1" if spec.security.dashboard_host == "loopback" else spec.head_ip
+    st = ClusterStatus(spec.cluster_name, spec.gcs_address, f"http://{dash_host}:{spec.head.dashboard_port}"
+                       + (" (on the head)" if dash_host == "127.0.0.1" and not spec.head.is_local else ""))
+    try:
+        probes = {r.host: r for r in fan_out(nodes, lambda n: n.probe(), key=lambda n: n.host)}
+        head = nodes[0]
+        table: dict | None = None
+        hp = probes[head.host]
+        if hp.ok and hp.value.gcs:
+            token = (remote_token_path(spec).replace("~", hp.value.home, 1)
+                     if spec.security.auth == "token" else None)
+            try:
+                table = head.gcs(with_jobs=with_jobs, token_path=token)
+            except RunnerError as e:
+                st.problems.append(f"GCS on the head did not answer: {e.reason}")
+        by_ip: dict[str, dict] = {}
+        for x in (table or {}).get("nodes", []):
+            cur = by_ip.get(x["ip"])
+            if cur is None or x["alive"] or (not cur["alive"] and x["start_time_ms"] > cur["start_time_ms"]):
+                by_ip[x["ip"]] = x  # the live registration wins over dead ones of earlier starts
+        for n in nodes:
+            st.nodes.append(_node_status(n, probes[n.host], by_ip.get(n.ip), table is not None))
+        if table:
+            st.jobs = [j for j in table.get("jobs", []) if j["status"] in ("PENDING", "RUNNING")]
+            if table.get("jobs_error"):
+                st.problems.append(f"jobs: {table['jobs_error']}")
+            known = {n.ip for n in nodes}
+            st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["ip"] not in known]
+        versions = {(n.ray_version, n.python_version) for n in st.nodes if n.state != "unreachable"}
+        if len({v[0] for v in versions}) > 1:
+            st.problems.append("Ray versions differ across nodes: "
+                               + ", ".join(f"{n.host}={n.ray_version}" for n in st.nodes if n.ray_version))
+        if len({v[1] for v in versions}) > 1:
+            st.problems.append("Python versions differ across nodes: "
+                               + ", ".join(f"{n.host}={n.python_version}" for n in st.nodes if n.python_version))
+    finally:
+        for n in nodes:
+            n.close()
+    return st
+
+
+def _node_status(n, probe_result, info: dict | None, gcs_ok: bool) -> NodeStatus:
+    s = NodeStatus(n.host, n.role, n.ip, "missing")
+    if not probe_result.ok:
+        s.state, s.reason = "unreachable", probe_result.reason
+        if info and info["alive"]:
+            s.state = "alive"  # the GCS sees it even if we cannot log in
+            s.reason = f"alive in Ray, but not reachable for us: {probe_result.reason}"
+    else:
+        p: Probe = probe_result.value
+        s.ray_version, s.python_version = p.ray_version, p.python
+        s.gpu_models = [g["name"] for g in p.gpus or []]
+        s.gpu_memory_mib = [g["memory_total_mib"] for g in p.gpus or []]
+        if not p.raylet:
+            s.state = "dead" if (info or p.kinds or p.state) else "missing"
+            s.reason = "raylet is not running" if s.state == "dead" else "Ray is not running there"
+        elif n.role == "head" and not p.gcs:
+            s.state, s.reason = "dead", "gcs_server is not running"
+        elif gcs_ok and not (info and info["alive"]):
+            s.state, s.reason = "dead", "raylet runs but is not registered with the head"
+        elif not gcs_ok:
+            s.state, s.reason = "dead", "the head's GCS is not answering"
+        else:
+            s.state = "alive"
+    if info:
+        s.node_id = info["node_id"]
+        s.resources = info["resources"]
+        s.available = info.get("available")
+        s.cpus, s.gpus = info["resources"].get("CPU", 0.0), info["resources"].get("GPU", 0.0)
+        if s.state == "alive" and not info["alive"]:
+            s.state, s.reason = "dead", "the GCS marked it dead"
+    return s

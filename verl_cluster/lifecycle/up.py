@@ -1,0 +1,264 @@
+"""`up`: start (or heal) the cluster. Head first, then all workers in parallel, then wait for registration.
+
+Idempotent: nodes whose Ray is alive with the same config are left alone; a dead or missing node is
+(re)started; a head restart rejoins every worker. A node that fails is reported with its reason and the
+others stay up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.errors import RunnerError
+from verl_cluster.lifecycle.auth import ensure_token, remote_token_path
+from verl_cluster.lifecycle.commands import NodeCommand, plan_start
+from verl_cluster.lifecycle.nodes import Node, Probe, cluster_nodes
+from verl_cluster.runners import fan_out
+
+Progress = Callable[[str, str], None]  # (host, what is happening)
+
+
+@dataclass
+class NodeOutcome:
+    host: str
+    role: str
+    ip: str
+    action: str = "pending"  # kept | started | restarted | failed | unreachable | changed
+    reason: str = ""
+    log_tail: str = ""
+    seconds: float = 0.0
+    gpus: Optional[float] = None
+    cpus: Optional[float] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.action in ("kept", "started", "restarted")
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in ("host", "role", "ip", "action", "reason", "log_tail", "seconds",
+                                               "gpus", "cpus")} | {"ok": self.ok}
+
+
+@dataclass
+class UpReport:
+    cluster: str
+    nodes: list[NodeOutcome] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return all(n.ok for n in self.nodes)
+
+    def to_json(self) -> dict:
+        return {"cluster": self.cluster, "healthy": self.healthy, "seconds": round(self.seconds, 2),
+                "nodes": [n.to_json() for n in self.nodes]}
+
+
+def node_token_path(spec: ClusterSpec, home: str) -> str:
+    return remote_token_path(spec).replace("~", home, 1)
+
+
+def _expected_gpus(node: Node, probe: Probe) -> int:
+    return node.node.gpus if node.node.gpus is not None else len(probe.gpus or [])
+
+
+class _Up:
+    def __init__(self, spec: ClusterSpec, restart: bool, node_env: dict | None, progress: Progress | None):
+        self.spec, self.restart = spec, restart
+        self.node_env = node_env or {}
+        self.say = progress or (lambda host, msg: None)
+        self.nodes = cluster_nodes(spec)
+        self.out = {n.host: NodeOutcome(n.host, n.role, n.ip) for n in self.nodes}
+        self.probes: dict[str, Probe] = {}
+        self.cmds: dict[str, NodeCommand] = {}
+        self.token = ensure_token(spec)
+
+    # ---- steps ----
+    def probe_all(self) -> None:
+        for n in self.nodes:
+            self.say(n.host, "connecting")
+        for r in fan_out(self.nodes, lambda n: n.probe(), key=lambda n: n.host):
+            if r.ok:
+                self.probes[r.host] = r.value
+                continue
+            o = self.out[r.host]
+            o.action = "unreachable" if isinstance(r.error, RunnerError) else "failed"
+            o.reason = r.reason
+            o.log_tail = getattr(r.error, "hint", "") or ""
+            self.say(r.host, f"[red]{o.action}[/]: {o.reason}")
+        tokens = {h: node_token_path(self.spec, p.home) for h, p in self.probes.items()}
+        self.cmds = {c.host: c for c in plan_start(self.spec, self.node_env, tokens)}
+
+    def _running(self, n: Node) -> bool:
+        p = self.probes[n.host]
+        return p.raylet and (p.gcs or n.role == "worker")
+
+    def _changed(self, n: Node) -> bool:
+        state = self.probes[n.host].state or {}
+        return bool(state) and state.get("fingerprint") != self.cmds[n.host].fingerprint
+
+    def start(self, n: Node, restarting: bool) -> None:
+        o, cmd, t0 = self.out[n.host], self.cmds[n.host], time.monotonic()
+        if self.probes[n.host].kinds:
+            self.say(n.host, "stopping leftovers of this cluster")
+            n.kill()
+        if self.token:
+            self.say(n.host, "copying auth token")
+            n.runner.put_file(str(self.token), remote_token_path(self.spec), 0o600)
+        self.say(n.host, "ray start")
+        res = n.runner.run(list(cmd.argv), env=cmd.env, timeout=self.spec.ray.start_timeout_s)
+        o.seconds = time.monotonic() - t0
+        if not res.ok:
+            o.action, o.reason = "failed", f"ray start failed (exit {res.rc})"
+            o.log_tail = res.tail(12)
+            self.say(n.host, f"[red]ray start failed[/] (exit {res.rc})")
+            return
+        n.runner.put_text(_state_json(cmd), f"{self.spec.temp_dir}/vc-node.json", 0o600)
+        o.action = "restarted" if restarting else "started"
+        self.say(n.host, "started; waiting to register")
+
+    def run_head(self) -> bool:
+        head = self.nodes[0]
+        if head.host not in self.probes:
+            return False
+        if self._running(head) and not self.restart:
+            if self._changed(head):
+                self._mark_changed(head)
+            else:
+                self.out[head.host].action = "kept"
+                self.say(head.host, "running")
+            return True
+        try:
+            self.start(head, restarting=bool(self.probes[head.host].kinds) or self.restart)
+        except RunnerError as e:
+            o = self.out[head.host]
+            o.action, o.reason = "failed", e.reason
+        return self.out[head.host].ok
+
+    def run_workers(self, head_restarted: bool) -> None:
+        todo = []
+        for n in self.nodes[1:]:
+            if n.host not in self.probes:
+                continue
+            if self._running(n) and not (self.restart or head_restarted):
+                if self._changed(n):
+                    self._mark_changed(n)
+                else:
+                    self.out[n.host].action = "kept-pending"  # confirmed by registration below
+                    self.say(n.host, "running")
+                continue
+            todo.append(n)
+        restarting = {n.host: bool(self.probes[n.host].kinds) or head_restarted or self.restart for n in todo}
+        for r in fan_out(todo, lambda n: self.start(n, restarting[n.host]), key=lambda n: n.host):
+            if not r.ok:
+                o = self.out[r.host]
+                o.action, o.reason = "failed", r.reason
+                self.say(r.host, f"[red]failed[/]: {r.reason}")
+
+    def _mark_changed(self, n: Node) -> None:
+        o = self.out[n.host]
+        o.action = "changed"
+        o.reason = "running with a different config; `verl-cluster up --restart` applies the new one"
+        self.say(n.host, "[yellow]config changed[/]")
+
+    def wait_registered(self) -> None:
+        """Poll the GCS (on the head) until every node we expect is ALIVE with its GPUs."""
+        head = self.nodes[0]
+        waiting = {h for h, o in self.out.items() if o.action in ("started", "restarted", "kept-pending", "kept")}
+        if not waiting or self.out[head.host].action not in ("kept", "started", "restarted", "changed"):
+            for h in waiting:
+                self.out[h].action, self.out[h].reason = "failed", "head is not running"
+            return
+        token = node_token_path(self.spec, self.probes[head.host].home) if self.token else None
+        deadline = time.monotonic() + self.spec.ray.register_timeout_s
+        ip_of = {n.ip: n for n in self.nodes}
+        last: dict[str, dict] = {}
+        while True:
+            try:
+                table = head.gcs(token_path=token)
+                last = {x["ip"]: x for x in table["nodes"] if x["alive"] and x["ip"] in ip_of}
+            except RunnerError as e:
+                last, err = {}, e.reason
+            else:
+                err = ""
+            done = True
+            for ip, n in ip_of.items():
+                if n.host not in waiting:
+                    continue
+                info = last.get(ip)
+                want = _expected_gpus(n, self.probes[n.host])
+                if info is None or info["resources"].get("GPU", 0) < want:
+                    done = False
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        for ip, n in ip_of.items():
+            if n.host not in waiting:
+                continue
+            o, info = self.out[n.host], last.get(ip)
+            want = _expected_gpus(n, self.probes[n.host])
+            if o.action == "kept-pending":
+                o.action = "kept"
+            if info is None:
+                if o.action == "kept":  # raylet process alive but not in the GCS: restart it next time
+                    o.action = "failed"
+                    o.reason = "Ray is running there but not registered with this head; run `up --restart`"
+                else:
+                    o.action = "failed"
+                    o.reason = (f"did not register within {self.spec.ray.register_timeout_s:.0f}s"
+                                + (f" ({err})" if err else "")
+                                + f"; is GCS port {self.spec.head.gcs_port} on {self.spec.head_ip} reachable from it?")
+                    o.log_tail = self._raylet_log(n)
+                self.say(n.host, f"[red]{o.reason}[/]")
+                continue
+            o.gpus, o.cpus = info["resources"].get("GPU", 0.0), info["resources"].get("CPU", 0.0)
+            if o.gpus < want:
+                o.action = "failed"
+                o.reason = f"registered with {o.gpus:g} GPUs, expected {want} (NVML sees {len(self.probes[n.host].gpus)})"
+                self.say(n.host, f"[red]{o.reason}[/]")
+            else:
+                self.say(n.host, f"[green]{o.action}[/]")
+
+    def _raylet_log(self, n: Node) -> str:
+        try:
+            res = n.runner.run(["sh", "-c", 'tail -n 12 "$1"/session_latest/logs/raylet.out', "sh",
+                                self.spec.temp_dir], timeout=10)
+            return res.stdout.strip()
+        except RunnerError:
+            return ""
+
+    def close(self) -> None:
+        for n in self.nodes:
+            n.close()
+
+
+def _state_json(cmd: NodeCommand) -> str:
+    import json
+
+    return json.dumps({"fingerprint": cmd.fingerprint, "role": cmd.role, "ip": cmd.ip,
+                       "started_at": time.time(), "argv": list(cmd.argv)})
+
+
+def up(spec: ClusterSpec, *, restart: bool = False, node_env: dict[str, dict[str, str]] | None = None,
+       progress: Progress | None = None) -> UpReport:
+    """Bring the cluster to its configured state; never raises for a single node's failure."""
+    t0 = time.monotonic()
+    job = _Up(spec, restart, node_env, progress)
+    try:
+        job.probe_all()
+        head_ok = job.run_head()
+        head_restarted = job.out[job.nodes[0].host].action in ("started", "restarted")
+        if head_ok:
+            job.run_workers(head_restarted)
+        else:
+            for n in job.nodes[1:]:
+                o = job.out[n.host]
+                if o.action == "pending":
+                    o.action, o.reason = "failed", "not started: the head is not up"
+        job.wait_registered()
+    finally:
+        job.close()
+    return UpReport(spec.cluster_name, [job.out[n.host] for n in job.nodes], time.monotonic() - t0)
