@@ -1,0 +1,120 @@
+"""Hardware as the planner sees it: NodeFacts reduced to one node type, checked the way verl needs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from verl_cluster.errors import PlanError
+from verl_cluster.facts.model import NodeFacts
+
+
+@dataclass(frozen=True)
+class Hardware:
+    hosts: tuple[str, ...]  # GPU nodes used, in order (node index = position)
+    gpus_per_node: int
+    capacity_bytes: float  # smallest GPU's total memory
+    gpu_name: str
+    sm: tuple[int, int]  # smallest compute capability
+    islands: tuple[tuple[tuple[int, ...], ...], ...]  # distinct P2P island layouts among the nodes
+    flash_attn: Optional[bool]  # False: missing/broken on some node; None: unknown (hypothetical hardware)
+    flash_attn_note: str
+    host_mem_bytes: Optional[float]  # smallest node RAM, when known
+    notes: tuple[str, ...] = ()
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+    def with_nodes(self, nnodes: int) -> "Hardware":
+        """The same node type, `nnodes` of it (for "what would fit" suggestions)."""
+        return Hardware(tuple(f"node{i}" for i in range(nnodes)), self.gpus_per_node, self.capacity_bytes,
+                        self.gpu_name, self.sm, self.islands, self.flash_attn, self.flash_attn_note,
+                        self.host_mem_bytes, self.notes)
+
+    def tp_crosses_islands(self, tp: int, gpu_indices: tuple[int, ...]) -> bool:
+        """verl/vLLM form TP groups from consecutive ranks: GPUs [0..tp-1], [tp..2tp-1], ... of a pool on a
+        node. True if any such group spans two P2P islands (NCCL then goes through host memory/PCIe)."""
+        for layout in self.islands:
+            where = {g: i for i, isl in enumerate(layout) for g in isl}
+            for start in range(0, len(gpu_indices), tp):
+                group = gpu_indices[start:start + tp]
+                if len({where.get(g, -1 - g) for g in group}) > 1:
+                    return True
+        return False
+
+
+def _flash_status(nodes: list[NodeFacts]) -> tuple[Optional[bool], str]:
+    for nf in nodes:
+        err = nf.import_errors.get("flash_attn") or nf.import_errors.get("flash-attn")
+        if err:
+            return False, f"flash-attn is broken on {nf.host} ({err.splitlines()[0][:120]})"
+        if nf.versions and "torch" in nf.versions and not nf.versions.get("flash_attn"):
+            return False, f"flash-attn is not installed on {nf.host}"
+    if any(nf.versions.get("flash_attn") for nf in nodes):
+        return True, "flash-attn importable on every node"
+    return None, "flash-attn assumed installed (no package facts for these nodes)"
+
+
+def hardware_from_facts(facts: list[NodeFacts], *, nnodes: Optional[int] = None,
+                        n_gpus_per_node: Optional[int] = None) -> Hardware:
+    """Check the nodes the way verl's resource pool needs them and reduce them to one node type.
+    `nnodes` / `n_gpus_per_node`: the job's trainer.* pins (use a subset of what is there)."""
+    if not facts:
+        raise PlanError("no nodes in the hardware facts", "pass --gpus 1x8xH100-80GB or --facts FILE.json")
+    gpu_nodes = [nf for nf in facts if nf.gpus]
+    notes = []
+    if len(gpu_nodes) < len(facts):
+        cpu_only = [nf.host for nf in facts if not nf.gpus]
+        notes.append(f"nodes without GPUs are left out of the pools: {', '.join(cpu_only)}")
+    if not gpu_nodes:
+        why = next((nf.nvml_error for nf in facts if nf.nvml_error), None)
+        raise PlanError("no GPUs in the hardware facts" + (f" ({why})" if why else ""),
+                        "plan for hypothetical hardware with --gpus 1x8xH100-80GB")
+    counts = sorted({len(nf.gpus) for nf in gpu_nodes})
+    if n_gpus_per_node is None and len(counts) > 1:
+        detail = ", ".join(f"{nf.host}: {len(nf.gpus)}" for nf in gpu_nodes)
+        raise PlanError(
+            f"nodes have different GPU counts ({detail}); verl's global_pool is [n_gpus_per_node] * nnodes with "
+            "one STRICT_PACK placement group per node, so heterogeneous nodes are unsupported and a short node "
+            "makes the placement group wait forever",
+            f"set trainer.n_gpus_per_node={counts[0]} (use {counts[0]} GPUs on every node) or plan only the "
+            f"{counts[-1]}-GPU nodes with trainer.nnodes")
+    per_node = n_gpus_per_node or counts[0]
+    usable = [nf for nf in gpu_nodes if len(nf.gpus) >= per_node]
+    if n_gpus_per_node is not None and len(usable) < len(gpu_nodes):
+        notes.append(f"trainer.n_gpus_per_node={per_node}: nodes with fewer GPUs are not used")
+    want = nnodes or len(usable)
+    if want > len(usable) or not usable:
+        raise PlanError(f"the job pins trainer.nnodes={want} x trainer.n_gpus_per_node={per_node}, but only "
+                        f"{len(usable)} node(s) have {per_node} GPUs; Ray would wait forever for the placement group",
+                        "lower trainer.nnodes / trainer.n_gpus_per_node or add nodes")
+    used = usable[:want]
+    gpus = [g for nf in used for g in nf.gpus[:per_node]]
+    cap = min(g.memory_total_mib for g in gpus) * 2**20
+    smallest = min(gpus, key=lambda g: g.memory_total_mib)
+    names = sorted({g.name for g in gpus})
+    if len(names) > 1:
+        notes.append(f"mixed GPU models ({', '.join(names)}): planning for the smallest ({smallest.name})")
+    busy = [f"{nf.host}:{g.index}" for nf in used for g in nf.gpus[:per_node]
+            if g.memory_free_mib is not None and g.memory_free_mib < 0.9 * g.memory_total_mib]
+    if busy:
+        notes.append(f"GPUs already have memory in use ({', '.join(busy[:8])}{'...' if len(busy) > 8 else ''}): "
+                     "the plan assumes empty GPUs")
+    layouts = {}
+    for nf in used:
+        key = (len(nf.gpus), tuple((p.a, p.b, p.p2p) for p in nf.gpu_pairs))
+        if key not in layouts:
+            layouts[key] = tuple(tuple(i) for i in nf.p2p_islands())
+    flash, note = _flash_status(used)
+    mems = [nf.mem_total_mib for nf in used]
+    host_mem = min(mems) * 2**20 if mems and all(m for m in mems) else None
+    return Hardware(
+        hosts=tuple(nf.host for nf in used), gpus_per_node=per_node, capacity_bytes=float(cap),
+        gpu_name=smallest.name, sm=min(g.sm for g in gpus), islands=tuple(layouts.values()),
+        flash_attn=flash, flash_attn_note=note, host_mem_bytes=host_mem, notes=tuple(notes),
+    )

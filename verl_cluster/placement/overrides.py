@@ -1,0 +1,74 @@
+"""The verl overrides that make a plan so (verl 0.9 key names; docs/placement.md lists older spellings)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl_cluster.placement.planner import OFFLOAD_LEVELS, Candidate
+from verl_cluster.placement.settings import AR, Settings
+
+# phase -> the verl key of its micro batch (or token budget with use_dynamic_bsz)
+MICRO_KEYS = {
+    "actor update": f"{AR}.actor.ppo_micro_batch_size_per_gpu",
+    "actor log-prob": f"{AR}.rollout.log_prob_micro_batch_size_per_gpu",
+    "ref log-prob": f"{AR}.ref.log_prob_micro_batch_size_per_gpu",
+    "critic update": "critic.ppo_micro_batch_size_per_gpu",
+    "critic values": "critic.forward_micro_batch_size_per_gpu",
+}
+TOKEN_KEYS = {
+    "actor update": f"{AR}.actor.ppo_max_token_len_per_gpu",
+    "actor log-prob": f"{AR}.rollout.log_prob_max_token_len_per_gpu",
+    "ref log-prob": f"{AR}.ref.log_prob_max_token_len_per_gpu",
+    "critic update": "critic.ppo_max_token_len_per_gpu",
+    "critic values": "critic.forward_max_token_len_per_gpu",
+}
+ATTN_KEYS = (f"+{AR}.model.override_config.attn_implementation", "+critic.model.override_config.attn_implementation")
+
+
+def build_overrides(c: Candidate, s: Settings) -> dict[str, Any]:
+    main = c.pools[0]
+    out: dict[str, Any] = {
+        "trainer.nnodes": main.nnodes,
+        # split: verl's examples/split_placement halves trainer.n_gpus_per_node itself
+        "trainer.n_gpus_per_node": sum(len(p.gpu_indices) for p in c.pools) if c.strategy == "split"
+        else len(main.gpu_indices),
+        f"{AR}.rollout.tensor_model_parallel_size": c.tp,
+        f"{AR}.rollout.gpu_memory_utilization": c.util,
+    }
+    param_off, opt_off = OFFLOAD_LEVELS[c.offload]
+    out[f"{AR}.actor.fsdp_config.param_offload"] = param_off
+    out[f"{AR}.actor.fsdp_config.optimizer_offload"] = opt_off
+    if s.ref:
+        out[f"{AR}.ref.fsdp_config.param_offload"] = True  # verl forces CPUOffload on the ref anyway
+    if s.critic:
+        out["critic.model.fsdp_config.param_offload"] = param_off
+        out["critic.model.fsdp_config.optimizer_offload"] = opt_off
+    for ph in c.phases:
+        if ph.phase in c.token_budget:
+            out[TOKEN_KEYS[ph.phase]] = c.token_budget[ph.phase]
+        elif ph.phase in MICRO_KEYS and ph.micro is not None:
+            out[MICRO_KEYS[ph.phase]] = ph.micro
+        elif ph.phase == "reward" and ph.micro is not None:
+            out[f"{s.reward_prefix}.micro_batch_size_per_gpu"] = ph.micro
+    prec = c.prec
+    if prec.train_dtype != "bfloat16":
+        out[f"{AR}.actor.fsdp_config.dtype"] = prec.train_dtype
+        if s.ref:
+            out[f"{AR}.ref.fsdp_config.dtype"] = prec.train_dtype
+        if s.critic:
+            out["critic.model.fsdp_config.dtype"] = prec.train_dtype
+        out[f"{AR}.rollout.dtype"] = prec.rollout_dtype
+    if prec.attn != "flash_attention_2" or s.attn_implementation:
+        out[ATTN_KEYS[0]] = prec.attn
+        if s.critic:
+            out[ATTN_KEYS[1]] = prec.attn
+    if not prec.remove_padding:
+        out[f"{AR}.model.use_remove_padding"] = False
+        if s.critic:
+            out["critic.model.use_remove_padding"] = False
+    reward_pool = next((p for p in c.pools if p.name == "reward_pool"), None)
+    if reward_pool is not None:
+        out[f"{s.reward_prefix}.enable_resource_pool"] = True
+        out[f"{s.reward_prefix}.n_gpus_per_node"] = len(reward_pool.gpu_indices)
+        out[f"{s.reward_prefix}.nnodes"] = reward_pool.nnodes
+    return out

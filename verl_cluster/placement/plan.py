@@ -1,0 +1,376 @@
+"""`plan(job, facts) -> Plan`: a pure function of the job spec and hardware facts (no probing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from verl_cluster.config.job import JobSpec
+from verl_cluster.errors import ConfigError, PlanError
+from verl_cluster.facts.model import NodeFacts
+from verl_cluster.placement import memory as mem
+from verl_cluster.placement.hardware import Hardware, hardware_from_facts
+from verl_cluster.placement.memory import GIB
+from verl_cluster.placement.model_shape import ModelShape, resolve_shape, shape_from_dir
+from verl_cluster.placement.overrides import build_overrides
+from verl_cluster.placement.planner import (OFFLOAD_NAMES, STRATEGIES, UTIL_DEFAULT, Candidate, Evaluator,
+                                            PhaseResult, choose_precision, closest, make_pools, relaxed, search,
+                                            wanted_concurrency)
+from verl_cluster.placement.settings import Settings, read_settings
+
+ROLE_ORDER = ("actor", "rollout", "ref", "critic", "reward")
+ROLE_WHY = {"actor": "always", "rollout": "hybrid engine, on the actor's GPUs", "ref": "KL loss or KL in reward",
+            "critic": "critic.enable or adv_estimator=gae", "reward": "reward model enabled"}
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    gib: float
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    phase: str
+    micro_batch: Optional[int]
+    tokens: int  # tokens per micro batch per GPU (or the token budget)
+    components: tuple[Component, ...]  # the role's own working set
+    working_gib: float
+    peak_gib: float  # GPU peak while this phase runs: + others' resident, context, allocator margin
+    fits: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    role: str
+    pool: str
+    gpus: tuple[tuple[int, int], ...]  # (node index, GPU index)
+    memory_gib_per_gpu: float  # highest GPU peak among this role's phases
+    resident_gib: float  # what it keeps on the GPU while other roles run
+    host_gib_per_gpu: float
+    phases: tuple[PhasePlan, ...]
+
+
+@dataclass(frozen=True)
+class GpuSlot:
+    node: int
+    host: str
+    gpu: int
+    roles: tuple[str, ...]
+    peak_gib: float
+    peak_phase: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    feasible: bool
+    strategy: str
+    model: str
+    params: int
+    hardware: str
+    capacity_gib: float
+    nnodes: int
+    gpus_per_node: int
+    tp: int
+    gpu_memory_utilization: float
+    offload: str
+    dtype: str
+    attn: str
+    fill: float
+    roles: tuple[RolePlan, ...]
+    gpus: tuple[GpuSlot, ...]
+    overrides: dict[str, Any]  # verl overrides (verl 0.9 key names); merge them into the job's overrides
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # why it does not fit, with the numbers
+    fixes: tuple[str, ...] = ()  # what would make it fit
+    host_gib_per_node: float = 0.0
+    rollout_seqs_fit: int = 0
+    rollout_seqs_wanted: int = 0
+
+    def role(self, name: str) -> RolePlan:
+        for r in self.roles:
+            if r.role == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def peak_gib(self) -> float:
+        return max((g.peak_gib for g in self.gpus), default=0.0)
+
+    def raise_if_infeasible(self) -> None:
+        if not self.feasible:
+            raise PlanError("; ".join(self.problems) or "the job does not fit",
+                            "; ".join(self.fixes) or "run `verl-cluster plan` for the numbers")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "feasible": self.feasible,
+            "strategy": self.strategy,
+            "model": {"name": self.model, "params": self.params},
+            "hardware": {"description": self.hardware, "capacity_gib_per_gpu": round(self.capacity_gib, 2),
+                         "nnodes": self.nnodes, "gpus_per_node": self.gpus_per_node},
+            "settings": {"tp": self.tp, "gpu_memory_utilization": self.gpu_memory_utilization,
+                         "offload": self.offload, "dtype": self.dtype, "attn_implementation": self.attn,
+                         "fill": self.fill},
+            "roles": {
+                r.role: {
+                    "pool": r.pool,
+                    "gpus": [list(g) for g in r.gpus],
+                    "memory_gib_per_gpu": round(r.memory_gib_per_gpu, 2),
+                    "resident_gib_per_gpu": round(r.resident_gib, 2),
+                    "host_gib_per_gpu": round(r.host_gib_per_gpu, 2),
+                    "phases": [{"phase": p.phase, "micro_batch": p.micro_batch, "tokens": p.tokens,
+                                "working_gib": round(p.working_gib, 2), "peak_gib": round(p.peak_gib, 2),
+                                "fits": p.fits, "components": {c.name: round(c.gib, 3) for c in p.components},
+                                **({"note": p.note} if p.note else {})} for p in r.phases],
+                }
+                for r in self.roles
+            },
+            "gpus": [{"node": g.node, "host": g.host, "gpu": g.gpu, "roles": list(g.roles),
+                      "peak_gib": round(g.peak_gib, 2), "peak_phase": g.peak_phase} for g in self.gpus],
+            "rollout": {"seqs_fit_per_replica": self.rollout_seqs_fit, "seqs_wanted_per_replica": self.rollout_seqs_wanted},
+            "host_gib_per_node": round(self.host_gib_per_node, 2),
+            "overrides": dict(self.overrides),
+            "reasons": list(self.reasons),
+            "warnings": list(self.warnings),
+            "problems": list(self.problems),
+            "fixes": list(self.fixes),
+        }
+
+
+def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None, fill: float = 1.0,
+         shape: Optional[ModelShape] = None) -> Plan:
+    """Place the job's roles on the hardware. `strategy`: colocate | split | separate-reward | auto (default:
+    the job's placement.strategy). `fill`: average share of prompt+response a sequence really uses (1.0 = the
+    worst case; only matters with use_remove_padding). Raises ConfigError for bad input and PlanError when the
+    hardware itself is unusable (heterogeneous nodes); an infeasible placement is a Plan with feasible=False."""
+    if not (0.0 < fill <= 1.0):
+        raise ConfigError(f"--fill must be in (0, 1], got {fill}")
+    s = read_settings(job)
+    shape = shape or resolve_shape(job.model.path, job.model.catalog)
+    reasons: list[str] = []
+    rm_shape = shape
+    if s.reward_model:
+        if s.reward_model_path and (Path(s.reward_model_path).expanduser() / "config.json").is_file():
+            rm_shape = shape_from_dir(s.reward_model_path)
+        else:
+            reasons.append("reward model shape unknown here: assumed the policy's shape")
+    hw = hardware_from_facts(facts, nnodes=s.nnodes, n_gpus_per_node=s.n_gpus_per_node)
+    prec, prec_reasons, warnings = choose_precision(s, hw)
+    want = strategy or job.placement.strategy or "auto"
+    if want not in STRATEGIES + ("auto",):
+        raise ConfigError(f"--strategy: unknown strategy `{want}`", f"use one of {', '.join(STRATEGIES)}, auto")
+    strategies = STRATEGIES if want == "auto" else (want,)
+    if want != "auto" and not make_pools(want, s, hw):
+        need = {"split": "a critic or reward model and an even GPU count per node",
+                "separate-reward": "a reward model and ≥ 2 GPUs per node"}[want]
+        raise ConfigError(f"strategy `{want}` needs {need}", "use --strategy colocate or auto")
+    ev = Evaluator(s, shape, rm_shape, hw, prec, fill)
+    best, tried = search(ev, strategies)
+    roles_on = [r for r in ROLE_ORDER if r in {"actor", "rollout"} or getattr(s, r if r != "reward" else "reward_model")]
+    reasons.insert(0, "roles: " + ", ".join(f"{r} ({ROLE_WHY[r]})" for r in roles_on))
+    reasons.insert(1, f"model {shape.name}: {shape.params / 1e9:.2f}B parameters, {shape.layers} layers, hidden "
+                      f"{shape.hidden}, vocab {shape.vocab}")
+    reasons.insert(2, _hw_line(hw))
+    reasons += prec_reasons
+    reasons += [n for n in hw.notes]
+    if fill < 1.0 and prec.remove_padding:
+        reasons.append(f"sequence lengths: planned with an average fill of {fill:.0%} of prompt+response "
+                       f"({s.seq_len} tokens); real lengths above that can run out of memory")
+    else:
+        reasons.append(f"sequence lengths: worst case, every sequence is prompt+response = {s.seq_len} tokens "
+                       "(with use_remove_padding real batches use fewer tokens, so this is stricter than reality)")
+    if best is not None:
+        reasons += _explain(best, tried, s, hw, want)
+        problems, fixes = _host_check(best, hw, warnings)
+        shown = best
+    else:
+        shown = closest(tried, hw.capacity_bytes)
+        problems = _problems(shown, hw)
+        fixes = _fixes(job, s, shape, hw, prec, fill, strategies, shown)
+    return _assemble(shown, s, shape, hw, fill, reasons, warnings, problems, fixes, best is not None and not problems)
+
+
+def _hw_line(hw: Hardware) -> str:
+    return (f"hardware: {hw.nnodes} node(s) x {hw.gpus_per_node} x {hw.gpu_name} ({hw.capacity_bytes / GIB:.1f} GiB, "
+            f"SM {hw.sm[0]}.{hw.sm[1]}, P2P islands {_islands(hw)})")
+
+
+def _islands(hw: Hardware) -> str:
+    return " | ".join(",".join(f"[{min(i)}-{max(i)}]" if len(i) > 1 else f"[{i[0]}]" for i in layout)
+                      for layout in hw.islands)
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.1f} GiB"
+
+
+def _top(ph: PhaseResult, k: int = 3) -> str:
+    parts = sorted(ph.parts, key=lambda p: -p.bytes)[:k]
+    return ", ".join(f"{p.name} {_gib(p.bytes)}" for p in parts if p.bytes > 0)
+
+
+def _explain(best: Candidate, tried: list[Candidate], s: Settings, hw: Hardware, want: str) -> list[str]:
+    out = []
+    cap = hw.capacity_bytes
+    same = [c for c in tried if c.strategy == best.strategy and c.pools == best.pools]
+    if want == "auto":
+        others = sorted({c.strategy for c in tried if c.feasible} - {best.strategy})
+        out.append(f"strategy {best.strategy}: cheapest feasible (least offload, then colocated hybrid engine)"
+                   + (f"; also feasible: {', '.join(others)}" if others else ""))
+    else:
+        out.append(f"strategy {best.strategy}: as asked")
+    if best.offload == 0:
+        out.append("offload: none, every phase fits with params, grads and Adam states on the GPU")
+    else:
+        lower = [c for c in same if c.tp == best.tp and c.offload == best.offload - 1]
+        why = ""
+        if lower:
+            bad = [p for p in lower[0].phases if not p.fits]
+            if bad:
+                why = f": without it {bad[0].phase} needs {bad[0].peak / GIB:.1f} GiB/GPU > {cap / GIB:.1f} GiB"
+        out.append(f"offload: {OFFLOAD_NAMES[best.offload]}{why}")
+    if s.tp is not None:
+        out.append(f"rollout TP {best.tp}: pinned by the job")
+    else:
+        smaller = [c for c in same if c.tp < best.tp and c.offload == best.offload]
+        out.append(f"rollout TP {best.tp}: smallest that fits" + (
+            f" (TP {max(c.tp for c in smaller)} does not)" if smaller else ""))
+    if best.crosses_islands:
+        out.append(f"TP {best.tp} groups cross P2P islands: NCCL goes through PCIe/host memory (slower); RTX-class "
+                   "cards may also need NCCL_P2P_DISABLE=1")
+    if s.gpu_memory_utilization is not None:
+        out.append(f"gpu_memory_utilization {best.util}: pinned by the job")
+    elif best.util < UTIL_DEFAULT:
+        out.append(f"gpu_memory_utilization {best.util}: lowered from verl's {UTIL_DEFAULT} so vLLM's share fits "
+                   "beside what the training roles keep resident")
+    else:
+        out.append(f"gpu_memory_utilization {best.util}: verl's default")
+    if best.rollout is not None:
+        wanted = wanted_concurrency(s, best.pools[0].size, best.tp)
+        r = best.rollout
+        out.append(f"rollout KV cache {_gib(r.kv_cache)} per GPU holds {r.seqs_fit} sequences of {s.seq_len} tokens "
+                   f"per replica; the batch needs {wanted} at once" + ("" if r.seqs_fit >= wanted else
+                                                                        " (it will generate in waves)"))
+    for ph in best.phases:
+        if ph.role == "rollout":
+            continue
+        what = f"token budget {int(ph.tokens)}" if ph.micro is None else f"micro batch {ph.micro}"
+        line = f"{ph.phase}: {what} ({ph.peak / GIB:.1f} GiB/GPU peak)"
+        if ph.bigger:
+            line += f"; {ph.bigger[0]} would need {ph.bigger[1] / GIB:.1f} GiB"
+        out.append(line)
+    return out
+
+
+def _host_per_node(c: Candidate, hw: Hardware) -> float:
+    total = 0.0
+    for pool in c.pools:
+        per_gpu = sum(mem.total(c.host.get(r, ())) for r in pool.roles) + mem.HOST_BASE_BYTES
+        total += per_gpu * len(pool.gpu_indices)
+    return total
+
+
+def _host_check(c: Candidate, hw: Hardware, warnings: list[str]) -> tuple[list[str], list[str]]:
+    need = _host_per_node(c, hw)
+    if hw.host_mem_bytes is None:
+        return [], []
+    if need > hw.host_mem_bytes:
+        return ([f"host memory: {_gib(need)} per node (offloaded states, sleeping rollout weights, processes) > "
+                 f"{_gib(hw.host_mem_bytes)} RAM"], ["use less offload or nodes with more RAM"])
+    if need > 0.9 * hw.host_mem_bytes:
+        warnings.append(f"host memory {_gib(need)} per node is over 90% of {_gib(hw.host_mem_bytes)} RAM")
+    return [], []
+
+
+def _problems(c: Candidate, hw: Hardware) -> list[str]:
+    out = list(dict.fromkeys(c.problems))
+    for ph in c.phases:
+        if ph.fits:
+            continue
+        pool = next(p for p in c.pools if p.name == ph.pool)
+        what = "" if ph.micro is None else f" at micro batch {ph.micro}"
+        line = (f"{ph.phase} needs {ph.peak / GIB:.1f} GiB/GPU{what} ({_top(ph)}) on {pool.size} GPU(s) with "
+                f"{OFFLOAD_NAMES[c.offload]} offload, TP {c.tp}; {hw.gpu_name} has {hw.capacity_bytes / GIB:.1f} GiB")
+        out.append(line + (f" — {ph.note}" if ph.note else ""))
+    return out
+
+
+def _fixes(job: JobSpec, s: Settings, shape: ModelShape, hw: Hardware, prec, fill: float,
+           strategies: tuple[str, ...], shown: Candidate) -> list[str]:
+    from verl_cluster.placement.overrides import build_overrides as _ov
+
+    fixes = []
+    for what, label in (("offload", "offload"), ("micro", "micro batch sizes"), ("rollout", "rollout TP / "
+                                                                                 "gpu_memory_utilization")):
+        rs = relaxed(s, what)
+        if rs == s:
+            continue
+        best, _ = search(Evaluator(rs, shape, shape, hw, prec, fill), strategies)
+        if best is not None:
+            ov = _ov(best, rs)
+            keys = [k for k in ov if any(w in k for w in {"offload": ("offload",), "micro": ("micro", "token_len"),
+                                                          "rollout": ("tensor_model", "gpu_memory")}[what])]
+            peak = max(p.peak for p in best.phases)
+            fixes.append(f"let the planner choose {label} (→ {peak / GIB:.1f} GiB/GPU peak): "
+                         + ", ".join(f"{k}={ov[k]}" for k in keys))
+    if shown.offload < 2 and not any("offload" in f for f in fixes):
+        off = [f for f in fixes if "offload" in f]
+        if not off:
+            rs = relaxed(relaxed(s, "offload"), "micro")
+            best, _ = search(Evaluator(rs, shape, shape, hw, prec, fill), strategies)
+            if best is not None:
+                fixes.append(f"enable {OFFLOAD_NAMES[best.offload]} offload with planner-chosen micro batches "
+                             f"(→ {max(p.peak for p in best.phases) / GIB:.1f} GiB/GPU peak)")
+    for k in (2, 4, 8, 16, 32, 64, 128):
+        bigger = hw.with_nodes(hw.nnodes * k)
+        best, _ = search(Evaluator(s, shape, shape, bigger, prec, fill), strategies)
+        if best is not None:
+            fixes.append(f"use ≥ {bigger.total_gpus} GPUs ({bigger.nnodes} nodes x {hw.gpus_per_node}): fits with "
+                         f"{best.strategy}, {OFFLOAD_NAMES[best.offload]} offload, TP {best.tp}")
+            break
+    if not fixes:
+        fixes.append("no setting fits on up to 128x the nodes: use a smaller model, shorter prompt/response, or "
+                     "GPUs with more memory")
+    return fixes
+
+
+def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: float, reasons: list[str],
+              warnings: list[str], problems: list[str], fixes: list[str], feasible: bool) -> Plan:
+    cap = hw.capacity_bytes
+    role_plans, slots = [], []
+    for pool in c.pools:
+        gpus = tuple((node, g) for node in range(pool.nnodes) for g in pool.gpu_indices)
+        pool_phases = [p for p in c.phases if p.pool == pool.name]
+        peak_phase = max(pool_phases, key=lambda p: p.peak) if pool_phases else None
+        for role in pool.roles:
+            phases = [p for p in pool_phases if p.role == role]
+            role_plans.append(RolePlan(
+                role=role, pool=pool.name, gpus=gpus,
+                memory_gib_per_gpu=max((p.peak for p in phases), default=0.0) / GIB,
+                resident_gib=mem.total(c.resident.get(role, ())) / GIB,
+                host_gib_per_gpu=mem.total(c.host.get(role, ())) / GIB,
+                phases=tuple(PhasePlan(p.phase, p.micro, int(p.tokens),
+                                       tuple(Component(x.name, x.bytes / GIB) for x in p.parts),
+                                       p.working / GIB, p.peak / GIB, p.fits, p.note) for p in phases),
+            ))
+        for node, g in gpus:
+            slots.append(GpuSlot(node, hw.hosts[node] if node < len(hw.hosts) else f"node{node}", g, pool.roles,
+                                 (peak_phase.peak if peak_phase else 0.0) / GIB,
+                                 peak_phase.phase if peak_phase else ""))
+    role_plans.sort(key=lambda r: ROLE_ORDER.index(r.role))
+    slots.sort(key=lambda x: (x.node, x.gpu))
+    r = c.rollout
+    return Plan(
+        feasible=feasible, strategy=c.strategy, model=shape.name, params=shape.params,
+        hardware=f"{hw.nnodes}x{hw.gpus_per_node}x {hw.gpu_name}", capacity_gib=cap / GIB, nnodes=hw.nnodes,
+        gpus_per_node=hw.gpus_per_node, tp=c.tp, gpu_memory_utilization=c.util, offload=OFFLOAD_NAMES[c.offload],
+        dtype=c.prec.train_dtype, attn=c.prec.attn, fill=fill, roles=tuple(role_plans), gpus=tuple(slots),
+        overrides=build_overrides(c, s), reasons=tuple(reasons), warnings=tuple(warnings),
+        problems=tuple(problems), fixes=tuple(fixes), host_gib_per_node=_host_per_node(c, hw) / GIB,
+        rollout_seqs_fit=r.seqs_fit if r else 0,
+        rollout_seqs_wanted=wanted_concurrency(s, c.pools[0].size, c.tp),
+    )

@@ -1,0 +1,418 @@
+"""The search: for each strategy, TP size and offload level, the largest micro batches whose phases fit.
+
+Cost order (cheapest first): least offload, TP groups inside P2P islands, strategy (colocate first),
+rollout KV cache holding the wanted concurrency, largest actor micro batch, smallest TP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+from verl_cluster.placement import memory as mem
+from verl_cluster.placement.hardware import Hardware
+from verl_cluster.placement.memory import GIB, Part, TrainInputs
+from verl_cluster.placement.model_shape import ModelShape
+from verl_cluster.placement.settings import Settings
+
+STRATEGIES = ("colocate", "split", "separate-reward")
+OFFLOAD_LEVELS = ((False, False), (False, True), (True, True))  # (param, optimizer) for actor and critic
+OFFLOAD_NAMES = ("none", "optimizer", "param+optimizer")
+UTIL_DEFAULT = 0.5  # verl's rollout.gpu_memory_utilization default
+UTIL_STEP = 0.05
+UTIL_MIN = 0.1
+
+
+@dataclass(frozen=True)
+class Precision:
+    c: int  # compute dtype bytes
+    train_dtype: str  # bfloat16 | float16 | float32 (fsdp_config.dtype)
+    rollout_dtype: str
+    attn: str  # flash_attention_2 | sdpa | eager
+    remove_padding: bool  # verl's use_remove_padding needs flash-attn varlen kernels
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str  # verl resource pool name
+    gpu_indices: tuple[int, ...]  # GPU indices used on every node
+    nnodes: int
+    roles: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.gpu_indices) * self.nnodes
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    role: str
+    phase: str
+    pool: str
+    micro: Optional[int]  # None: dynamic batch size (token budget) or not applicable
+    tokens: float
+    parts: tuple[Part, ...]
+    others_resident: float
+    peak: float
+    fits: bool
+    note: str = ""
+    bigger: Optional[tuple[int, float]] = None  # the next larger micro batch / token budget tried, and its peak
+
+    @property
+    def working(self) -> float:
+        return mem.total(self.parts)
+
+
+@dataclass
+class Candidate:
+    strategy: str
+    pools: tuple[Pool, ...]
+    tp: int
+    offload: int
+    util: float
+    prec: Precision
+    phases: list[PhaseResult] = field(default_factory=list)
+    resident: dict[str, tuple[Part, ...]] = field(default_factory=dict)  # role -> GPU parts kept between phases
+    host: dict[str, tuple[Part, ...]] = field(default_factory=dict)  # role -> host parts per GPU
+    rollout: Optional[mem.RolloutMemory] = None
+    problems: list[str] = field(default_factory=list)
+    crosses_islands: bool = False
+    token_budget: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return not self.problems and all(p.fits for p in self.phases)
+
+    def micro(self, phase: str) -> Optional[int]:
+        return next((p.micro for p in self.phases if p.phase == phase), None)
+
+    def cost(self, kv_wanted: int) -> tuple:
+        short = self.rollout is not None and self.rollout.seqs_fit < kv_wanted
+        return (self.offload, self.crosses_islands, STRATEGIES.index(self.strategy), short,
+                -(self.micro("actor update") or 0), self.tp, -self.util)
+
+
+def choose_precision(s: Settings, hw: Hardware) -> tuple[Precision, list[str], list[str]]:
+    """bf16 needs SM ≥ 8.0; flash_attention_2 needs SM ≥ 8.0 and a working flash-attn."""
+    reasons, warnings = [], []
+    sm = f"{hw.sm[0]}.{hw.sm[1]}"
+    if s.train_dtype:
+        dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(s.train_dtype, s.train_dtype)
+        reasons.append(f"dtype {dtype}: pinned by the job")
+        if dtype == "bfloat16" and hw.sm < (8, 0):
+            warnings.append(f"the job pins bfloat16 but SM {sm} < 8.0 has no bf16 support: expect a CUDA error")
+    elif hw.sm >= (8, 0):
+        dtype = "bfloat16"
+        reasons.append(f"dtype bfloat16: SM {sm} ≥ 8.0 supports bf16 (verl's default)")
+    else:
+        dtype = "float32"
+        reasons.append(f"dtype float32: SM {sm} < 8.0 has no bf16; float16 would halve activations but risks "
+                       "overflow in RL losses (pin actor_rollout_ref.actor.fsdp_config.dtype=float16 to try it)")
+    c = 4 if dtype == "float32" else 2
+    rollout_dtype = dtype
+    if s.attn_implementation:
+        attn = s.attn_implementation
+        reasons.append(f"attention {attn}: pinned by the job")
+        if attn.startswith("flash") and (hw.sm < (8, 0) or hw.flash_attn is False):
+            warnings.append(f"the job pins {attn}, but {hw.flash_attn_note if hw.flash_attn is False else f'SM {sm} < 8.0'}")
+    elif hw.sm < (7, 0):
+        attn = "eager"
+        reasons.append(f"attention eager: SM {sm} < 7.0 (no flash-attn; torch's fused SDPA kernels are not built "
+                       "for it, so eager is the predictable path)")
+    elif hw.sm < (8, 0):
+        attn = "sdpa"
+        reasons.append(f"attention sdpa: flash_attention_2 needs SM ≥ 8.0, this is SM {sm}")
+    elif hw.flash_attn is False:
+        attn = "sdpa"
+        reasons.append(f"attention sdpa: {hw.flash_attn_note}")
+    else:
+        attn = "flash_attention_2"
+        reasons.append(f"attention flash_attention_2 ({hw.flash_attn_note})")
+    rmpad = attn.startswith("flash")
+    if not rmpad and (s.remove_padding_actor or s.remove_padding_critic):
+        reasons.append("use_remove_padding off: verl's padding-free path needs flash-attn's varlen kernels; "
+                       "sequences are padded to prompt+response")
+    if hw.sm < (7, 0) and s.rollout_name == "vllm":
+        warnings.append(f"vLLM officially needs SM ≥ 7.0 (this is SM {sm}): use a build for this GPU or an older "
+                        "verl with rollout.name=hf")
+    return Precision(c, dtype, rollout_dtype, attn, rmpad), reasons, warnings
+
+
+def make_pools(strategy: str, s: Settings, hw: Hardware) -> list[tuple[Pool, ...]]:
+    g, nn = hw.gpus_per_node, hw.nnodes
+    everyone = tuple(r for r in ("actor", "rollout", "ref", "critic", "reward") if _has(s, r))
+    if strategy == "colocate":
+        return [(Pool("global_pool", tuple(range(g)), nn, everyone),)]
+    if strategy == "split":  # verl examples/split_placement: half of every node each
+        if not (s.critic or s.reward_model) or g < 2 or g % 2:
+            return []
+        first = tuple(r for r in everyone if r in ("actor", "rollout", "ref"))
+        second = tuple(r for r in everyone if r in ("critic", "reward"))
+        return [(Pool("actor_rollout_ref_pool", tuple(range(g // 2)), nn, first),
+                 Pool("critic_pool", tuple(range(g // 2, g)), nn, second))]
+    if strategy == "separate-reward":  # reward_model.enable_resource_pool: its own GPUs on every node
+        if not s.reward_model or g < 2:
+            return []
+        main = tuple(r for r in everyone if r != "reward")
+        out = []
+        for k in sorted({1, 2, g // 4, g // 2} - {0}):
+            if k < g:
+                out.append((Pool("global_pool", tuple(range(g - k)), nn, main),
+                            Pool("reward_pool", tuple(range(g - k, g)), nn, ("reward",))))
+        return out
+    raise ValueError(strategy)
+
+
+def _has(s: Settings, role: str) -> bool:
+    return {"actor": True, "rollout": True, "ref": s.ref, "critic": s.critic, "reward": s.reward_model}[role]
+
+
+MICRO_CAP = 64  # larger micro batches gain little throughput and leave no room for length variance
+
+
+def _divisors_desc(n: int, cap: int = MICRO_CAP) -> list[int]:
+    return [d for d in range(min(n, cap), 0, -1) if n % d == 0]
+
+
+def _pow2_desc(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= max(1, min(n, MICRO_CAP)):
+        out.append(v)
+        v *= 2
+    return out[::-1]
+
+
+class Evaluator:
+    """Evaluates candidates for one (job, model, hardware, fill)."""
+
+    def __init__(self, s: Settings, shape: ModelShape, rm_shape: ModelShape, hw: Hardware, prec: Precision,
+                 fill: float):
+        self.s, self.shape, self.rm_shape, self.hw, self.prec, self.fill = s, shape, rm_shape, hw, prec, fill
+        self.cap = hw.capacity_bytes
+
+    # -- tokens per micro batch on one GPU --
+    def tokens(self, micro: int, *, rmpad: bool, sp: int) -> float:
+        fill = self.fill if (rmpad and self.prec.remove_padding) else 1.0
+        return micro * self.s.seq_len * fill / sp
+
+    def batch_rules(self, pool: Pool, roles: tuple[str, ...]) -> list[str]:
+        s, n = self.s, pool.size
+        out = []
+        if s.sequences % n:
+            good = math.lcm(n, s.n) // s.n
+            out.append(f"data.train_batch_size x rollout.n = {s.train_batch_size} x {s.n} = {s.sequences} is not "
+                       f"divisible by the {n} GPUs of {pool.name}: use a train_batch_size that is a multiple of {good}")
+        sp = s.sp_critic if "critic" in roles and "actor" not in roles else s.sp_actor
+        if (s.ppo_mini_batch_size * s.n) % (n // sp if n % sp == 0 else n):
+            out.append(f"ppo_mini_batch_size x n = {s.ppo_mini_batch_size * s.n} is not divisible by the {n // sp} "
+                       f"data-parallel ranks of {pool.name} (verl's per-GPU mini batch must be whole)")
+        return out
+
+    def evaluate(self, strategy: str, pools: tuple[Pool, ...], tp: int, offload: int) -> Candidate:
+        s, shape, prec = self.s, self.shape, self.prec
+        pin = s.tp is not None
+        c = Candidate(strategy, pools, tp, offload, s.gpu_memory_utilization or UTIL_DEFAULT, prec)
+        param_off, opt_off = OFFLOAD_LEVELS[offload]
+        for pool in pools:
+            c.problems += self.batch_rules(pool, pool.roles)
+        main = pools[0]
+        if main.size % tp or len(main.gpu_indices) % tp:
+            c.problems.append(f"rollout TP {tp} must divide the {len(main.gpu_indices)} GPUs per node of {main.name}"
+                              f" (TP groups stay inside a node)")
+        c.crosses_islands = tp > 1 and self.hw.tp_crosses_islands(tp, main.gpu_indices)
+        # residents (what each role keeps on the GPU between its phases) and host memory
+        for pool in pools:
+            n = pool.size
+            for role in pool.roles:
+                if role in ("actor", "critic"):
+                    params = shape.params if role == "actor" else shape.value_model_params
+                    m = s.master_dtype_bytes_actor if role == "actor" else s.master_dtype_bytes_critic
+                    gpu, host = mem.trainable_resident(params, n, m, param_offload=param_off, optimizer_offload=opt_off)
+                elif role == "ref":  # verl forces FSDP CPUOffload on the ref: params live on the host
+                    gpu, host = (), (Part("params", shape.params * s.master_dtype_bytes_actor / n),)
+                elif role == "reward":  # same for the FSDP reward model (bf16 weights)
+                    gpu, host = (), (Part("params", self.rm_shape.value_model_params * 2 / n),)
+                else:  # rollout sleeps between generations: weights to host, KV cache freed
+                    gpu = ()
+                    host = (Part("weights (asleep)", shape.params * prec.c / tp),)
+                c.resident[role] = gpu
+                c.host[role] = host
+        for pool in pools:
+            self._pool_phases(c, pool, tp, pin)
+        return c
+
+    def _others(self, c: Candidate, pool: Pool, role: str) -> float:
+        return sum(mem.total(c.resident[r]) for r in pool.roles if r != role)
+
+    def _pool_phases(self, c: Candidate, pool: Pool, tp: int, tp_pinned: bool) -> None:
+        s, shape, prec = self.s, self.shape, self.prec
+        n = pool.size
+        per_gpu_batch = max(1, s.sequences // n)
+        param_off, opt_off = OFFLOAD_LEVELS[c.offload]
+        if "rollout" in pool.roles:
+            self._rollout(c, pool, tp)
+        if "actor" in pool.roles:
+            p, g, o = mem.fsdp_states(shape.params, n, s.master_dtype_bytes_actor, trainable=True)
+            extra = tuple(x for x, off in ((g, param_off), (o, opt_off)) if not off)
+            base = dict(shape=shape, params=shape.params, n=n, seq=s.seq_len, c=prec.c, m=s.master_dtype_bytes_actor,
+                        attn=prec.attn, vocab_out=shape.vocab)
+            mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_actor // n)
+            self._search(c, pool, "actor", "actor update", s.actor_micro, _divisors_desc(mb_gpu),
+                         lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_actor,
+                                                                   **base)),
+                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
+            self._search(c, pool, "actor", "actor log-prob", s.logprob_micro, _pow2_desc(per_gpu_batch),
+                         lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
+                                                         params_on_gpu=True, extra=extra),
+                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
+        if "ref" in pool.roles:
+            base = dict(shape=shape, params=shape.params, n=n, seq=s.seq_len, c=prec.c, m=s.master_dtype_bytes_actor,
+                        attn=prec.attn, vocab_out=shape.vocab)
+            self._search(c, pool, "ref", "ref log-prob", s.ref_micro, _pow2_desc(per_gpu_batch),
+                         lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
+                                                         params_on_gpu=False),
+                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
+        if "critic" in pool.roles:
+            root = shape.embed_params + 2 * shape.hidden
+            p, g, o = mem.fsdp_states(shape.value_model_params, n, s.master_dtype_bytes_critic, trainable=True)
+            extra = tuple(x for x, off in ((g, param_off), (o, opt_off)) if not off)
+            base = dict(shape=shape, params=shape.value_model_params, n=n, seq=s.seq_len, c=prec.c,
+                        m=s.master_dtype_bytes_critic, attn=prec.attn, vocab_out=1, root_params=root)
+            mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // n)
+            self._search(c, pool, "critic", "critic update", s.critic_micro, _divisors_desc(mb_gpu),
+                         lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic,
+                                                                   **base)),
+                         rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens)
+            self._search(c, pool, "critic", "critic values", s.critic_fwd_micro, _pow2_desc(per_gpu_batch),
+                         lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
+                                                         params_on_gpu=True, extra=extra),
+                         rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens)
+        if "reward" in pool.roles:
+            rm = self.rm_shape
+            base = dict(shape=rm, params=rm.value_model_params, n=n, seq=s.seq_len, c=prec.c, m=2, attn=prec.attn,
+                        vocab_out=1, root_params=rm.embed_params + 2 * rm.hidden)
+            self._search(c, pool, "reward", "reward", s.reward_micro, _pow2_desc(per_gpu_batch),
+                         lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
+                                                         params_on_gpu=False),
+                         rmpad=False, sp=1, budget=None)
+
+    def _search(self, c: Candidate, pool: Pool, role: str, phase: str, pinned: Optional[int], candidates: list[int],
+                parts_of: Callable[[int, float], tuple[Part, ...]], *, rmpad: bool, sp: int,
+                budget: Optional[int]) -> None:
+        """Largest micro batch that fits (or the pinned one); with dynamic batch size the token budget."""
+        others = self._others(c, pool, role)
+        dynamic = self.s.dynamic_bsz and budget is not None
+        if dynamic:
+            tries = [(None, float(b)) for b in _token_budgets(budget, self.s.seq_len)]
+        elif pinned is not None:
+            tries = [(pinned, self.tokens(pinned, rmpad=rmpad, sp=sp))]
+        else:
+            tries = [(mb, self.tokens(mb, rmpad=rmpad, sp=sp)) for mb in candidates]
+        last, bigger = None, None
+        for mb, toks in tries:
+            parts = parts_of(mb or 1, toks)
+            peak = mem.gpu_peak(mem.total(parts), others)
+            last = PhaseResult(role, phase, pool.name, mb, toks, parts, others, peak, peak <= self.cap, "", bigger)
+            if last.fits:
+                break
+            bigger = (mb if mb is not None else int(toks), peak)
+        assert last is not None
+        if dynamic and last.fits:
+            c.token_budget[phase] = int(last.tokens)
+        c.phases.append(last)
+
+    def _rollout(self, c: Candidate, pool: Pool, tp: int) -> None:
+        s, shape = self.s, self.shape
+        others = self._others(c, pool, "rollout")
+        total = self.hw.capacity_bytes
+        room = (self.cap - mem.CUDA_CONTEXT_BYTES - others * (1 + mem.ALLOCATOR_MARGIN)) / total
+        if s.gpu_memory_utilization is not None:
+            util = s.gpu_memory_utilization
+        else:
+            util = UTIL_DEFAULT
+            if room < util:
+                util = math.floor(max(room, 0) / UTIL_STEP + 1e-9) * UTIL_STEP
+        util = round(util, 2)
+        c.util = util
+        r = mem.rollout_memory(shape, total_bytes=total, util=max(util, 0.0), tp=tp,
+                               dtype_bytes=self.prec.c, seq=s.seq_len, max_num_seqs=s.max_num_seqs,
+                               max_num_batched_tokens=s.max_num_batched_tokens, enforce_eager=s.enforce_eager)
+        c.rollout = r
+        peak = mem.rollout_peak(r.budget, others)
+        fits = peak <= self.cap and util >= UTIL_MIN - 1e-9 and r.seqs_fit >= 1
+        note = ""
+        if r.seqs_fit < 1:
+            note = (f"KV cache {r.kv_cache / GIB:.2f} GiB holds no full {s.seq_len}-token sequence "
+                    f"({r.kv_per_seq / GIB:.3f} GiB each) at gpu_memory_utilization {util}")
+        elif peak > self.cap:
+            note = f"gpu_memory_utilization {util} x {total / GIB:.1f} GiB plus what other roles keep resident"
+        c.phases.append(PhaseResult("rollout", "generate", pool.name, None, float(s.seq_len), r.parts, others, peak,
+                                    fits, note))
+
+
+def _token_budgets(start: int, seq: int) -> list[int]:
+    out, b = [], start
+    while b >= seq:
+        out.append(b)
+        b //= 2
+    return out or [seq]
+
+
+def wanted_concurrency(s: Settings, pool_size: int, tp: int) -> int:
+    replicas = max(1, pool_size // tp)
+    return min(s.max_num_seqs, math.ceil(s.sequences / replicas))
+
+
+def search(ev: Evaluator, strategies: tuple[str, ...]) -> tuple[Optional[Candidate], list[Candidate]]:
+    """All candidates of the given strategies; the cheapest feasible one (or None) and every candidate."""
+    s, hw = ev.s, ev.hw
+    tried: list[Candidate] = []
+    for strategy in strategies:
+        for pools in make_pools(strategy, s, hw):
+            g = len(pools[0].gpu_indices)
+            if s.tp is not None:
+                tps = [s.tp]
+            else:
+                tps = [t for t in _divisors_desc(g, g)[::-1]
+                       if ev.shape.heads % t == 0 and (ev.shape.kv_heads % t == 0 or t % ev.shape.kv_heads == 0)]
+            pinned_off = _pinned_offload(s)
+            levels = [pinned_off] if pinned_off is not None else range(len(OFFLOAD_LEVELS))
+            for tp in tps:
+                for lvl in levels:
+                    tried.append(ev.evaluate(strategy, pools, tp, lvl))
+    feasible = [c for c in tried if c.feasible]
+    if not feasible:
+        return None, tried
+    best = min(feasible, key=lambda c: c.cost(wanted_concurrency(s, c.pools[0].size, c.tp)))
+    return best, tried
+
+
+def _pinned_offload(s: Settings) -> Optional[int]:
+    flags = [s.actor_param_offload, s.actor_optimizer_offload, s.critic_param_offload, s.critic_optimizer_offload]
+    if all(f is None for f in flags):
+        return None
+    param = bool(s.actor_param_offload or s.critic_param_offload)
+    opt = bool(s.actor_optimizer_offload or s.critic_optimizer_offload)
+    return 2 if param else (1 if opt else 0)
+
+
+def closest(tried: list[Candidate], cap: float) -> Candidate:
+    """The infeasible candidate that misses by the least (to show its numbers)."""
+    def miss(c: Candidate) -> tuple:
+        over = max([p.peak - cap for p in c.phases if not p.fits] or [0.0])
+        return (len(c.problems), over, c.offload, c.tp)
+    return min(tried, key=miss)
+
+
+def relaxed(s: Settings, what: str) -> Settings:
+    """The job with one kind of pin removed (for "what would make it fit")."""
+    if what == "offload":
+        return replace(s, actor_param_offload=None, actor_optimizer_offload=None, critic_param_offload=None,
+                       critic_optimizer_offload=None)
+    if what == "micro":
+        return replace(s, actor_micro=None, logprob_micro=None, ref_micro=None, critic_micro=None,
+                       critic_fwd_micro=None, reward_micro=None)
+    if what == "rollout":
+        return replace(s, tp=None, gpu_memory_utilization=None)
+    raise ValueError(what)

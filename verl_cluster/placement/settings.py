@@ -1,0 +1,191 @@
+"""The job's verl settings the planner needs, read once from JobSpec overrides into a typed object.
+
+Key names are verl 0.9's (`actor_rollout_ref.*`, `critic.*`, `data.*`, `algorithm.*`, `trainer.*`,
+`reward.reward_model.*`; ≤ 0.8 spelled the reward model `reward_model.*`, which is read too). Defaults are
+verl's ppo_trainer.yaml defaults. `None` for a searchable field means "not pinned: the planner chooses".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from verl_cluster.config.job import JobSpec
+from verl_cluster.errors import ConfigError
+
+AR = "actor_rollout_ref"
+RM_PREFIXES = ("reward.reward_model", "reward_model")  # verl 0.9, then ≤ 0.8
+
+
+@dataclass(frozen=True)
+class Settings:
+    adv_estimator: str
+    critic: bool
+    ref: bool
+    reward_model: bool
+    reward_prefix: str  # the spelling this job uses for reward-model keys
+    reward_model_path: Optional[str]
+    train_batch_size: int
+    ppo_mini_batch_size: int
+    n: int
+    prompt_len: int
+    response_len: int
+    rollout_name: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enforce_eager: bool
+    grad_ckpt_actor: bool
+    grad_ckpt_critic: bool
+    remove_padding_actor: bool
+    remove_padding_critic: bool
+    sp_actor: int
+    sp_critic: int
+    dynamic_bsz: bool
+    actor_max_tokens: int  # ppo_max_token_len_per_gpu (dynamic bsz)
+    critic_max_tokens: int
+    master_dtype_bytes_actor: int  # fsdp_config.model_dtype (fp32 in verl ≥ 0.5)
+    master_dtype_bytes_critic: int
+    # pinned by the user (None: the planner searches)
+    tp: Optional[int]
+    gpu_memory_utilization: Optional[float]
+    actor_param_offload: Optional[bool]
+    actor_optimizer_offload: Optional[bool]
+    critic_param_offload: Optional[bool]
+    critic_optimizer_offload: Optional[bool]
+    actor_micro: Optional[int]
+    logprob_micro: Optional[int]
+    ref_micro: Optional[int]
+    critic_micro: Optional[int]
+    critic_fwd_micro: Optional[int]
+    reward_micro: Optional[int]
+    train_dtype: Optional[str]  # fsdp_config.dtype as pinned: bfloat16 | float16 | float32
+    attn_implementation: Optional[str]
+    nnodes: Optional[int]
+    n_gpus_per_node: Optional[int]
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def sequences(self) -> int:
+        return self.train_batch_size * self.n
+
+
+_DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
+
+
+class _Reader:
+    def __init__(self, job: JobSpec):
+        self.ov = job.verl_overrides()
+        self.used: set[str] = set()
+
+    def raw(self, key: str) -> Any:
+        for k in (key, "+" + key, "++" + key):
+            if k in self.ov:
+                self.used.add(k)
+                return self.ov[k]
+        return None
+
+    def has(self, key: str) -> bool:
+        return self.raw(key) is not None
+
+    def get(self, key: str, kind: type, default: Any = None) -> Any:
+        v = self.raw(key)
+        if v is None:
+            return default
+        try:
+            if kind is bool:
+                if isinstance(v, str) and v.lower() in ("true", "false"):
+                    return v.lower() == "true"
+                if not isinstance(v, bool):
+                    raise ValueError
+                return v
+            if kind is int:
+                if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+                    raise ValueError
+                return int(v)
+            if kind is float:
+                if isinstance(v, bool):
+                    raise ValueError
+                return float(v)
+            return str(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"overrides: `{key}` must be {kind.__name__}, got {v!r}") from None
+
+    def positive(self, key: str, default: Optional[int]) -> Optional[int]:
+        v = self.get(key, int, default)
+        if v is not None and v <= 0:
+            raise ConfigError(f"overrides: `{key}` must be a positive integer, got {v}")
+        return v
+
+
+def _dtype_bytes(key: str, value: str) -> int:
+    if value.lower() not in _DTYPE_BYTES:
+        raise ConfigError(f"overrides: `{key}`: unknown dtype {value!r}", "use fp32, bf16 or fp16")
+    return _DTYPE_BYTES[value.lower()]
+
+
+def read_settings(job: JobSpec) -> Settings:
+    r = _Reader(job)
+    adv = r.get("algorithm.adv_estimator", str, "gae")
+    critic_enable = r.get("critic.enable", bool)
+    critic = critic_enable if critic_enable is not None else adv == "gae"
+    ref = bool(r.get("algorithm.use_kl_in_reward", bool, False) or r.get(f"{AR}.actor.use_kl_loss", bool, False))
+    prefix = next((p for p in RM_PREFIXES if any(k.lstrip("+").startswith(p + ".") for k in r.ov)), RM_PREFIXES[0])
+    rm = bool(r.get(f"{prefix}.enable", bool, False))
+    train_batch = r.positive("data.train_batch_size", 1024)
+    mini = r.positive(f"{AR}.actor.ppo_mini_batch_size", 256)
+    util = r.get(f"{AR}.rollout.gpu_memory_utilization", float)
+    if util is not None and not 0.05 <= util <= 0.98:
+        raise ConfigError(f"overrides: `{AR}.rollout.gpu_memory_utilization` must be in 0.05..0.98, got {util}")
+    dtype = r.get(f"{AR}.actor.fsdp_config.dtype", str)
+    if dtype is not None:
+        _dtype_bytes(f"{AR}.actor.fsdp_config.dtype", dtype)
+    attn = r.get(f"{AR}.model.override_config.attn_implementation", str)
+    if attn is not None and attn not in ("flash_attention_2", "flash_attention_3", "sdpa", "eager"):
+        raise ConfigError(f"overrides: `{AR}.model.override_config.attn_implementation`: unknown value {attn!r}",
+                          "use flash_attention_2, sdpa or eager")
+    s = Settings(
+        adv_estimator=adv, critic=critic, ref=ref, reward_model=rm, reward_prefix=prefix,
+        reward_model_path=r.get(f"{prefix}.model.path", str),
+        train_batch_size=train_batch, ppo_mini_batch_size=mini,
+        n=r.positive(f"{AR}.rollout.n", 1),
+        prompt_len=r.positive("data.max_prompt_length", 512),
+        response_len=r.positive("data.max_response_length", 512),
+        rollout_name=r.get(f"{AR}.rollout.name", str, "vllm"),
+        max_num_seqs=r.positive(f"{AR}.rollout.max_num_seqs", 256),
+        max_num_batched_tokens=r.positive(f"{AR}.rollout.max_num_batched_tokens", 8192),
+        enforce_eager=r.get(f"{AR}.rollout.enforce_eager", bool, False),
+        grad_ckpt_actor=r.get(f"{AR}.model.enable_gradient_checkpointing", bool, True),
+        grad_ckpt_critic=r.get("critic.model.enable_gradient_checkpointing", bool, True),
+        remove_padding_actor=r.get(f"{AR}.model.use_remove_padding", bool, True),
+        remove_padding_critic=r.get("critic.model.use_remove_padding", bool, False),
+        sp_actor=r.positive(f"{AR}.actor.ulysses_sequence_parallel_size", 1),
+        sp_critic=r.positive("critic.ulysses_sequence_parallel_size", 1),
+        dynamic_bsz=r.get(f"{AR}.actor.use_dynamic_bsz", bool, False),
+        actor_max_tokens=r.positive(f"{AR}.actor.ppo_max_token_len_per_gpu", 16384),
+        critic_max_tokens=r.positive("critic.ppo_max_token_len_per_gpu", 32768),
+        master_dtype_bytes_actor=_dtype_bytes("model_dtype", r.get(f"{AR}.actor.fsdp_config.model_dtype", str, "fp32")),
+        master_dtype_bytes_critic=_dtype_bytes("model_dtype", r.get("critic.model.fsdp_config.model_dtype", str, "fp32")),
+        tp=r.positive(f"{AR}.rollout.tensor_model_parallel_size", None),
+        gpu_memory_utilization=util,
+        actor_param_offload=r.get(f"{AR}.actor.fsdp_config.param_offload", bool),
+        actor_optimizer_offload=r.get(f"{AR}.actor.fsdp_config.optimizer_offload", bool),
+        critic_param_offload=r.get("critic.model.fsdp_config.param_offload", bool),
+        critic_optimizer_offload=r.get("critic.model.fsdp_config.optimizer_offload", bool),
+        actor_micro=r.positive(f"{AR}.actor.ppo_micro_batch_size_per_gpu", None),
+        logprob_micro=r.positive(f"{AR}.rollout.log_prob_micro_batch_size_per_gpu", None),
+        ref_micro=r.positive(f"{AR}.ref.log_prob_micro_batch_size_per_gpu", None),
+        critic_micro=r.positive("critic.ppo_micro_batch_size_per_gpu", None),
+        critic_fwd_micro=r.positive("critic.forward_micro_batch_size_per_gpu", None),
+        reward_micro=r.positive(f"{prefix}.micro_batch_size_per_gpu", None),
+        train_dtype=dtype,
+        attn_implementation=attn,
+        nnodes=r.positive("trainer.nnodes", None),
+        n_gpus_per_node=r.positive("trainer.n_gpus_per_node", None),
+    )
+    if s.ppo_mini_batch_size > s.train_batch_size:
+        raise ConfigError(f"overrides: `{AR}.actor.ppo_mini_batch_size` ({mini}) exceeds data.train_batch_size "
+                          f"({train_batch})", "verl asserts train_batch_size >= ppo_mini_batch_size")
+    return s
