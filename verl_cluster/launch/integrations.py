@@ -1,0 +1,94 @@
+"""Where submit meets the other parts (backend env from diagnostics, the placement plan, cluster status).
+
+Each piece tolerates its provider not being importable yet, and says which source it used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.config.job import JobSpec
+
+
+@dataclass(frozen=True)
+class BackendEnv:
+    by_host: dict[str, dict[str, str]]
+    source: str  # "diagnostics" or "config network.interface" or "none"
+    notes: list[str] = field(default_factory=list)
+
+    def merged(self) -> tuple[dict[str, str], list[str]]:
+        """One env for a Ray job (runtime_env applies on every node). Interface names that differ by host
+        are joined with commas (NCCL/Gloo take lists); other differences keep the head's value."""
+        hosts = list(self.by_host)
+        out: dict[str, str] = {}
+        warnings: list[str] = []
+        keys = {k for env in self.by_host.values() for k in env}
+        for key in sorted(keys):
+            values = [self.by_host[h][key] for h in hosts if key in self.by_host[h]]
+            distinct = list(dict.fromkeys(values))
+            if len(distinct) == 1:
+                out[key] = distinct[0]
+            elif key.endswith("_IFNAME"):
+                out[key] = ",".join(distinct)
+            else:
+                out[key] = values[0]
+                warnings.append(f"{key} differs between nodes ({', '.join(distinct)}); the job uses {values[0]}")
+        return out, warnings
+
+
+def config_interface_env(spec: ClusterSpec) -> dict[str, str]:
+    """Fallback when diagnostics are not available: the interface named in the config, if any."""
+    iface = spec.network.interface
+    if not iface or iface == "auto":
+        return {}
+    return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+
+
+def backend_env(spec: ClusterSpec) -> BackendEnv:
+    hosts = [n.host for _, n in spec.nodes()]
+    try:
+        from verl_cluster.diagnostics.backend import select_backend
+        from verl_cluster.diagnostics.gather import gather_facts
+    except ImportError:
+        env = config_interface_env(spec)
+        return BackendEnv({h: dict(env) for h in hosts}, "config network.interface" if env else "none")
+    try:
+        choice = select_backend(spec, gather_facts(spec))
+    except Exception as e:  # noqa: BLE001 - a probe failure must not block the fallback
+        env = config_interface_env(spec)
+        return BackendEnv({h: dict(env) for h in hosts}, "config network.interface" if env else "none",
+                          [f"backend detection failed ({type(e).__name__}: {e}); using the config"])
+    by_host = {h: dict(choice.env.get(h, {})) for h in hosts}
+    return BackendEnv(by_host, "diagnostics")
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    overrides: dict[str, Any]
+    feasible: Optional[bool]
+    summary: dict[str, Any]
+    note: str
+
+
+def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
+    """The planner's verl overrides for this job on this cluster (the job's own overrides win later)."""
+    try:
+        from verl_cluster.placement import plan_for_job  # type: ignore[attr-defined]
+    except ImportError:
+        return PlanInfo({}, None, {}, "placement planner not available: the job's own overrides are used")
+    try:
+        plan = plan_for_job(job, spec)
+    except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding
+        return PlanInfo({}, False, {}, f"placement planner failed: {type(e).__name__}: {e}")
+    summary = dataclasses.asdict(plan) if dataclasses.is_dataclass(plan) else {}
+    return PlanInfo(dict(getattr(plan, "overrides", {}) or {}), getattr(plan, "feasible", None),
+                    summary, "placement planned")
+
+
+def plan_metadata(plan: PlanInfo, limit: int = 4000) -> str:
+    text = json.dumps({"feasible": plan.feasible, "overrides": plan.overrides, "note": plan.note}, default=str)
+    return text[:limit]

@@ -1,0 +1,91 @@
+"""Node-side probe (stdlib, plus pyarrow when the node has it): data files and model dirs as JSON.
+
+Run as `python -c SOURCE '{"data": [...], "model": "..."}'`; prints one MARK line (see runners.remote_python).
+Also imported locally for `type_tree`.
+"""
+
+import json
+import os
+import sys
+
+MARK = "@@VC-JSON@@"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def type_tree(t):
+    import pyarrow.types as pt
+
+    if pt.is_string(t) or pt.is_large_string(t):
+        return {"kind": "string"}
+    if pt.is_integer(t):
+        return {"kind": "int"}
+    if pt.is_floating(t):
+        return {"kind": "float"}
+    if pt.is_boolean(t):
+        return {"kind": "bool"}
+    if pt.is_list(t) or pt.is_large_list(t) or pt.is_fixed_size_list(t):
+        return {"kind": "list", "item": type_tree(t.value_type)}
+    if pt.is_struct(t):
+        return {"kind": "struct", "fields": {t.field(i).name: type_tree(t.field(i).type) for i in range(t.num_fields)}}
+    return {"kind": "other"}
+
+
+def probe_data(path):
+    p = os.path.expanduser(path)
+    if not os.path.exists(p):
+        return {"path": path, "exists": False}
+    out = {"path": path, "exists": True, "size": os.path.getsize(p)}
+    if os.path.isdir(p):
+        out["error"] = "is a directory"
+        return out
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+            f.seek(-4, os.SEEK_END)
+            tail = f.read(4)
+    except OSError as e:
+        out["error"] = str(e)
+        return out
+    out["parquet"] = head == b"PAR1" and tail == b"PAR1"
+    if not out["parquet"]:
+        return out
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        out["schema_error"] = "pyarrow not installed on the node"
+        return out
+    try:
+        schema = pq.read_schema(p)
+        out["schema"] = {f.name: type_tree(f.type) for f in schema}
+        out["rows"] = pq.ParquetFile(p).metadata.num_rows
+    except Exception as e:  # a broken footer is a finding, not a crash
+        out["schema_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return out
+
+
+def probe_model(path):
+    p = os.path.expanduser(path)
+    if os.path.isdir(p):
+        names = set(os.listdir(p))
+        return {"path": path, "kind": "dir", "config": "config.json" in names,
+                "tokenizer": [n for n in TOKENIZER_FILES if n in names]}
+    if os.path.exists(p):
+        return {"path": path, "kind": "file"}
+    if path.startswith(("/", "~", ".")) or path.count("/") != 1:
+        return {"path": path, "kind": "missing"}
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub")
+    cached = os.path.isdir(os.path.join(hub, "models--" + path.replace("/", "--")))
+    return {"path": path, "kind": "hub", "cached": cached, "offline": os.environ.get("HF_HUB_OFFLINE") == "1"}
+
+
+def main(arg):
+    req = json.loads(arg)
+    out = {"data": [probe_data(d) for d in req.get("data", [])]}
+    if req.get("model"):
+        out["model"] = probe_model(req["model"])
+    print(MARK + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,261 @@
+"""Preflight: what would fail an hour in, caught in seconds before any GPU time.
+
+Each check returns Findings; `run_preflight` runs them all (one failure never hides the others).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.config.job import JobSpec
+from verl_cluster.launch.data_check import check_schema, requirement_for
+from verl_cluster.launch.verl_config import check_verl_config
+from verl_cluster.runners import fan_out, runner_for
+from verl_cluster.runners.remote_python import run_python
+
+PROBE = Path(__file__).with_name("node_files.py")
+REMOTE_SCHEMES = ("hdfs://", "s3://", "gs://", "http://", "https://")
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # error | warning | ok | skipped
+    check: str  # data | model | verl-config | resources | env
+    message: str
+    hint: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_json(self) -> list[dict]:
+        return [f.__dict__ for f in self.findings]
+
+
+def _as_list(v: Any) -> list[str]:
+    if v is None or v == "":
+        return []
+    return [str(x) for x in v] if isinstance(v, (list, tuple)) else [str(v)]
+
+
+def data_files(overrides: Mapping[str, Any]) -> list[str]:
+    return _as_list(overrides.get("data.train_files")) + _as_list(overrides.get("data.val_files"))
+
+
+def model_path(job: JobSpec, overrides: Mapping[str, Any]) -> Optional[str]:
+    for key in ("actor_rollout_ref.model.path", "model.path", "model.partial_pretrain"):
+        if overrides.get(key):
+            return str(overrides[key])
+    return job.model.path
+
+
+# ---- data and model: probed on every node, judged here ----
+def judge_node_files(job: JobSpec, overrides: Mapping[str, Any], results: Mapping[str, Any],
+                     local_schemas: Mapping[str, dict] | None = None) -> list[Finding]:
+    """Findings from the node probes: {host: probe JSON or an exception}."""
+    out: list[Finding] = []
+    req = requirement_for(job.entrypoint, overrides)
+    schemas: dict[str, dict] = dict(local_schemas or {})
+    missing: dict[str, list[str]] = {}
+    for host, res in results.items():
+        if isinstance(res, BaseException):
+            out.append(Finding("error", "data", f"{host}: cannot check files there: "
+                                                f"{getattr(res, 'reason', None) or res}"))
+            continue
+        for d in res.get("data", []):
+            if not d["exists"]:
+                missing.setdefault(d["path"], []).append(host)
+            elif d.get("error"):
+                out.append(Finding("error", "data", f"{d['path']} on {host}: {d['error']}"))
+            elif not d.get("parquet"):
+                out.append(Finding("error", "data", f"{d['path']} on {host}: not a parquet file",
+                                   "verl reads parquet; convert it (scripts/prepare_gsm8k.py for GSM8K)"))
+            elif d.get("schema"):
+                schemas.setdefault(d["path"], d["schema"])
+            elif d.get("schema_error") and "not installed" not in d["schema_error"]:
+                out.append(Finding("error", "data", f"{d['path']} on {host}: unreadable parquet: {d['schema_error']}"))
+        m = res.get("model")
+        if m:
+            out += _judge_model(host, m)
+    for path, hosts in missing.items():
+        out.append(Finding("error", "data", f"{path}: not found on {', '.join(hosts)}",
+                           "copy the file to the same path on every node (or use a shared filesystem)"))
+    if req:
+        for path, schema in schemas.items():
+            for problem in check_schema(path, schema, req):
+                out.append(Finding("error", "data", problem,
+                                   "GSM8K: python scripts/prepare_gsm8k.py writes verl's format"))
+    checked = [p for p in schemas if p not in missing]
+    if checked and not any(f.level == "error" and f.check == "data" for f in out):
+        what = "columns match verl's schema" if req else "present"
+        out.append(Finding("ok", "data", f"{len(checked)} data file(s) on every node; {what}"))
+    return out
+
+
+def _judge_model(host: str, m: Mapping[str, Any]) -> list[Finding]:
+    path = m["path"]
+    if m["kind"] == "dir":
+        lacks = ([] if m["config"] else ["config.json"]) + ([] if m["tokenizer"] else ["tokenizer files"])
+        if lacks:
+            return [Finding("error", "model", f"model dir {path} on {host} has no {' or '.join(lacks)}",
+                            "point model.path at a Hugging Face model folder (config.json, tokenizer.json, weights)")]
+        return []
+    if m["kind"] == "hub":
+        if m["cached"]:
+            return []
+        if m["offline"]:
+            return [Finding("error", "model", f"model `{path}` is not in the Hugging Face cache on {host} and "
+                                              "HF_HUB_OFFLINE=1 there", "download it on that node first")]
+        return [Finding("warning", "model", f"model `{path}` is not cached on {host}: it will be downloaded at start")]
+    if m["kind"] == "file":
+        return [Finding("error", "model", f"model path {path} on {host} is a file, not a model folder")]
+    return [Finding("error", "model", f"model path {path} not found on {host}",
+                    "copy the model to the same path on every node, or use a hub name such as Qwen/Qwen2.5-0.5B-Instruct")]
+
+
+def probe_node_files(spec: ClusterSpec, files: Sequence[str], model: Optional[str]) -> dict[str, Any]:
+    source = PROBE.read_text()
+    arg = json.dumps({"data": list(files), "model": model})
+
+    def one(node):
+        runner = runner_for(spec, node)
+        try:
+            return run_python(runner, spec.python_executable(node), source, [arg], timeout=60)
+        finally:
+            runner.close()
+
+    nodes = [n for _, n in spec.nodes()]
+    return {r.host: (r.value if r.ok else r.error) for r in fan_out(nodes, one, key=lambda n: n.host)}
+
+
+def local_schema(path: str) -> Optional[dict]:
+    """Schema of a file that is also on this machine (when the nodes lack pyarrow)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        from verl_cluster.launch.data_check import schema_tree
+
+        return schema_tree(pq.read_schema(p))
+    except Exception:  # noqa: BLE001 - not readable here: the node result stands
+        return None
+
+
+def check_files(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -> list[Finding]:
+    files = [f for f in data_files(overrides) if not f.startswith(REMOTE_SCHEMES)]
+    remote = [f for f in data_files(overrides) if f.startswith(REMOTE_SCHEMES)]
+    model = model_path(job, overrides)
+    out = [Finding("skipped", "data", f"{f}: remote storage is not checked") for f in remote]
+    if not files and not model:
+        return out + [Finding("skipped", "data", "the job names no data files or model")]
+    results = probe_node_files(spec, files, model)
+    local = {}
+    for f in files:
+        if not any(isinstance(r, dict) and any(d.get("schema") for d in r.get("data", []) if d["path"] == f)
+                   for r in results.values()):
+            s = local_schema(f)
+            if s:
+                local[f] = s
+    out += judge_node_files(job, overrides, results, local)
+    if model and not any(f.check == "model" and f.level == "error" for f in out):
+        out.append(Finding("ok", "model", f"model {model} found on every node"))
+    return out
+
+
+# ---- verl's own config ----
+def check_verl(job: JobSpec, overrides: Mapping[str, Any]) -> list[Finding]:
+    if not (job.entrypoint or "").startswith("verl."):
+        return []
+    res = check_verl_config(job.entrypoint, overrides)
+    out: list[Finding] = []
+    for key, near in res.unknown:
+        out.append(Finding("error", "verl-config", f"unknown verl key `{key}`",
+                           f"did you mean `{near}`?" if near else f"prefix it with + to add a new key: +{key}=..."))
+    if res.error:
+        out.append(Finding("error", "verl-config", f"verl rejects the config: {res.error}"))
+    if res.skipped:
+        out.append(Finding("skipped", "verl-config", res.skipped))
+    if res.ran and not res.unknown and not res.error:
+        out.append(Finding("ok", "verl-config", "verl's Hydra config composes with all overrides"
+                           + ("; verl's validate_config passed" if res.validated else "")))
+    return out
+
+
+# ---- resources: the GPUs verl's STRICT_PACK placement groups will ask for ----
+@dataclass(frozen=True)
+class NodeGpus:
+    host: str
+    alive: bool
+    total: float
+    free: Optional[float]  # None when the cluster did not report free resources
+
+
+def gpu_fit(nodes: Sequence[NodeGpus], per_node: int, nnodes: int) -> list[Finding]:
+    """verl asks for one STRICT_PACK group of `per_node` GPUs on each of `nnodes` nodes."""
+    alive = [n for n in nodes if n.alive]
+    need = f"{nnodes} node(s) x {per_node} GPU(s)"
+    if per_node <= 0:
+        return []
+    big = [n for n in alive if n.total >= per_node]
+    if len(big) < nnodes:
+        have = ", ".join(f"{n.host}={n.total:g}" for n in alive) or "no alive nodes"
+        return [Finding("error", "resources", f"the job needs {need} (trainer.nnodes x trainer.n_gpus_per_node); "
+                                              f"the cluster has {have}",
+                        "set trainer.n_gpus_per_node / trainer.nnodes to what the nodes have")]
+    free = [n for n in big if n.free is None or n.free >= per_node]
+    if len(free) < nnodes:
+        busy = ", ".join(f"{n.host} {n.free:g}/{n.total:g} free" for n in big if n.free is not None and n.free < per_node)
+        return [Finding("error", "resources", f"the job needs {need} free, but GPUs are held: {busy}",
+                        "another job holds them (the usual cause of 'Total available GPUs 0'): "
+                        "`verl-cluster jobs`, then `verl-cluster stop JOB`")]
+    return [Finding("ok", "resources", f"{need} available")]
+
+
+def gpu_request(overrides: Mapping[str, Any]) -> tuple[int, int]:
+    """(n_gpus_per_node, nnodes) verl will ask for (its defaults: 8 and 1)."""
+    return int(overrides.get("trainer.n_gpus_per_node", 8)), int(overrides.get("trainer.nnodes", 1))
+
+
+def nodes_from_status(status: Any) -> list[NodeGpus]:
+    out = []
+    for n in status.nodes:
+        total = float((n.resources or {}).get("GPU", 0.0) or getattr(n, "gpus", 0) or 0)
+        free = None if n.available is None else float(n.available.get("GPU", 0.0))
+        out.append(NodeGpus(n.host, bool(n.alive), total, free))
+    return out
+
+
+def check_resources(job: JobSpec, overrides: Mapping[str, Any], status: Any) -> list[Finding]:
+    if not job.is_ray_only:
+        return []
+    if status is None:
+        return [Finding("skipped", "resources", "cluster status unavailable: GPU fit not checked")]
+    per_node, nnodes = gpu_request(overrides)
+    return gpu_fit(nodes_from_status(status), per_node, nnodes)
+
+
+def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any], status: Any,
+                  extra: Sequence[Finding] = ()) -> PreflightReport:
+    findings = list(extra)
+    for check in (lambda: check_files(spec, job, overrides), lambda: check_verl(job, overrides),
+                  lambda: check_resources(job, overrides, status)):
+        try:
+            findings += check()
+        except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
+            findings.append(Finding("error", "preflight", f"check failed: {type(e).__name__}: {e}"))
+    return PreflightReport(findings)

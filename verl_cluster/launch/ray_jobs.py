@@ -1,0 +1,215 @@
+"""Ray Jobs API through the cluster's auth token, over an SSH tunnel when the dashboard is on the head's loopback.
+
+The token goes into the client's own Authorization header only: nothing is put into this process's
+environment (Ray would otherwise cache it process-wide), into the job, or into its metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, TextIO
+
+from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.errors import ClusterError
+from verl_cluster.launch.request import RayJobRequest
+from verl_cluster.runners import runner_for
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def auth_headers(spec: ClusterSpec) -> dict[str, str]:
+    if spec.security.auth != "token":
+        return {}
+    path = spec.token_file
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        raise ClusterError(f"no auth token for cluster `{spec.cluster_name}` at {path}",
+                           "start the cluster with `verl-cluster up` (it writes the token), or fix security.token_file")
+    except OSError as e:
+        raise ClusterError(f"cannot read the auth token {path}: {e.strerror or e}")
+    if not token:
+        raise ClusterError(f"auth token file {path} is empty", "run `verl-cluster up` again to write it")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _explain(e: BaseException, where: str) -> ClusterError:
+    text = str(e)
+    if "Authentication" in text or "401" in text or "403" in text or "Unauthorized" in text or "Forbidden" in text:
+        return ClusterError(f"the Jobs API at {where} refused our token",
+                            "the token file does not match the running cluster: run `verl-cluster up` again")
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    if isinstance(e, ConnectionError) or "Failed to connect" in text or "Connection refused" in text:
+        return ClusterError(f"cannot reach the Ray Jobs API at {where}: {first[:200]}",
+                            "is the cluster up? try `verl-cluster status`")
+    return ClusterError(f"Ray Jobs API at {where}: {first[:300]}")
+
+
+class JobsApi:
+    """A connected JobSubmissionClient plus what it needs to stay connected (the tunnel)."""
+
+    def __init__(self, client: Any, where: str):
+        self.client, self.where = client, where
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(*args, **kw)
+        except (RuntimeError, ConnectionError, OSError, ValueError) as e:
+            if "does not exist" in str(e):
+                raise ClusterError(f"no such job on this cluster: {str(e).splitlines()[0][:200]}",
+                                   "list them with `verl-cluster jobs`")
+            raise _explain(e, self.where) from e
+
+
+def dashboard_target(spec: ClusterSpec) -> tuple[str, int, bool]:
+    """(host, port, needs_tunnel) for the Jobs API as seen from this machine."""
+    port = spec.head.dashboard_port
+    if spec.security.dashboard_host == "loopback":
+        return "127.0.0.1", port, not spec.head.is_local
+    return spec.head_ip, port, False
+
+
+@contextlib.contextmanager
+def connect(spec: ClusterSpec) -> Iterator[JobsApi]:
+    from ray.job_submission import JobSubmissionClient
+
+    headers = auth_headers(spec)
+    host, port, tunnel_needed = dashboard_target(spec)
+    with contextlib.ExitStack() as stack:
+        if tunnel_needed:
+            runner = runner_for(spec, spec.head)
+            stack.callback(runner.close)
+            tunnel = runner.open_tunnel(host, port)
+            stack.callback(tunnel.close)
+            url, where = tunnel.url, f"{spec.head.host} 127.0.0.1:{port} (SSH tunnel)"
+        else:
+            url = f"http://{host}:{port}"
+            where = url
+        try:
+            client = JobSubmissionClient(url, headers=dict(headers))
+        except (RuntimeError, ConnectionError, OSError, ValueError) as e:
+            raise _explain(e, where) from e
+        yield JobsApi(client, where)
+
+
+def submit(api: JobsApi, req: RayJobRequest) -> str:
+    return api.call(api.client.submit_job, entrypoint=req.entrypoint, submission_id=req.submission_id,
+                    runtime_env=req.runtime_env, metadata=req.metadata)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    submission_id: str
+    status: str
+    entrypoint: str
+    start_time: Optional[float]
+    end_time: Optional[float]
+    message: str
+    job_name: str
+
+    @property
+    def duration_s(self) -> Optional[float]:
+        if not self.start_time:
+            return None
+        end = self.end_time or time.time() * 1000
+        return (end - self.start_time) / 1000
+
+
+def _row(d: Any) -> JobRow:
+    meta = d.metadata or {}
+    return JobRow(d.submission_id or d.job_id or "?", str(getattr(d.status, "value", d.status)), d.entrypoint or "",
+                  d.start_time, d.end_time, (d.message or "").strip(), meta.get("verl_cluster.job", ""))
+
+
+def list_jobs(api: JobsApi) -> list[JobRow]:
+    rows = [_row(d) for d in api.call(api.client.list_jobs)]
+    return sorted(rows, key=lambda r: r.start_time or 0, reverse=True)
+
+
+def job_info(api: JobsApi, job_id: str) -> JobRow:
+    return _row(api.call(api.client.get_job_info, job_id))
+
+
+def logs(api: JobsApi, job_id: str) -> str:
+    return api.call(api.client.get_job_logs, job_id)
+
+
+def stop(api: JobsApi, job_id: str, wait_s: float = 30.0) -> JobRow:
+    api.call(api.client.stop_job, job_id)
+    deadline = time.monotonic() + wait_s
+    row = job_info(api, job_id)
+    while row.status not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(0.5)
+        row = job_info(api, job_id)
+    return row
+
+
+def wait_running(api: JobsApi, job_id: str, timeout_s: float = 120.0, poll_s: float = 0.05) -> str:
+    """Poll until the job leaves PENDING; returns its status."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = str(api.call(api.client.get_job_status, job_id).value)
+        if status != "PENDING" or time.monotonic() > deadline:
+            return status
+        time.sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class FollowResult:
+    status: str  # a terminal status, or "DETACHED"
+    message: str
+    tail: list[str]
+
+
+def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: TextIO = sys.stderr,
+           poll_s: float = 1.0, tail_lines: int = 20) -> FollowResult:
+    """Stream the job's logs until it ends; status changes go to `status_out`. Ctrl-C raises KeyboardInterrupt
+    (the caller decides: detach or stop)."""
+    t0 = time.monotonic()
+    seen = {"status": ""}
+    recent: list[str] = []
+
+    def show_status(status: str) -> None:
+        if status != seen["status"]:
+            seen["status"] = status
+            print(f"── {job_id}: {status} ({time.monotonic() - t0:.1f}s)", file=status_out, flush=True)
+
+    async def poll_status() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            row = await loop.run_in_executor(None, job_info, api, job_id)
+            show_status(row.status)
+            if row.status in TERMINAL:
+                return
+            await asyncio.sleep(poll_s)
+
+    async def stream() -> None:
+        poller = asyncio.ensure_future(poll_status())
+        try:
+            async for chunk in api.client.tail_job_logs(job_id):
+                out.write(chunk)
+                out.flush()
+                recent.extend(chunk.splitlines())
+                del recent[:-tail_lines]
+        except RuntimeError:
+            pass  # websocket dropped: the final logs are fetched below
+        finally:
+            try:
+                await asyncio.wait_for(poller, timeout=30)
+            except asyncio.TimeoutError:
+                poller.cancel()
+
+    try:
+        asyncio.run(stream())
+    except (ConnectionError, OSError) as e:
+        raise ClusterError(f"lost the log stream from {api.where}: {e}", "re-attach with `verl-cluster logs JOB --follow`")
+    row = job_info(api, job_id)
+    show_status(row.status)
+    if row.status in TERMINAL and row.status != "SUCCEEDED":
+        text = logs(api, job_id)
+        recent = text.splitlines()[-tail_lines:]
+    return FollowResult(row.status, row.message, recent)

@@ -1,0 +1,190 @@
+"""The request objects `submit` builds before it touches the cluster: a Ray job or a torchrun launch.
+
+Plan, then apply: `build_*` are pure given their inputs; `--dry-run` prints `describe()` (secrets masked);
+ray_jobs.py / torchrun.py apply them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.config.job import JobSpec
+from verl_cluster.errors import ConfigError
+
+MASK = "***"
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:@+\-]+$")
+PYTHONS = ("python", "python3")
+
+
+def hydra_value(v: Any) -> str:
+    """A value in Hydra's override grammar: lists as [a,b], strings quoted when they need it."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
+    s = str(v)
+    if _PLAIN.match(s) and s.lower() not in ("true", "false", "null"):
+        return s
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def override_args(overrides: Mapping[str, Any]) -> list[str]:
+    return [f"{k}={hydra_value(v)}" for k, v in overrides.items()]
+
+
+def submission_id(name: str, now: Optional[float] = None) -> str:
+    """name + timestamp, e.g. gsm8k-ppo-20261121-085016-123 (ms keeps quick resubmits apart)."""
+    t = time.time() if now is None else now
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-") or "job"
+    return f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(t))}-{int(t * 1000) % 1000:03d}"
+
+
+def secret_values(job: JobSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Values of the job's secrets from the submitting shell; a missing one is bad input."""
+    environ = os.environ if environ is None else environ
+    missing = [n for n in job.secrets if n not in environ]
+    if missing:
+        raise ConfigError(f"{job.source}: secret{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                          "not set in this shell", f"export {missing[0]}=... before submitting")
+    return {n: environ[n] for n in job.secrets}
+
+
+def effective_overrides(job: JobSpec, plan_overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Planner overrides first, the job's own (file + command line) on top: the job wins."""
+    return {**dict(plan_overrides), **job.verl_overrides()}
+
+
+def program_argv(job: JobSpec, python: str, overrides: Mapping[str, Any]) -> list[str]:
+    """What runs: `python -m MODULE ARGS OVERRIDES` or the command (its `python` made absolute)."""
+    if job.entrypoint:
+        base = [python, "-m", job.entrypoint]
+    else:
+        base = list(job.command)
+        if base[0] in PYTHONS:
+            base[0] = python  # over SSH and in Ray's job shell the venv is not on PATH
+    return base + list(job.args) + override_args(overrides)
+
+
+def resolve_working_dir(job: JobSpec) -> Optional[str]:
+    if not job.working_dir:
+        return None
+    p = Path(os.path.expanduser(job.working_dir))
+    if not p.is_absolute():
+        p = Path(job.source).parent / p
+    if not p.is_dir():
+        raise ConfigError(f"{job.source}: working_dir `{job.working_dir}` is not a directory ({p})")
+    return str(p.resolve())
+
+
+def masked_env(env: Mapping[str, str], secrets: tuple[str, ...]) -> dict[str, str]:
+    return {k: (MASK if k in secrets else v) for k, v in env.items()}
+
+
+@dataclass(frozen=True)
+class RayJobRequest:
+    submission_id: str
+    argv: list[str]
+    runtime_env: dict[str, Any]
+    metadata: dict[str, str]
+    secret_names: tuple[str, ...] = ()
+
+    @property
+    def entrypoint(self) -> str:
+        return shlex.join(self.argv)
+
+    def describe(self) -> dict[str, Any]:
+        env = self.runtime_env.get("env_vars", {})
+        return {"launcher": "ray", "submission_id": self.submission_id, "entrypoint": self.entrypoint,
+                "runtime_env": {**self.runtime_env, "env_vars": masked_env(env, self.secret_names)},
+                "metadata": self.metadata}
+
+
+def build_ray_request(job: JobSpec, spec: ClusterSpec, overrides: Mapping[str, Any], backend_env: Mapping[str, str],
+                      secrets: Mapping[str, str], plan_meta: str = "", now: Optional[float] = None) -> RayJobRequest:
+    argv = program_argv(job, spec.python_executable(spec.head), overrides)
+    env = {**dict(backend_env), **job.env, **dict(secrets)}
+    runtime_env: dict[str, Any] = {k: v for k, v in job.runtime_env.items() if k != "env_vars"}
+    runtime_env["env_vars"] = {**(job.runtime_env.get("env_vars") or {}), **env}
+    wd = resolve_working_dir(job)
+    if wd:
+        runtime_env["working_dir"] = wd
+    sid = submission_id(job.name, now)
+    meta = {"verl_cluster.job": job.name, "verl_cluster.cluster": spec.cluster_name,
+            "verl_cluster.source": str(job.source)}
+    if plan_meta:
+        meta["verl_cluster.plan"] = plan_meta
+    return RayJobRequest(sid, argv, runtime_env, meta, tuple(secrets))
+
+
+# ---- torchrun ----
+@dataclass(frozen=True)
+class NodeLaunch:
+    host: str
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    workdir: Optional[str] = None  # where the job's code is copied on that node
+
+
+@dataclass(frozen=True)
+class TorchrunRequest:
+    run_id: str
+    master_addr: str
+    master_port: int
+    nproc_per_node: int
+    nodes: list[NodeLaunch]
+    local_working_dir: Optional[str] = None
+    secret_names: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {"launcher": "torchrun", "run_id": self.run_id, "master": f"{self.master_addr}:{self.master_port}",
+                "nproc_per_node": self.nproc_per_node, "working_dir": self.local_working_dir,
+                "nodes": [{"host": n.host, "rank": n.rank, "command": shlex.join(n.argv), "workdir": n.workdir,
+                           "env": masked_env(n.env, self.secret_names)} for n in self.nodes]}
+
+
+def torchrun_program(job: JobSpec, overrides: Mapping[str, Any]) -> list[str]:
+    """The part after torchrun's own flags: `-m MODULE ...`, `SCRIPT ...` or `--no-python CMD ...`."""
+    tail = list(job.args) + override_args(overrides)
+    if job.entrypoint:
+        return ["-m", job.entrypoint] + tail
+    cmd = list(job.command)
+    if cmd[0] in PYTHONS or cmd[0].endswith("/python") or cmd[0].endswith("/python3"):
+        return cmd[1:] + tail
+    return ["--no-python"] + cmd + tail
+
+
+def build_torchrun_request(job: JobSpec, spec: ClusterSpec, overrides: Mapping[str, Any],
+                           backend_env: Mapping[str, Mapping[str, str]], secrets: Mapping[str, str],
+                           gpus_per_node: Optional[int] = None, now: Optional[float] = None) -> TorchrunRequest:
+    nodes = spec.nodes()
+    nproc = job.torchrun.nproc_per_node or gpus_per_node or spec.head.gpus or 1
+    run_id = submission_id(job.name, now)
+    wd_local = resolve_working_dir(job)
+    wd_remote = f"{spec.temp_dir}/jobs/{run_id}" if wd_local else None
+    program = torchrun_program(job, overrides)
+    launches = []
+    for rank, (_, node) in enumerate(nodes):
+        python = spec.python_executable(node)
+        argv = [python, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)), "--nproc-per-node", str(nproc),
+                "--node-rank", str(rank), "--master-addr", spec.head_ip, "--master-port", str(job.torchrun.master_port),
+                "--rdzv-conf", f"timeout={int(job.torchrun.rdzv_timeout_s)}", *program]
+        if wd_remote:
+            argv = ["env", "-C", wd_remote] + argv
+        env = {**dict(backend_env.get(node.host, {})), **node.env, **job.env, **dict(secrets)}
+        launches.append(NodeLaunch(node.host, rank, argv, env, wd_remote))
+    return TorchrunRequest(run_id, spec.head_ip, job.torchrun.master_port, nproc, launches, wd_local, tuple(secrets))

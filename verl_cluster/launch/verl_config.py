@@ -1,0 +1,52 @@
+"""Check a verl job's overrides against verl's real Hydra config, when verl is importable here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+from verl_cluster.launch.request import override_args
+
+PROBE = Path(__file__).with_name("verl_probe.py")
+MARK = "@@VC-JSON@@"
+
+
+@dataclass(frozen=True)
+class VerlConfigCheck:
+    ran: bool
+    skipped: Optional[str] = None  # why composing or validating was skipped
+    unknown: list[tuple[str, Optional[str]]] = field(default_factory=list)  # (key, nearest valid key)
+    error: Optional[str] = None
+    validated: bool = False
+
+
+def verl_available(python: Optional[str] = None) -> bool:
+    if python and python != sys.executable:
+        return subprocess.run([python, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('verl') is None)"],
+                              capture_output=True, timeout=30).returncode == 0
+    return importlib.util.find_spec("verl") is not None
+
+
+def check_verl_config(module: str, overrides: Mapping[str, object], python: Optional[str] = None,
+                      timeout: float = 120.0) -> VerlConfigCheck:
+    python = python or sys.executable
+    if not verl_available(python):
+        return VerlConfigCheck(False, skipped="verl is not installed here: its config was not checked "
+                                              "(pip install verl to check overrides before submitting)")
+    arg = json.dumps({"module": module, "overrides": override_args(overrides)})
+    try:
+        p = subprocess.run([python, str(PROBE), arg], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return VerlConfigCheck(False, skipped=f"verl config check did not finish within {timeout:.0f}s")
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith(MARK):
+            d = json.loads(line[len(MARK):])
+            return VerlConfigCheck(True, d.get("skipped"), [tuple(u) for u in d.get("unknown", [])],
+                                   d.get("error"), bool(d.get("validated")))
+    tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+    return VerlConfigCheck(False, skipped=f"verl config check failed to run: {tail[:300]}")

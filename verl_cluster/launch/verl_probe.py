@@ -1,0 +1,110 @@
+"""Compose verl's Hydra config with a job's overrides and run verl's own validation (no GPU needed).
+
+Runs in a child Python (`python verl_probe.py JSON`) so verl's imports (torch, logging setup) stay out of
+the CLI. Prints one MARK line: {"unknown": [[key, nearest]], "error": str|None, "validated": bool, "skipped": str}.
+"""
+
+import difflib
+import json
+import os
+import re
+import sys
+
+MARK = "@@VC-JSON@@"
+
+
+def config_name_of(module):
+    """The config_name of the module's @hydra.main, read from its source."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin:
+        return None, None
+    src = open(spec.origin).read()
+    m = re.search(r"@hydra\.main\(([^)]*)\)", src)
+    if not m:
+        return None, None
+    name = re.search(r"config_name\s*=\s*[\"']([^\"']+)", m.group(1))
+    path = re.search(r"config_path\s*=\s*[\"']([^\"']+)", m.group(1))
+    base = os.path.dirname(spec.origin)
+    return (name.group(1) if name else None), os.path.join(base, path.group(1) if path else "config")
+
+
+def all_keys(cfg, prefix=""):
+    from omegaconf import DictConfig
+
+    out = []
+    for k in cfg.keys():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.append(key)
+        try:
+            v = cfg._get_node(k)
+        except Exception:
+            continue
+        if isinstance(v, DictConfig) and not v._is_missing() and not v._is_none():
+            out += all_keys(v, key)
+    return out
+
+
+def nearest(key, keys):
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    siblings = [k for k in keys if k.rsplit(".", 1)[0] == parent] if parent else keys
+    for pool in (siblings, keys):
+        m = difflib.get_close_matches(key, pool, n=1, cutoff=0.6)
+        if m:
+            return m[0]
+    return None
+
+
+def main(arg):
+    req = json.loads(arg)
+    out = {"unknown": [], "error": None, "validated": False, "skipped": None}
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    name, cfg_dir = config_name_of(req["module"])
+    if not name:
+        out["skipped"] = f"{req['module']} has no @hydra.main config"
+        print(MARK + json.dumps(out))
+        return
+    overrides = req["overrides"]
+    with initialize_config_dir(config_dir=cfg_dir, version_base=None):
+        base = compose(config_name=name)
+        keys = all_keys(base)
+        for item in overrides:
+            key = item.split("=", 1)[0]
+            if key.startswith(("+", "~")):
+                continue
+            if OmegaConf.select(base, key, default="__vc_missing__") == "__vc_missing__":
+                out["unknown"].append([key, nearest(key, keys)])
+        if out["unknown"]:
+            print(MARK + json.dumps(out))
+            return
+        try:
+            cfg = compose(config_name=name, overrides=overrides)
+        except Exception as e:
+            out["error"] = " ".join(str(e).split())[:400]
+            print(MARK + json.dumps(out))
+            return
+    if req["module"].startswith("verl.trainer.main_ppo"):
+        try:
+            from verl.trainer.main_ppo import need_critic, need_reference_policy
+            from verl.utils.config import validate_config
+
+            validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+            out["validated"] = True
+        except (FileNotFoundError, OSError) as e:
+            out["skipped"] = f"verl's validation needs local model files: {str(e).splitlines()[0][:200]}"
+        except Exception as e:
+            msg = " ".join(str(e).split())
+            if "config.json" in msg or "does not appear to have a file" in msg or "Repo id" in msg:
+                out["skipped"] = f"verl's validation needs the model's config.json locally: {msg[:200]}"
+            else:
+                out["error"] = msg[:400]
+    else:
+        out["skipped"] = "verl's validate_config applies to main_ppo only"
+    print(MARK + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
