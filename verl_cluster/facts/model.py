@@ -76,6 +76,10 @@ class NodeFacts:
     cpu_count: Optional[int] = None
     clock_offset_s: Optional[float] = None
     nvml_error: Optional[str] = None  # why there are no GPU facts, if any
+    # added by diagnostics (issue 3)
+    route_source: Optional[str] = None  # source address the kernel uses towards the head
+    rdma_active_ports: list[str] = field(default_factory=list)  # "mlx5_0:1" for ports in state ACTIVE
+    python_executable: Optional[str] = None
 
     def p2p_islands(self) -> list[list[int]]:
         """GPU indices grouped so that every pair inside a group can peer (connected components)."""

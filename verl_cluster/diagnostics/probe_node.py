@@ -1,0 +1,373 @@
+"""Node-side fact probe. STDLIB ONLY: this file is shipped as source and run with the node's Python
+(`python -c SOURCE [HEAD_IP]`), and also run by scripts/record_facts.py on machines that have nothing else.
+
+It prints one JSON line (see runners.remote_python.MARK) whose keys are the fields of facts.model.NodeFacts.
+Every probe is guarded: a missing tool or library becomes a missing fact (plus a reason), never a crash.
+"""
+
+import ctypes
+import json
+import os
+import platform
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+MARK = "@@VC-JSON@@"
+SYS_NET = "/sys/class/net"
+SYS_IB = "/sys/class/infiniband"
+RDMA_TRANSPORTS = ("rc", "rc_verbs", "rc_mlx5", "ud", "ud_verbs", "ud_mlx5", "dc", "dc_mlx5", "ib")
+VIRTUAL_PREFIXES = ("docker", "veth", "br-", "virbr", "cni", "flannel", "cali", "vxlan", "tun", "tap", "lxc")
+
+
+def _run(argv, timeout=10.0, env=None):
+    """(rc, stdout, stderr) or None when the tool is missing or hangs."""
+    if not shutil.which(argv[0]) and not os.path.isabs(argv[0]):
+        return None
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.returncode, p.stdout, p.stderr
+
+
+def _read(path, default=""):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return default
+
+
+# ---------------------------------------------------------------- network
+def _iface_kind(name, linkinfo_kind=""):
+    if name == "lo":
+        return "loopback"
+    if linkinfo_kind:
+        return linkinfo_kind  # veth, bridge, dummy, vxlan, ...
+    if os.path.isdir(os.path.join(SYS_NET, name, "bridge")):
+        return "bridge"
+    if name.startswith("docker"):
+        return "docker"
+    if _read(os.path.join(SYS_NET, name, "type")) == "32":
+        return "ib"
+    if not os.path.exists(os.path.join(SYS_NET, name, "device")):
+        return "virtual"
+    return "ether"
+
+
+def interfaces():
+    out = _run(["ip", "-d", "-j", "addr", "show"])
+    if out and out[0] == 0:
+        try:
+            result = []
+            for link in json.loads(out[1]):
+                addrs = [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
+                         if a.get("family") == "inet"]
+                kind = (link.get("linkinfo") or {}).get("info_kind", "")
+                up = "UP" in link.get("flags", []) and link.get("operstate") != "DOWN"
+                result.append({"name": link["ifname"], "addresses": addrs, "mtu": int(link.get("mtu", 0)),
+                               "up": up, "kind": _iface_kind(link["ifname"], kind)})
+            return result
+        except (ValueError, KeyError):
+            pass
+    # no `ip` (some GPU machines): /sys for links, an ioctl for the primary IPv4 address
+    result = []
+    for name in sorted(os.listdir(SYS_NET)) if os.path.isdir(SYS_NET) else []:
+        addr = _ioctl_addr(name)
+        result.append({"name": name, "addresses": [addr] if addr else [],
+                       "mtu": int(_read(os.path.join(SYS_NET, name, "mtu"), "0") or 0),
+                       "up": _read(os.path.join(SYS_NET, name, "operstate")) in ("up", "unknown"),
+                       "kind": _iface_kind(name)})
+    return result
+
+
+def _ioctl_addr(name):
+    import fcntl
+    import struct
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = struct.pack("256s", name.encode()[:15])
+            ip = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
+            mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x891B, req)[20:24])  # SIOCGIFNETMASK
+        bits = sum(bin(int(x)).count("1") for x in mask.split("."))
+        return f"{ip}/{bits}"
+    except OSError:
+        return None
+
+
+def route_to(ip, ifaces):
+    """Interface name and source address the kernel uses to reach `ip`."""
+    out = _run(["ip", "-j", "route", "get", ip])
+    if out and out[0] == 0:
+        try:
+            r = json.loads(out[1])[0]
+            return r.get("dev"), r.get("prefsrc")
+        except (ValueError, IndexError):
+            pass
+    # fallback: a connected UDP socket sends nothing but tells which source address would be used
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((ip, 9))
+            src = s.getsockname()[0]
+    except OSError:
+        return None, None
+    for i in ifaces:
+        if any(a.split("/")[0] == src for a in i["addresses"]):
+            return i["name"], src
+    return None, src
+
+
+def rdma():
+    devices, ports = [], []
+    if os.path.isdir(SYS_IB):
+        for dev in sorted(os.listdir(SYS_IB)):
+            devices.append(dev)
+            pdir = os.path.join(SYS_IB, dev, "ports")
+            for port in sorted(os.listdir(pdir)) if os.path.isdir(pdir) else []:
+                if "ACTIVE" in _read(os.path.join(pdir, port, "state")):
+                    ports.append(f"{dev}:{port}")
+    return devices, ports
+
+
+def ucx():
+    version, transports = None, []
+    v = _run(["ucx_info", "-v"])
+    if v and v[0] == 0:
+        for line in v[1].splitlines():
+            if "Version" in line:
+                version = line.split("Version", 1)[1].strip()
+                break
+    d = _run(["ucx_info", "-d"], timeout=20)
+    if d and d[0] == 0:
+        for line in d[1].splitlines():
+            line = line.strip().lstrip("#").strip()
+            if line.startswith("Transport:"):
+                t = line.split(":", 1)[1].strip()
+                if t not in transports:
+                    transports.append(t)
+    return version, transports
+
+
+# ---------------------------------------------------------------- GPUs (NVML through ctypes)
+NVML_ANCESTOR = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
+
+
+class _Nvml:
+    def __init__(self):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self._check(self.lib.nvmlInit_v2())
+
+    def _check(self, rc):
+        if rc != 0:
+            self.lib.nvmlErrorString.restype = ctypes.c_char_p
+            raise RuntimeError(f"NVML error {rc}: {self.lib.nvmlErrorString(rc).decode()}")
+
+    def _str(self, fn, *args, size=96):
+        buf = ctypes.create_string_buffer(size)
+        self._check(fn(*args, buf, ctypes.c_uint(size)))
+        return buf.value.decode()
+
+    def _int(self, fn, *args, ctype=ctypes.c_int):
+        v = ctype()
+        self._check(fn(*args, ctypes.byref(v)))
+        return v.value
+
+    def count(self):
+        return self._int(self.lib.nvmlDeviceGetCount_v2, ctype=ctypes.c_uint)
+
+    def handle(self, i):
+        h = ctypes.c_void_p()
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(i), ctypes.byref(h)))
+        return h
+
+    def driver(self):
+        return self._str(self.lib.nvmlSystemGetDriverVersion, size=80)
+
+    def cuda(self):
+        v = self._int(self.lib.nvmlSystemGetCudaDriverVersion)
+        return f"{v // 1000}.{v % 1000 // 10}"
+
+    def gpu(self, i, h):
+        class Mem(ctypes.Structure):
+            _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+        mem = Mem()
+        self._check(self.lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(mem)))
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(self.lib.nvmlDeviceGetCudaComputeCapability(h, ctypes.byref(major), ctypes.byref(minor)))
+        links = 0
+        for link in range(18):  # NVML_NVLINK_MAX_LINKS
+            state = ctypes.c_int()
+            if self.lib.nvmlDeviceGetNvLinkState(h, ctypes.c_uint(link), ctypes.byref(state)) == 0 and state.value:
+                links += 1
+        ecc = ctypes.c_ulonglong()
+        # uncorrected (1), aggregate (1); NOT_SUPPORTED on GPUs without ECC
+        ecc_rc = self.lib.nvmlDeviceGetTotalEccErrors(h, ctypes.c_int(1), ctypes.c_int(1), ctypes.byref(ecc))
+        nproc = ctypes.c_uint(0)
+        prc = self.lib.nvmlDeviceGetComputeRunningProcesses(h, ctypes.byref(nproc), None)
+        return {"index": i, "name": self._str(self.lib.nvmlDeviceGetName, h),
+                "memory_total_mib": mem.total // 2**20, "memory_free_mib": mem.free // 2**20,
+                "compute_capability": f"{major.value}.{minor.value}",
+                "uuid": self._str(self.lib.nvmlDeviceGetUUID, h),
+                "nvlink_links_active": links,
+                "ecc_errors_uncorrected": ecc.value if ecc_rc == 0 else None,
+                "processes": nproc.value if prc in (0, 7) else 0}  # 7: INSUFFICIENT_SIZE, count is set
+
+    def pair(self, a, ha, b, hb):
+        anc = ctypes.c_int(-1)
+        self.lib.nvmlDeviceGetTopologyCommonAncestor(ha, hb, ctypes.byref(anc))
+        status = ctypes.c_int(-1)
+        p2p = self.lib.nvmlDeviceGetP2PStatus(ha, hb, ctypes.c_int(0), ctypes.byref(status)) == 0 \
+            and status.value == 0  # index 0: READ; status 0: OK
+        nvl = ctypes.c_int(-1)
+        nvlink = self.lib.nvmlDeviceGetP2PStatus(ha, hb, ctypes.c_int(3), ctypes.byref(nvl)) == 0 \
+            and nvl.value == 0  # index 3: NVLINK
+        return {"a": a, "b": b, "common_ancestor": NVML_ANCESTOR.get(anc.value, "unknown"),
+                "p2p": bool(p2p), "nvlink": bool(nvlink)}
+
+
+def gpus():
+    """(gpus, pairs, driver, cuda, error)."""
+    try:
+        nvml = _Nvml()
+    except OSError:
+        return [], [], None, None, "no NVIDIA driver (libnvidia-ml.so.1 not found)"
+    except RuntimeError as e:
+        return [], [], None, None, f"NVML init failed: {e}"
+    try:
+        handles = [nvml.handle(i) for i in range(nvml.count())]
+        infos = [nvml.gpu(i, h) for i, h in enumerate(handles)]
+        pairs = [nvml.pair(a, handles[a], b, handles[b])
+                 for a in range(len(handles)) for b in range(a + 1, len(handles))]
+        return infos, pairs, nvml.driver(), nvml.cuda(), None
+    except RuntimeError as e:
+        return [], [], None, None, str(e)
+    finally:
+        try:
+            nvml.lib.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - shutting down is best effort
+            pass
+
+
+# ---------------------------------------------------------------- Python packages
+# Imported in a child process: a package that segfaults or hangs on import cannot take the probe down.
+IMPORT_SCRIPT = r"""
+import json, sys
+def out(k, v): print(json.dumps([k, v]), flush=True)
+for name in sys.argv[1:]:
+    if name.startswith("meta:"):  # version only, without the cost of importing it
+        import importlib.metadata as md
+        try:
+            out(name[5:], md.version(name[5:]))
+        except Exception:
+            pass
+        continue
+    try:
+        mod = __import__(name)
+    except BaseException as e:
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        out("error:" + name, type(e).__name__ + ": " + msg)
+        continue
+    out(name, getattr(mod, "__version__", "unknown"))
+    if name == "torch":
+        out("torch_cuda", mod.version.cuda or "")
+        out("torch_cxx11_abi", str(bool(getattr(mod._C, "_GLIBCXX_USE_CXX11_ABI", False))).upper())
+        try:
+            if mod.version.cuda:
+                out("nccl", ".".join(map(str, mod.cuda.nccl.version())))
+        except Exception:
+            pass
+"""
+
+
+def packages(python, timeout, deep=False):
+    """(versions, import_errors) for torch, flash_attn, verl, ray in the given interpreter.
+
+    torch and flash-attn are imported (the ABI failures live there); verl only with deep=True (its import
+    costs ~3 s of CPU, too much for every node of every check); ray's version comes from its metadata."""
+    import importlib.util
+    versions, errors = {}, {}
+    here = os.path.realpath(python) == os.path.realpath(sys.executable)
+    wanted = []
+    for name in ("torch", "flash_attn", "verl", "ray"):
+        if here and importlib.util.find_spec(name) is None:
+            continue  # not installed: skip the slow import
+        wanted.append("meta:" + name if name == "ray" or (name == "verl" and not deep) else name)
+    if not wanted:
+        return versions, errors
+    try:
+        p = subprocess.run([python, "-c", IMPORT_SCRIPT, *wanted], capture_output=True, text=True,
+                           timeout=timeout)
+        lines = p.stdout.splitlines()
+    except subprocess.TimeoutExpired as e:
+        lines = (e.stdout or b"").decode(errors="replace").splitlines() if isinstance(e.stdout, bytes) \
+            else (e.stdout or "").splitlines()
+        errors["import"] = f"importing {', '.join(wanted)} took over {timeout:.0f}s"
+    except OSError as e:
+        return versions, {"import": str(e)}
+    for line in lines:
+        try:
+            k, v = json.loads(line)
+        except ValueError:
+            continue
+        if k.startswith("error:"):
+            if not v.startswith("ModuleNotFoundError"):
+                errors[k[6:]] = v
+        else:
+            versions[k] = v
+    return versions, errors
+
+
+# ---------------------------------------------------------------- system
+def meminfo():
+    vals = {}
+    for line in _read("/proc/meminfo").splitlines():
+        k, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts:
+            vals[k] = int(parts[0]) // 1024
+    return vals.get("MemTotal"), vals.get("SwapTotal")
+
+
+def collect(head_ip=None, python=None, import_timeout=60.0, deep=False):
+    ifaces = interfaces()
+    dev, src = route_to(head_ip, ifaces) if head_ip else (None, None)
+    rdma_devices, rdma_ports = rdma()
+    ucx_version, ucx_transports = ucx()
+    gpu_list, pairs, driver, cuda, nvml_error = gpus()
+    versions, import_errors = packages(python or sys.executable, import_timeout, deep)
+    mem, swap = meminfo()
+    return {
+        "host": socket.gethostname(),
+        "hostname": socket.gethostname(),
+        "interfaces": ifaces,
+        "route_to_head": dev,
+        "route_source": src,
+        "rdma_devices": rdma_devices,
+        "rdma_active_ports": rdma_ports,
+        "ucx_version": ucx_version,
+        "ucx_transports": ucx_transports,
+        "gpus": gpu_list,
+        "gpu_pairs": pairs,
+        "driver_version": driver,
+        "cuda_version": cuda,
+        "python_version": platform.python_version(),
+        "python_executable": python or sys.executable,
+        "versions": versions,
+        "import_errors": import_errors,
+        "ulimit_nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "mem_total_mib": mem,
+        "swap_total_mib": swap,
+        "cpu_count": os.cpu_count(),
+        "nvml_error": nvml_error,
+        "probe_time": time.time(),
+    }
+
+
+if __name__ == "__main__":
+    head = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] else None
+    print(MARK + json.dumps(collect(head, deep="--deep" in sys.argv)), flush=True)
