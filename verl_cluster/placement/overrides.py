@@ -41,22 +41,23 @@ def build_overrides(c: Candidate, s: Settings) -> dict[str, Any]:
     if s.ref:
         out[f"{AR}.ref.fsdp_config.param_offload"] = True  # verl forces CPUOffload on the ref anyway
     if s.critic:
-        out["critic.model.fsdp_config.param_offload"] = param_off
-        out["critic.model.fsdp_config.optimizer_offload"] = opt_off
+        out[f"{s.critic_prefix}.param_offload"] = param_off
+        out[f"{s.critic_prefix}.optimizer_offload"] = opt_off
     for ph in c.phases:
         if ph.phase in c.token_budget:
             out[TOKEN_KEYS[ph.phase]] = c.token_budget[ph.phase]
         elif ph.phase in MICRO_KEYS and ph.micro is not None:
             out[MICRO_KEYS[ph.phase]] = ph.micro
-        elif ph.phase == "reward" and ph.micro is not None:
+        elif ph.phase == "reward" and ph.micro is not None and s.reward_prefix == "reward_model":  # ≤ 0.8 only
             out[f"{s.reward_prefix}.micro_batch_size_per_gpu"] = ph.micro
     prec = c.prec
-    if prec.train_dtype != "bfloat16":
-        out[f"{AR}.actor.fsdp_config.dtype"] = prec.train_dtype
+    if prec.train_dtype != "bfloat16":  # FSDP's param_dtype comes from mixed_precision (bf16 when unset)
+        short = {"float32": "fp32", "float16": "fp16"}[prec.train_dtype]
+        out[f"+{AR}.actor.fsdp_config.mixed_precision.param_dtype"] = short
         if s.ref:
-            out[f"{AR}.ref.fsdp_config.dtype"] = prec.train_dtype
+            out[f"+{AR}.ref.fsdp_config.mixed_precision.param_dtype"] = short
         if s.critic:
-            out["critic.model.fsdp_config.dtype"] = prec.train_dtype
+            out[f"+{s.critic_prefix}.mixed_precision.param_dtype"] = short
         out[f"{AR}.rollout.dtype"] = prec.rollout_dtype
     if prec.attn != "flash_attention_2" or s.attn_implementation:
         out[ATTN_KEYS[0]] = prec.attn

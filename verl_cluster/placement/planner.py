@@ -108,7 +108,8 @@ def choose_precision(s: Settings, hw: Hardware) -> tuple[Precision, list[str], l
     else:
         dtype = "float32"
         reasons.append(f"dtype float32: SM {sm} < 8.0 has no bf16; float16 would halve activations but risks "
-                       "overflow in RL losses (pin actor_rollout_ref.actor.fsdp_config.dtype=float16 to try it)")
+                       "overflow in RL losses (pin +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
+                       "=fp16 to try it)")
     c = 4 if dtype == "float32" else 2
     rollout_dtype = dtype
     if s.attn_implementation:

@@ -15,6 +15,7 @@ from verl_cluster.errors import ConfigError
 
 AR = "actor_rollout_ref"
 RM_PREFIXES = ("reward.reward_model", "reward_model")  # verl 0.9, then ≤ 0.8
+CRITIC_PREFIXES = ("critic.fsdp", "critic.model.fsdp_config")  # verl 0.9, then ≤ 0.8
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Settings:
     reward_model: bool
     reward_prefix: str  # the spelling this job uses for reward-model keys
     reward_model_path: Optional[str]
+    critic_prefix: str  # critic.fsdp (verl 0.9) or critic.model.fsdp_config (≤ 0.8), as the job spells it
     train_batch_size: int
     ppo_mini_batch_size: int
     n: int
@@ -58,7 +60,7 @@ class Settings:
     critic_micro: Optional[int]
     critic_fwd_micro: Optional[int]
     reward_micro: Optional[int]
-    train_dtype: Optional[str]  # fsdp_config.dtype as pinned: bfloat16 | float16 | float32
+    train_dtype: Optional[str]  # fsdp_config.mixed_precision.param_dtype as pinned: bfloat16 | float16 | float32
     attn_implementation: Optional[str]
     nnodes: Optional[int]
     n_gpus_per_node: Optional[int]
@@ -134,21 +136,26 @@ def read_settings(job: JobSpec) -> Settings:
     ref = bool(r.get("algorithm.use_kl_in_reward", bool, False) or r.get(f"{AR}.actor.use_kl_loss", bool, False))
     prefix = next((p for p in RM_PREFIXES if any(k.lstrip("+").startswith(p + ".") for k in r.ov)), RM_PREFIXES[0])
     rm = bool(r.get(f"{prefix}.enable", bool, False))
+    cprefix = next((p for p in CRITIC_PREFIXES if any(k.lstrip("+").startswith(p + ".") for k in r.ov)),
+                   CRITIC_PREFIXES[0])
     train_batch = r.positive("data.train_batch_size", 1024)
     mini = r.positive(f"{AR}.actor.ppo_mini_batch_size", 256)
     util = r.get(f"{AR}.rollout.gpu_memory_utilization", float)
     if util is not None and not 0.05 <= util <= 0.98:
         raise ConfigError(f"overrides: `{AR}.rollout.gpu_memory_utilization` must be in 0.05..0.98, got {util}")
-    dtype = r.get(f"{AR}.actor.fsdp_config.dtype", str)
+    dtype_key = f"{AR}.actor.fsdp_config.mixed_precision.param_dtype"
+    dtype = r.get(dtype_key, str)
     if dtype is not None:
-        _dtype_bytes(f"{AR}.actor.fsdp_config.dtype", dtype)
+        _dtype_bytes(dtype_key, dtype)
+        dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16"}.get(dtype.lower(), dtype)
     attn = r.get(f"{AR}.model.override_config.attn_implementation", str)
     if attn is not None and attn not in ("flash_attention_2", "flash_attention_3", "sdpa", "eager"):
         raise ConfigError(f"overrides: `{AR}.model.override_config.attn_implementation`: unknown value {attn!r}",
                           "use flash_attention_2, sdpa or eager")
     s = Settings(
         adv_estimator=adv, critic=critic, ref=ref, reward_model=rm, reward_prefix=prefix,
-        reward_model_path=r.get(f"{prefix}.model.path", str),
+        reward_model_path=r.get(f"{prefix}.model_path", str) or r.get(f"{prefix}.model.path", str),
+        critic_prefix=cprefix,
         train_batch_size=train_batch, ppo_mini_batch_size=mini,
         n=r.positive(f"{AR}.rollout.n", 1),
         prompt_len=r.positive("data.max_prompt_length", 512),
@@ -160,20 +167,20 @@ def read_settings(job: JobSpec) -> Settings:
         grad_ckpt_actor=r.get(f"{AR}.model.enable_gradient_checkpointing", bool, True),
         grad_ckpt_critic=r.get("critic.model.enable_gradient_checkpointing", bool, True),
         remove_padding_actor=r.get(f"{AR}.model.use_remove_padding", bool, True),
-        remove_padding_critic=r.get("critic.model.use_remove_padding", bool, False),
+        remove_padding_critic=r.get("critic.model.use_remove_padding", bool, True),
         sp_actor=r.positive(f"{AR}.actor.ulysses_sequence_parallel_size", 1),
         sp_critic=r.positive("critic.ulysses_sequence_parallel_size", 1),
         dynamic_bsz=r.get(f"{AR}.actor.use_dynamic_bsz", bool, False),
         actor_max_tokens=r.positive(f"{AR}.actor.ppo_max_token_len_per_gpu", 16384),
         critic_max_tokens=r.positive("critic.ppo_max_token_len_per_gpu", 32768),
         master_dtype_bytes_actor=_dtype_bytes("model_dtype", r.get(f"{AR}.actor.fsdp_config.model_dtype", str, "fp32")),
-        master_dtype_bytes_critic=_dtype_bytes("model_dtype", r.get("critic.model.fsdp_config.model_dtype", str, "fp32")),
+        master_dtype_bytes_critic=_dtype_bytes("model_dtype", r.get(f"{cprefix}.model_dtype", str, "fp32")),
         tp=r.positive(f"{AR}.rollout.tensor_model_parallel_size", None),
         gpu_memory_utilization=util,
         actor_param_offload=r.get(f"{AR}.actor.fsdp_config.param_offload", bool),
         actor_optimizer_offload=r.get(f"{AR}.actor.fsdp_config.optimizer_offload", bool),
-        critic_param_offload=r.get("critic.model.fsdp_config.param_offload", bool),
-        critic_optimizer_offload=r.get("critic.model.fsdp_config.optimizer_offload", bool),
+        critic_param_offload=r.get(f"{cprefix}.param_offload", bool),
+        critic_optimizer_offload=r.get(f"{cprefix}.optimizer_offload", bool),
         actor_micro=r.positive(f"{AR}.actor.ppo_micro_batch_size_per_gpu", None),
         logprob_micro=r.positive(f"{AR}.rollout.log_prob_micro_batch_size_per_gpu", None),
         ref_micro=r.positive(f"{AR}.ref.log_prob_micro_batch_size_per_gpu", None),

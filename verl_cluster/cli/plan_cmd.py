@@ -1,0 +1,85 @@
+"""`verl-cluster plan JOB.yaml`: where each verl role goes, memory per GPU, and the verl overrides.
+
+Hardware, first that applies: --gpus SPEC (hypothetical), --facts FILE.json (recorded NodeFacts), the job's
+placement.gpus, else this machine's GPUs via NVML. Exit 0 fits, 1 does not fit, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from verl_cluster.cli.output import err, out, print_json
+from verl_cluster.config.job import load_job
+from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY, ConfigError
+from verl_cluster.facts.model import NodeFacts, from_dict
+from verl_cluster.placement import parse_gpus, plan_job
+from verl_cluster.placement.gpus import GPU_EXAMPLE
+from verl_cluster.placement.planner import STRATEGIES
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("plan", parents=[common], help="place verl roles on GPUs: memory per GPU and verl overrides",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job", help="job spec (launch/*.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="job fields or verl overrides")
+    p.add_argument("--gpus", help=f"hypothetical hardware NODESxGPUSxMODEL, e.g. {GPU_EXAMPLE}, 1x2x48GB@8.9")
+    p.add_argument("--facts", help="JSON list of NodeFacts (recorded by the diagnostics gatherer)")
+    p.add_argument("--strategy", choices=STRATEGIES + ("auto",), help="default: the job's placement.strategy")
+    p.add_argument("--fill", type=float, default=1.0,
+                   help="average share of prompt+response a sequence uses (default 1.0: worst case)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=run)
+
+
+def read_facts_file(path: str) -> list[NodeFacts]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"--facts {path}: cannot read: {e.strerror or e}")
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--facts {path}: invalid JSON: {e.msg} (line {e.lineno})")
+    if isinstance(data, dict):
+        data = data.get("nodes", [data]) if "host" in data or "nodes" in data else None
+    if not isinstance(data, list) or not all(isinstance(d, dict) and "host" in d for d in data):
+        raise ConfigError(f"--facts {path}: expected a JSON list of node facts (objects with `host`)")
+    try:
+        return [from_dict(NodeFacts, d) for d in data]
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--facts {path}: not node facts: {e}")
+
+
+def hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]:
+    if args.gpus:
+        return parse_gpus(args.gpus)
+    if args.facts:
+        return read_facts_file(args.facts)
+    if job_gpus:
+        return parse_gpus(job_gpus)
+    from verl_cluster.placement.nvml_local import local_node_facts
+
+    local = local_node_facts()
+    if not local.gpus:
+        why = f" ({local.nvml_error})" if local.nvml_error else ""
+        raise ConfigError(f"no GPUs on this machine{why} and no hardware given",
+                          f"plan for hypothetical hardware: --gpus {GPU_EXAMPLE} (or --facts FILE.json)")
+    return [local]
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args.job, args.overrides)
+    facts = hardware(args, job.placement.gpus)
+    result = plan_job(job, facts, strategy=args.strategy, fill=args.fill)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        from verl_cluster.placement.render import render
+
+        render(result, out)
+        if not result.feasible:
+            err.print("[bold red]error:[/] the job does not fit this hardware (numbers above)")
+    return EXIT_OK if result.feasible else EXIT_UNHEALTHY
+
+
+assert EXIT_BAD_INPUT == 2  # documented exit codes: 0 fits, 1 does not fit, 2 bad input

@@ -1,0 +1,79 @@
+"""Rich output for a Plan: a table per role, a node x GPU map with memory bars, reasons, overrides."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from verl_cluster.placement.plan import Plan
+
+BAR = 20
+MAP_NODES = 8  # show at most this many nodes in the map (all nodes of a pool are identical)
+
+
+def _bar(used: float, cap: float) -> str:
+    share = 0.0 if cap <= 0 else min(used / cap, 1.0)
+    n = round(share * BAR)
+    colour = "green" if used <= 0.85 * cap else ("yellow" if used <= cap else "red")
+    return f"[{colour}]{'█' * n}[/]{'░' * (BAR - n)} {used:5.1f}/{cap:.0f} GiB"
+
+
+def render(plan: Plan, con: Console) -> None:
+    verdict = "[bold green]fits[/]" if plan.feasible else "[bold red]does not fit[/]"
+    con.print(f"[bold]plan[/] {escape(plan.model)} ({plan.params / 1e9:.2f}B) on {escape(plan.hardware)}: {verdict}"
+              f" — strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}")
+    for role in plan.roles:
+        t = Table(title=f"{role.role} · {role.pool} · {len(role.gpus)} GPU(s)", title_justify="left")
+        t.add_column("phase")
+        t.add_column("micro", justify="right")
+        t.add_column("tokens", justify="right")
+        t.add_column("own GiB/GPU (by component)")
+        t.add_column("peak GiB/GPU", justify="right")
+        for ph in role.phases:
+            comps = ", ".join(f"{c.name} {c.gib:.2f}" for c in ph.components if c.gib >= 0.005)
+            peak = f"{ph.peak_gib:.1f}" if ph.fits else f"[red]{ph.peak_gib:.1f}[/]"
+            t.add_row(ph.phase, "-" if ph.micro_batch is None else str(ph.micro_batch), str(ph.tokens),
+                      escape(comps), peak)
+        extra = f"resident between phases {role.resident_gib:.2f} GiB/GPU; host {role.host_gib_per_gpu:.2f} GiB/GPU"
+        t.caption = extra
+        t.caption_justify = "left"
+        con.print(t)
+    _gpu_map(plan, con)
+    con.print(f"host memory per node: {plan.host_gib_per_node:.1f} GiB")
+    con.print("[bold]reasons[/]")
+    for r in plan.reasons:
+        con.print(f"  • {escape(r)}")
+    for w in plan.warnings:
+        con.print(f"  [yellow]warning:[/] {escape(w)}")
+    if plan.problems:
+        con.print("[bold red]does not fit[/]")
+        for p in plan.problems:
+            con.print(f"  ✗ {escape(p)}")
+        con.print("[bold]what would fit[/]")
+        for f in plan.fixes:
+            con.print(f"  → {escape(f)}")
+    con.print("[bold]verl overrides[/]" + ("" if plan.feasible else " (of the closest setting shown above)"))
+    for k, v in plan.overrides.items():
+        con.print(f"  {escape(k)}={escape(_fmt(v))}")
+
+
+def _fmt(v: object) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _gpu_map(plan: Plan, con: Console) -> None:
+    t = Table(title="GPU map", title_justify="left")
+    t.add_column("node")
+    t.add_column("gpu", justify="right")
+    t.add_column("roles")
+    t.add_column("peak (phase)")
+    t.add_column("memory")
+    nodes = sorted({g.node for g in plan.gpus})
+    for g in plan.gpus:
+        if g.node not in nodes[:MAP_NODES]:
+            continue
+        t.add_row(escape(g.host), str(g.gpu), ",".join(g.roles), g.peak_phase, _bar(g.peak_gib, plan.capacity_gib))
+    if len(nodes) > MAP_NODES:
+        t.caption = f"... {len(nodes) - MAP_NODES} more nodes, laid out the same"
+    con.print(t)
