@@ -32,15 +32,16 @@ class CollectiveResult:
                             for r in self.results]}
 
 
-def ray_env(spec: ClusterSpec) -> dict[str, str]:
-    """What a driver needs to join the cluster: the lifecycle's auth env when it exists."""
+def ray_env(spec: ClusterSpec, runner: CommandRunner) -> dict[str, str]:
+    """What a driver on the head needs to join the cluster (token auth: the token file `up` put there)."""
+    from verl_cluster.lifecycle.auth import ray_auth_env, remote_token_path
+
     if spec.security.auth == "none":
-        return {}
-    try:
-        from verl_cluster.lifecycle.auth import ray_auth_env
-    except ImportError:
-        return {"RAY_AUTH_MODE": "token"}
-    return dict(ray_auth_env(spec))
+        return ray_auth_env(spec)
+    if spec.head.is_local:
+        return ray_auth_env(spec)
+    home = runner.run(["printenv", "HOME"], timeout=10).stdout.strip() or "/root"
+    return ray_auth_env(spec, remote_token_path(spec).replace("~", home, 1))
 
 
 def collective_port(spec: ClusterSpec) -> int:
@@ -62,8 +63,8 @@ def run_collective(spec: ClusterSpec, runners: Mapping[str, CommandRunner], env:
         "port": collective_port(spec),
         "timeout_s": timeout,
     }
-    driver_env = {**ray_env(spec), **env.get(spec.head.host, {})}
     try:
+        driver_env = {**ray_env(spec, runners[spec.head.host]), **env.get(spec.head.host, {})}
         data = run_python(runners[spec.head.host], spec.python_executable(spec.head), DRIVER_SOURCE,
                           [json.dumps(cfg)], env=driver_env, timeout=timeout + 60)
     except RunnerError as e:

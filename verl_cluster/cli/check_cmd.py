@@ -1,0 +1,103 @@
+"""`verl-cluster check CLUSTER.yaml`: connectivity and backend diagnostics before a long run."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.markup import escape
+from rich.table import Table
+
+from verl_cluster.cli.output import err, out, print_json
+from verl_cluster.config.cluster import load_cluster
+from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("check", parents=[common], help="check nodes, ports, links and backend before a run")
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--quick", action="store_true", help="skip bandwidth, UCX and collective tests")
+    p.add_argument("--deep", action="store_true", help="also import verl on every node (slower)")
+    p.add_argument("--ucx-tcp", action="store_true", help="run ucx_perftest even on tcp (UCX_TLS=tcp)")
+    p.add_argument("--no-collective", action="store_true", help="skip the gloo/NCCL all-reduce tests")
+    p.add_argument("--connect-timeout", type=float, default=2.0, metavar="S", help="per TCP connect (2)")
+    p.add_argument("--seconds", type=float, default=1.0, metavar="S", help="TCP stream per pair (1)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from verl_cluster.diagnostics.check import CheckOptions, run_check
+
+    spec = load_cluster(args.cluster, args.set)
+    opts = CheckOptions(quick=args.quick, deep=args.deep, connect_timeout_s=args.connect_timeout,
+                        stream_seconds=args.seconds, ucx=True if args.ucx_tcp else None,
+                        collective=not args.no_collective)
+    report = run_check(spec, options=opts, progress=None if args.json else lambda m: err.print(f"[dim]… {m}[/]"))
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print_report(report)
+    return EXIT_OK if report.ok else EXIT_UNHEALTHY
+
+
+def _fmt(v, nd=2) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def print_report(r) -> None:
+    nodes = Table(title="nodes", title_justify="left")
+    for c in ("node", "interface", "python", "ray", "torch", "verl", "GPUs", "clock Δs"):
+        nodes.add_column(c)
+    for host, f in r.facts.items():
+        gpus = f"{len(f.gpus)}× {f.gpus[0].name}" if f.gpus else "0"
+        nodes.add_row(host, r.choice.interfaces.get(host, "?"), f.python_version or "-", f.versions.get("ray", "-"),
+                      f.versions.get("torch", "-"), f.versions.get("verl", "-"), gpus, _fmt(f.clock_offset_s, 3))
+    for host, why in r.unreachable.items():
+        nodes.add_row(host, "[red]unreachable[/]", escape(why[:60]), "", "", "", "", "")
+    out.print(nodes)
+    out.print(f"[bold]backend:[/] {r.backend}")
+    for reason in r.choice.reasons:
+        out.print(f"  {escape(reason)}")
+    if r.matrix:
+        blocked = r.matrix.blocked()
+        state = "live cluster" if r.matrix.live else "test listeners"
+        out.print(f"[bold]ports:[/] {len(r.matrix.results) - len(blocked)}/{len(r.matrix.results)} open ({state})")
+    if r.links:
+        t = Table(title="links", title_justify="left")
+        for c in ("src", "dst", "latency ms (rtt)", "TCP Gbit/s"):
+            t.add_column(c)
+        for link in r.links:
+            t.add_row(link.src, link.dst, _fmt(link.latency_ms, 3), _fmt(link.bandwidth_gbps) if not link.error
+                      else f"[red]{escape(link.error[:50])}[/]")
+        out.print(t)
+    if r.ucx_links:
+        t = Table(title="ucx_perftest tag_bw", title_justify="left")
+        for c in ("src", "dst", "Gbit/s"):
+            t.add_column(c)
+        for link in r.ucx_links:
+            t.add_row(link.src, link.dst, _fmt(link.ucx_bandwidth_gbps) if not link.error else "[red]failed[/]")
+        out.print(t)
+    for c in r.collectives:
+        t = Table(title=f"{c.backend} all-reduce ({c.world} ranks)", title_justify="left")
+        for col in ("size", "time µs", "algbw GB/s", "busbw GB/s", "correct"):
+            t.add_column(col)
+        for row in c.results:
+            t.add_row(f"{row['size'] / 2**20:g} MiB", _fmt(row["time_us"], 1), _fmt(row["algbw_gbs"], 3),
+                      _fmt(row["busbw_gbs"], 3), str(row["correct"]))
+        out.print(t)
+    for section, why in r.skipped.items():
+        out.print(f"[dim]skipped {section}: {escape(why)}[/]")
+    if r.problems:
+        t = Table(title="problems", title_justify="left")
+        for c in ("", "node", "what", "fix"):
+            t.add_column(c)
+        for p in r.problems:
+            mark = "[red]✗[/]" if p.severity == "error" else "[yellow]![/]"
+            t.add_row(mark, escape(p.node), escape(p.what), escape(p.fix))
+        out.print(t)
+    errors = sum(p.severity == "error" for p in r.problems)
+    if r.ok:
+        out.print(f"[bold green]OK[/] ({len(r.problems)} warnings, {r.seconds:.1f}s)")
+    else:
+        out.print(f"[bold red]NOT OK[/]: {errors} problem(s) to fix ({r.seconds:.1f}s)")
