@@ -317,14 +317,12 @@ def _fixes(job: JobSpec, s: Settings, shape: ModelShape, hw: Hardware, prec, fil
             peak = max(p.peak for p in best.phases)
             fixes.append(f"let the planner choose {label} (→ {peak / GIB:.1f} GiB/GPU peak): "
                          + ", ".join(f"{k}={ov[k]}" for k in keys))
-    if shown.offload < 2 and not any("offload" in f for f in fixes):
-        off = [f for f in fixes if "offload" in f]
-        if not off:
-            rs = relaxed(relaxed(s, "offload"), "micro")
-            best, _ = search(Evaluator(rs, shape, shape, hw, prec, fill), strategies)
-            if best is not None:
-                fixes.append(f"enable {OFFLOAD_NAMES[best.offload]} offload with planner-chosen micro batches "
-                             f"(→ {max(p.peak for p in best.phases) / GIB:.1f} GiB/GPU peak)")
+    if not any("offload" in f for f in fixes):
+        rs = relaxed(relaxed(s, "offload"), "micro")
+        best, _ = search(Evaluator(rs, shape, shape, hw, prec, fill), strategies)
+        if best is not None and best.offload > 0:
+            fixes.append(f"enable {OFFLOAD_NAMES[best.offload]} offload with planner-chosen micro batches "
+                         f"(→ {max(p.peak for p in best.phases) / GIB:.1f} GiB/GPU peak)")
     for k in (2, 4, 8, 16, 32, 64, 128):
         bigger = hw.with_nodes(hw.nnodes * k)
         best, _ = search(Evaluator(s, shape, shape, bigger, prec, fill), strategies)
