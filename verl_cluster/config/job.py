@@ -96,6 +96,20 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 JOB_KEYS = {f for f in JobSpec.__dataclass_fields__ if f != "source"}
+_FREE_FORM = ("env", "runtime_env")  # job fields whose sub-keys are the user's own
+
+
+def is_spec_key(key: str) -> bool:
+    """Does a CLI `key=value` change the job spec (`model.path`, `env.X`) rather than verl
+    (`data.train_batch_size` is verl's even though `data` is also a job field)?"""
+    parts = key.split(".")
+    if parts[0] not in JOB_KEYS or parts[0] == "overrides":
+        return False
+    if parts[0] in _FREE_FORM or len(parts) == 1:
+        return True
+    cls = JobSpec.__dataclass_fields__[parts[0]].type
+    sub = {"model": ModelSpec, "data": DataSpec, "placement": PlacementSpec, "torchrun": TorchrunSpec}.get(parts[0])
+    return sub is not None and len(parts) == 2 and parts[1] in sub.__dataclass_fields__ and bool(cls)
 
 
 def load_job(path: str | os.PathLike, cli_overrides: list[str] | None = None) -> JobSpec:
@@ -112,7 +126,7 @@ def load_job(path: str | os.PathLike, cli_overrides: list[str] | None = None) ->
     spec_items, verl_items = [], []
     for item in cli_overrides or []:
         key = item.partition("=")[0].strip().lstrip("+")
-        (spec_items if key.split(".")[0] in JOB_KEYS and key.split(".")[0] != "overrides" else verl_items).append(item)
+        (spec_items if is_spec_key(key) else verl_items).append(item)
     if spec_items:
         data = apply_dotlist(data, spec_items, src)
     if verl_items:

@@ -27,13 +27,16 @@ class DataRequirement:
 def requirement_for(entrypoint: str | None, overrides: Mapping[str, Any]) -> DataRequirement | None:
     """The data contract of a verl entrypoint, from its overrides; None for programs we know nothing about."""
     ep = entrypoint or ""
-    if "sft_trainer" in ep:
+    if "fsdp_sft_trainer" in ep:  # verl < 0.6: prompt/response columns (or multiturn messages)
         if overrides.get("data.multiturn.enable"):
             key = str(overrides.get("data.multiturn.messages_key", "messages"))
             return DataRequirement("sft", key, None, False, (key,))
         p = str(overrides.get("data.prompt_key", "question"))
         r = str(overrides.get("data.response_key", "answer"))
         return DataRequirement("sft", p, r, False, (p, r))
+    if "sft_trainer" in ep:  # verl 0.9 sft_trainer(_ray): chat messages
+        key = str(overrides.get("data.messages_key", "messages"))
+        return DataRequirement("sft", key, None, False, (key, "tools", "enable_thinking"))
     if ep.startswith("verl.trainer.main_"):
         custom_reward = any(overrides.get(k) for k in (
             "custom_reward_function.path", "reward.custom_reward_function.path", "reward_model.enable"))
@@ -66,9 +69,9 @@ def check_schema(file: str, schema: Mapping[str, Mapping], req: DataRequirement)
     missing: list[str] = []
     if req.prompt_key not in cols:
         missing.append(req.prompt_key)
-    elif req.kind == "rl" and not _is_messages(schema[req.prompt_key]):
+    elif req.response_key is None and not _is_messages(schema[req.prompt_key]):
         problems.append(f"{file}: column `{req.prompt_key}` is {_describe(schema[req.prompt_key])}, verl's "
-                        "RL data needs chat messages: list<struct<role,content>>")
+                        f"{req.kind.upper()} data needs chat messages: list<struct<role,content>>")
     if req.kind == "sft" and req.response_key and req.response_key not in cols:
         missing.append(req.response_key)
     if req.kind == "rl":

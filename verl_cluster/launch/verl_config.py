@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -32,12 +33,17 @@ def verl_available(python: Optional[str] = None) -> bool:
     return importlib.util.find_spec("verl") is not None
 
 
+def verl_python() -> str:
+    """The Python that has verl: $VC_VERL_PYTHON (verl in its own venv), else this one."""
+    return os.environ.get("VC_VERL_PYTHON") or sys.executable
+
+
 def check_verl_config(module: str, overrides: Mapping[str, object], python: Optional[str] = None,
                       timeout: float = 120.0) -> VerlConfigCheck:
-    python = python or sys.executable
+    python = python or verl_python()
     if not verl_available(python):
         return VerlConfigCheck(False, skipped="verl is not installed here: its config was not checked "
-                                              "(pip install verl to check overrides before submitting)")
+                                              "(pip install verl, or set VC_VERL_PYTHON to a Python that has it)")
     arg = json.dumps({"module": module, "overrides": override_args(overrides)})
     try:
         p = subprocess.run([python, str(PROBE), arg], capture_output=True, text=True, timeout=timeout)

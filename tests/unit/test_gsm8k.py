@@ -1,0 +1,82 @@
+"""GSM8K conversion: verl's RL parquet format from a few hand-written GSM8K-style rows."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from verl_cluster.errors import ConfigError
+from verl_cluster.launch.data_check import check_schema, requirement_for, schema_tree
+from verl_cluster.launch.gsm8k import INSTRUCTION, convert_rows, final_answer, read_rows, split_of, to_verl_row
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = [
+    {"question": "Tom has 3 apples and buys 2 more. How many apples?", "answer": "3 + 2 = <<3+2=5>>5\n#### 5"},
+    {"question": "A farm sells 1,200 eggs a day. How many in 2 days?", "answer": "1,200*2=2,400\n#### 2,400"},
+    {"question": "It is 4 degrees and drops 7. What now?", "answer": "4-7=-3\n#### -3"},
+]
+
+
+def test_final_answer_strips_commas_and_keeps_sign():
+    assert final_answer("work\n#### 2,400") == "2400"
+    assert final_answer("#### -3") == "-3"
+    assert final_answer("x #### 0.5") == "0.5"
+    with pytest.raises(ValueError):
+        final_answer("no marker here")
+
+
+def test_row_matches_verl_preprocess_format():
+    row = to_verl_row(ROWS[1], 7, "train")
+    assert row == {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": ROWS[1]["question"] + " " + INSTRUCTION}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "2400"},
+        "extra_info": {"split": "train", "index": 7, "answer": ROWS[1]["answer"], "question": ROWS[1]["question"]},
+    }
+    assert INSTRUCTION == 'Let\'s think step by step and output the final answer after "####".'
+
+
+def test_bad_rows_name_the_row():
+    with pytest.raises(ConfigError, match=r"row 1 has no answer"):
+        convert_rows([ROWS[0], {"question": "q"}], "train", "f.jsonl")
+    with pytest.raises(ConfigError, match=r"row 0: no '#### <number>'"):
+        convert_rows([{"question": "q", "answer": "none"}], "test", "f.jsonl")
+
+
+def test_split_from_file_name():
+    assert split_of(Path("main/train-00000-of-00001.parquet")) == "train"
+    assert split_of(Path("gsm8k_test.jsonl")) == "test"
+    with pytest.raises(ConfigError, match="cannot tell the split"):
+        split_of(Path("gsm8k.jsonl"))
+
+
+def test_prepare_script_end_to_end(tmp_path):
+    """jsonl + parquet inputs -> verl parquet that passes the RL schema check preflight runs."""
+    import pyarrow as pa
+
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS[:2]) + "\n")
+    pq.write_table(pa.Table.from_pylist(ROWS[2:]), tmp_path / "test-00000.parquet")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/prepare_gsm8k.py"), str(tmp_path / "train.jsonl"),
+                        str(tmp_path / "test-00000.parquet"), "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "train: 2 rows" in r.stdout and "test: 1 rows" in r.stdout
+    train = pq.read_table(out / "train.parquet")
+    assert train.num_rows == 2
+    assert train.to_pylist()[1]["reward_model"]["ground_truth"] == "2400"
+    req = requirement_for("verl.trainer.main_ppo", {})
+    assert check_schema("train.parquet", schema_tree(train.schema), req) == []
+    assert read_rows(out / "test.parquet")[0]["extra_info"]["split"] == "test"
+
+
+def test_prepare_script_bad_input_is_one_line(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"question": "q"}\n')
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/prepare_gsm8k.py"), str(tmp_path / "train.jsonl"),
+                        "-o", str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and "row 0 has no answer" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,103 @@
+"""Preflight judgements on recorded probe results and schemas (no cluster needed)."""
+
+import pyarrow as pa
+
+from verl_cluster.config.job import JobSpec
+from verl_cluster.launch.data_check import check_schema, requirement_for, schema_tree
+from verl_cluster.launch.preflight import NodeGpus, data_files, gpu_fit, gpu_request, judge_node_files
+
+MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+VERL_SCHEMA = pa.schema([("data_source", pa.string()), ("prompt", MESSAGES), ("ability", pa.string()),
+                         ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+                         ("extra_info", pa.struct([("index", pa.int64())]))])
+RAW_GSM8K = pa.schema([("question", pa.string()), ("answer", pa.string())])
+PPO = JobSpec(name="t", entrypoint="verl.trainer.main_ppo")
+
+
+def test_raw_gsm8k_names_file_missing_and_extra_columns():
+    req = requirement_for("verl.trainer.main_ppo", {})
+    problems = check_schema("/data/train.parquet", schema_tree(RAW_GSM8K), req)
+    assert len(problems) == 1
+    p = problems[0]
+    assert p.startswith("/data/train.parquet: missing columns `prompt`, `data_source`, `reward_model.ground_truth`")
+    assert p.endswith("extra columns: answer, question")
+
+
+def test_verl_schema_passes_and_prompt_key_override_is_used():
+    assert check_schema("f", schema_tree(VERL_SCHEMA), requirement_for("verl.trainer.main_ppo", {})) == []
+    req = requirement_for("verl.trainer.main_ppo", {"data.prompt_key": "question"})
+    problems = check_schema("f", schema_tree(VERL_SCHEMA), req)
+    assert problems and "missing column `question`" in problems[0]
+
+
+def test_prompt_as_plain_string_is_rejected():
+    schema = pa.schema([("data_source", pa.string()), ("prompt", pa.string()),
+                        ("reward_model", pa.struct([("ground_truth", pa.string())]))])
+    problems = check_schema("f.parquet", schema_tree(schema), requirement_for("verl.trainer.main_ppo", {}))
+    assert problems == ["f.parquet: column `prompt` is string, verl's RL data needs chat messages: "
+                        "list<struct<role,content>>"]
+
+
+def test_custom_reward_function_needs_no_ground_truth():
+    schema = pa.schema([("data_source", pa.string()), ("prompt", MESSAGES)])
+    req = requirement_for("verl.trainer.main_ppo", {"custom_reward_function.path": "my_reward.py"})
+    assert check_schema("f", schema_tree(schema), req) == []
+
+
+def test_sft_trainer_needs_messages():
+    req = requirement_for("verl.trainer.sft_trainer", {})
+    assert req is not None and req.kind == "sft"
+    problems = check_schema("sft.parquet", schema_tree(RAW_GSM8K), req)
+    assert problems and "missing column `messages`" in problems[0]
+    ok = pa.schema([("messages", MESSAGES)])
+    assert check_schema("sft.parquet", schema_tree(ok), req) == []
+    assert requirement_for("my_module", {}) is None
+
+
+def test_judge_missing_on_one_node_and_bad_model_dir():
+    overrides = {"data.train_files": "/d/train.parquet", "actor_rollout_ref.model.path": "/m"}
+    good = {"path": "/d/train.parquet", "exists": True, "size": 10, "parquet": True,
+            "schema": schema_tree(VERL_SCHEMA), "rows": 3}
+    results = {
+        "10.0.0.1": {"data": [good], "model": {"path": "/m", "kind": "dir", "config": True, "tokenizer": ["tokenizer.json"]}},
+        "10.0.0.2": {"data": [{"path": "/d/train.parquet", "exists": False}],
+                     "model": {"path": "/m", "kind": "dir", "config": False, "tokenizer": []}},
+    }
+    findings = judge_node_files(PPO, overrides, results)
+    errors = [f.message for f in findings if f.level == "error"]
+    assert "/d/train.parquet: not found on 10.0.0.2" in errors
+    assert "model dir /m on 10.0.0.2 has no config.json or tokenizer files" in errors
+    assert len(errors) == 2
+
+
+def test_judge_unreachable_node_and_not_parquet():
+    results = {"a": RuntimeError("boom"),
+               "b": {"data": [{"path": "/x.jsonl", "exists": True, "size": 5, "parquet": False}]}}
+    msgs = [f.message for f in judge_node_files(PPO, {}, results) if f.level == "error"]
+    assert msgs == ["a: cannot check files there: boom", "/x.jsonl on b: not a parquet file"]
+
+
+def test_hub_model_not_cached_is_a_warning_unless_offline():
+    res = {"h": {"data": [], "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct", "kind": "hub", "cached": False,
+                                       "offline": False}}}
+    f = judge_node_files(PPO, {}, res)
+    assert [x.level for x in f] == ["warning"]
+    res["h"]["model"]["offline"] = True
+    assert [x.level for x in judge_node_files(PPO, {}, res)] == ["error"]
+
+
+def test_gpu_fit_ok_short_and_busy():
+    nodes = [NodeGpus("a", True, 8, 8), NodeGpus("b", True, 8, 8)]
+    assert [f.level for f in gpu_fit(nodes, 8, 2)] == ["ok"]
+    short = gpu_fit([NodeGpus("a", True, 8, 8), NodeGpus("b", True, 4, 4)], 8, 2)
+    assert short[0].level == "error" and "needs 2 node(s) x 8 GPU(s)" in short[0].message and "b=4" in short[0].message
+    busy = gpu_fit([NodeGpus("a", True, 8, 8), NodeGpus("b", True, 8, 0)], 8, 2)
+    assert busy[0].level == "error" and "b 0/8 free" in busy[0].message and "verl-cluster stop" in busy[0].hint
+    dead = gpu_fit([NodeGpus("a", True, 8, 8), NodeGpus("b", False, 8, 8)], 8, 2)
+    assert dead[0].level == "error"
+
+
+def test_gpu_request_and_data_files_from_overrides():
+    assert gpu_request({}) == (8, 1)
+    assert gpu_request({"trainer.n_gpus_per_node": 2, "trainer.nnodes": 3}) == (2, 3)
+    assert data_files({"data.train_files": ["a", "b"], "data.val_files": "c"}) == ["a", "b", "c"]

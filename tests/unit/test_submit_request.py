@@ -1,0 +1,146 @@
+"""Building the submit request: overrides, entrypoint, env (secrets masked), launcher choice, torchrun argv."""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from verl_cluster.config.cluster import load_cluster
+from verl_cluster.config.job import load_job
+from verl_cluster.errors import ClusterError, ConfigError
+from verl_cluster.launch.integrations import BackendEnv, config_interface_env
+from verl_cluster.launch.request import (MASK, build_ray_request, build_torchrun_request, effective_overrides,
+                                         hydra_value, secret_values, submission_id)
+from verl_cluster.launch.submit import decide_launcher, needs_ray
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("cluster_name: c1\nhead: {host: 10.0.0.1, gpus: 2}\nworkers: [{host: 10.0.0.2}]\n"
+                 "ray: {ray_executable: /opt/venv/bin/ray}\nnetwork: {interface: ens5}\n")
+    return load_cluster(p)
+
+
+def write_job(tmp_path, text):
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_hydra_values():
+    assert hydra_value(["/d/a.parquet", "/d/b.parquet"]) == "[/d/a.parquet,/d/b.parquet]"
+    assert hydra_value(True) == "true" and hydra_value(None) == "null" and hydra_value(1e-6) == "1e-06"
+    assert hydra_value("a b") == "'a b'" and hydra_value("it's") == "'it\\'s'"
+    assert hydra_value("true") == "'true'"  # a string, not the boolean
+    assert hydra_value(["console", "wandb"]) == "[console,wandb]"
+
+
+def test_submission_id_is_name_plus_timestamp():
+    sid = submission_id("gsm8k ppo!", now=1795251016.123)
+    assert sid == "gsm8k-ppo-20261121-085016-123"
+
+
+def test_ray_request_entrypoint_env_and_masking(tmp_path, cluster):
+    job = load_job(write_job(tmp_path, """
+name: ppo
+entrypoint: verl.trainer.main_ppo
+model: {path: /models/qwen}
+data: {train_files: [/d/train.parquet]}
+overrides: {data: {train_batch_size: 64}, trainer: {logger: [console]}}
+env: {HF_HUB_OFFLINE: "1"}
+secrets: [WANDB_API_KEY]
+"""), ["data.train_batch_size=256", "trainer.n_gpus_per_node=2"])
+    secrets = secret_values(job, {"WANDB_API_KEY": "s3cr3t-value"})
+    plan_over = {"actor_rollout_ref.rollout.tensor_model_parallel_size": 2, "data.train_batch_size": 8}
+    over = effective_overrides(job, plan_over)
+    assert over["data.train_batch_size"] == 256  # the command line beats the file, the job beats the planner
+    assert over["actor_rollout_ref.rollout.tensor_model_parallel_size"] == 2
+    env = {"NCCL_SOCKET_IFNAME": "ens5"}
+    req = build_ray_request(job, cluster, over, env, secrets, plan_meta='{"feasible": true}', now=0)
+    argv = shlex.split(req.entrypoint)
+    assert argv[:3] == ["/opt/venv/bin/python", "-m", "verl.trainer.main_ppo"]
+    assert "data.train_files=[/d/train.parquet]" in argv and "trainer.logger=[console]" in argv
+    assert "actor_rollout_ref.model.path=/models/qwen" in argv
+    assert req.runtime_env["env_vars"] == {"NCCL_SOCKET_IFNAME": "ens5", "HF_HUB_OFFLINE": "1",
+                                           "WANDB_API_KEY": "s3cr3t-value"}
+    assert req.metadata["verl_cluster.plan"] == '{"feasible": true}'
+    shown = json.dumps(req.describe())
+    assert "s3cr3t-value" not in shown and f'"WANDB_API_KEY": "{MASK}"' in shown
+    assert "s3cr3t-value" not in json.dumps(req.metadata)
+
+
+def test_missing_secret_is_bad_input(tmp_path):
+    job = load_job(write_job(tmp_path, "name: x\ncommand: [python, t.py]\nsecrets: [HF_TOKEN]\n"))
+    with pytest.raises(ConfigError, match="secret HF_TOKEN not set in this shell"):
+        secret_values(job, {})
+
+
+def test_command_python_made_absolute_and_working_dir_resolved(tmp_path, cluster):
+    (tmp_path / "code").mkdir()
+    job = load_job(write_job(tmp_path, "name: s\ncommand: [python, run.py, --x]\nworking_dir: code\n"
+                                       "runtime_env: {pip: [tqdm]}\n"))
+    req = build_ray_request(job, cluster, {}, {}, {})
+    assert req.argv == ["/opt/venv/bin/python", "run.py", "--x"]
+    assert req.runtime_env["working_dir"] == str((tmp_path / "code").resolve())
+    assert req.runtime_env["pip"] == ["tqdm"]
+    bad = load_job(write_job(tmp_path, "name: s\ncommand: [python, run.py]\nworking_dir: nope\n"))
+    with pytest.raises(ConfigError, match="working_dir `nope` is not a directory"):
+        build_ray_request(bad, cluster, {}, {}, {})
+
+
+def test_torchrun_request_per_node(tmp_path, cluster):
+    job = load_job(write_job(tmp_path, "name: sft\nentrypoint: verl.trainer.sft_trainer\n"
+                                       "torchrun: {master_port: 29600}\nsecrets: [TOK]\n"))
+    benv = BackendEnv({"10.0.0.1": {"GLOO_SOCKET_IFNAME": "ens5"}, "10.0.0.2": {"GLOO_SOCKET_IFNAME": "ens6"}}, "t")
+    req = build_torchrun_request(job, cluster, {"data.train_batch_size": 8}, benv.by_host, {"TOK": "xyz"}, gpus_per_node=2)
+    assert [n.rank for n in req.nodes] == [0, 1]
+    a0 = req.nodes[0].argv
+    assert a0[:3] == ["/opt/venv/bin/python", "-m", "torch.distributed.run"]
+    assert a0[a0.index("--nnodes") + 1] == "2" and a0[a0.index("--nproc-per-node") + 1] == "2"
+    assert a0[a0.index("--master-addr") + 1] == "10.0.0.1" and a0[a0.index("--master-port") + 1] == "29600"
+    assert req.nodes[1].argv[req.nodes[1].argv.index("--node-rank") + 1] == "1"
+    assert a0[-3:] == ["-m", "verl.trainer.sft_trainer", "data.train_batch_size=8"]
+    assert req.nodes[1].env["GLOO_SOCKET_IFNAME"] == "ens6"
+    assert "xyz" not in json.dumps(req.describe())
+
+
+def test_torchrun_plain_commands(tmp_path, cluster):
+    job = load_job(write_job(tmp_path, "name: t\ncommand: [python3, train.py]\nargs: [--steps, '3']\n"))
+    req = build_torchrun_request(job, cluster, {}, {}, {})
+    assert req.nodes[0].argv[-3:] == ["train.py", "--steps", "3"] and req.nproc_per_node == 2
+    job = load_job(write_job(tmp_path, "name: t\ncommand: [./run.sh]\n"))
+    assert build_torchrun_request(job, cluster, {}, {}, {}).nodes[0].argv[-2:] == ["--no-python", "./run.sh"]
+
+
+def test_launcher_choice(tmp_path):
+    ppo = load_job(write_job(tmp_path, "name: p\nentrypoint: verl.trainer.main_ppo\n"))
+    sft = load_job(write_job(tmp_path, "name: s\nentrypoint: verl.trainer.sft_trainer\n"))
+    assert needs_ray(ppo) and not needs_ray(sft)
+    assert decide_launcher(ppo, True, "c.yaml") == "ray"
+    with pytest.raises(ClusterError) as e:
+        decide_launcher(ppo, False, "c.yaml", "head 10.0.0.1: missing")
+    assert "`verl.trainer.main_ppo` runs on Ray" in e.value.message and e.value.hint == "start it first: verl-cluster up c.yaml"
+    assert decide_launcher(sft, True, "c.yaml") == "ray"
+    assert decide_launcher(sft, False, "c.yaml") == "torchrun"  # auto falls back only for torchrun programs
+    ray_job = load_job(write_job(tmp_path, "name: s\ncommand: [python, x.py]\nlauncher: ray\n"))
+    with pytest.raises(ClusterError, match="launcher is ray"):
+        decide_launcher(ray_job, False, "c.yaml")
+
+
+def test_backend_env_merge_and_config_fallback(cluster):
+    assert config_interface_env(cluster) == {"NCCL_SOCKET_IFNAME": "ens5", "GLOO_SOCKET_IFNAME": "ens5"}
+    env, warnings = BackendEnv({"a": {"NCCL_SOCKET_IFNAME": "ens5", "UCX_TLS": "rc"},
+                                "b": {"NCCL_SOCKET_IFNAME": "ens6", "UCX_TLS": "tcp"}}, "t").merged()
+    assert env == {"NCCL_SOCKET_IFNAME": "ens5,ens6", "UCX_TLS": "rc"}
+    assert warnings == ["UCX_TLS differs between nodes (rc, tcp); the job uses rc"]
+
+
+def test_shipped_job_files_parse():
+    for name in ("smoke.yaml", "sft_gsm8k.yaml"):
+        p = ROOT / "launch" / name
+        if p.exists():
+            assert load_job(p).name

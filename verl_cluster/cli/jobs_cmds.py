@@ -1,0 +1,92 @@
+"""`jobs`, `logs JOB [--follow]`, `stop JOB`: the cluster's Ray jobs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from rich.markup import escape
+from rich.table import Table
+
+from verl_cluster.cli.output import err, out, print_json
+from verl_cluster.config.cluster import load_cluster
+from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
+from verl_cluster.launch import ray_jobs
+
+DEFAULT_CLUSTER = "cluster_configs/local.yaml"
+
+
+def _cluster_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("cluster", nargs="?", default=DEFAULT_CLUSTER, help=f"cluster.yaml (default {DEFAULT_CLUSTER})")
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("jobs", parents=[common], help="list the cluster's jobs")
+    _cluster_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_jobs)
+
+    p = sub.add_parser("logs", parents=[common], help="a job's logs")
+    p.add_argument("job_id", metavar="JOB", help="submission id (see `verl-cluster jobs`)")
+    _cluster_arg(p)
+    p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the job ends")
+    p.set_defaults(func=run_logs)
+
+    p = sub.add_parser("stop", parents=[common], help="stop a job")
+    p.add_argument("job_id", metavar="JOB", help="submission id (see `verl-cluster jobs`)")
+    _cluster_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_stop)
+
+
+def _age(ms) -> str:
+    if not ms:
+        return "-"
+    s = time.time() - ms / 1000
+    return f"{s:.0f}s ago" if s < 120 else (f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago")
+
+
+def run_jobs(args) -> int:
+    spec = load_cluster(args.cluster)
+    with ray_jobs.connect(spec) as api:
+        rows = ray_jobs.list_jobs(api)
+    if args.json:
+        print_json([r.__dict__ for r in rows])
+        return EXIT_OK
+    if not rows:
+        err.print("no jobs on this cluster")
+        return EXIT_OK
+    t = Table(show_edge=False)
+    for c in ("submission id", "status", "started", "duration", "entrypoint"):
+        t.add_column(c)
+    style = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "STOPPED": "yellow"}
+    for r in rows:
+        dur = f"{r.duration_s:.0f}s" if r.duration_s is not None else "-"
+        t.add_row(r.submission_id, f"[{style.get(r.status, '')}]{r.status}[/]", _age(r.start_time), dur,
+                  escape(r.entrypoint[:80]))
+    out.print(t)
+    return EXIT_OK
+
+
+def run_logs(args) -> int:
+    spec = load_cluster(args.cluster)
+    with ray_jobs.connect(spec) as api:
+        if not args.follow:
+            sys.stdout.write(ray_jobs.logs(api, args.job_id))
+            sys.stdout.flush()
+            return EXIT_OK
+        from verl_cluster.cli.submit_cmd import follow_job
+
+        return follow_job(api, args.job_id, False, f"verl-cluster logs {args.job_id} {args.cluster} --follow")
+
+
+def run_stop(args) -> int:
+    spec = load_cluster(args.cluster)
+    with ray_jobs.connect(spec) as api:
+        row = ray_jobs.stop(api, args.job_id)
+    if args.json:
+        print_json(row.__dict__)
+    else:
+        err.print(f"{row.submission_id}: {row.status}")
+    return EXIT_OK if row.status in ray_jobs.TERMINAL else EXIT_UNHEALTHY

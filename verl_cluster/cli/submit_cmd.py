@@ -1,0 +1,153 @@
+"""`submit JOB.yaml [key=value ...]`: preflight, then a Ray job (or torchrun), following its logs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.markup import escape
+
+from verl_cluster.cli.output import err, out, print_json
+from verl_cluster.config.job import load_job
+from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
+from verl_cluster.launch import ray_jobs
+from verl_cluster.launch.preflight import PreflightReport
+from verl_cluster.launch.submit import (Submission, check_cluster_file, plan_submission, preflight_exit_code,
+                                        resolve_cluster_file)
+
+LEVEL_STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "skipped": "dim"}
+
+
+def add_parsers(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("submit", parents=[common], help="preflight, then run a job (Ray Jobs or torchrun)",
+                       description="Check a job before any GPU time, then run it on the cluster and follow its logs.")
+    p.add_argument("job", help="job spec, e.g. launch/gsm8k.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="verl overrides (data.train_batch_size=256) or job fields (placement.strategy=split)")
+    p.add_argument("-c", "--cluster", help="cluster.yaml (default: the job's `cluster:`, else cluster_configs/local.yaml)")
+    p.add_argument("--launcher", choices=("auto", "ray", "torchrun"), help="override the job's launcher")
+    p.add_argument("--dry-run", action="store_true", help="print the full request after preflight, run nothing")
+    p.add_argument("--no-follow", action="store_true", help="submit and return once the job is running")
+    p.add_argument("--stop-on-interrupt", action="store_true", help="Ctrl-C stops the job instead of detaching")
+    p.add_argument("--skip-preflight", action="store_true", help="submit without the checks (not recommended)")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.set_defaults(func=run_submit)
+
+
+def print_preflight(report: PreflightReport) -> None:
+    for f in report.findings:
+        style = LEVEL_STYLE.get(f.level, "")
+        err.print(f"[{style}]{f.level:>7}[/] {f.check:<11} {escape(f.message)}")
+        if f.hint and f.level in ("error", "warning"):
+            err.print(f"{'':>7} {'':<11} [yellow]hint:[/] {escape(f.hint)}")
+
+
+def run_submit(args) -> int:
+    job = load_job(args.job, args.overrides)
+    cluster_file = resolve_cluster_file(job, args.cluster)
+    check_cluster_file(cluster_file)
+    sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight)
+    if not args.json:
+        print_preflight(sub.preflight)
+    if args.dry_run:
+        if args.json:
+            print_json(sub.describe())
+        else:
+            _print_request(sub)
+        return EXIT_OK if sub.preflight.ok else preflight_exit_code(sub.preflight)
+    if not sub.preflight.ok:
+        if args.json:
+            print_json({"submitted": False, **sub.describe()})
+        n = len(sub.preflight.errors)
+        err.print(f"[bold red]error:[/] preflight found {n} problem{'s' if n > 1 else ''}: nothing was submitted")
+        return preflight_exit_code(sub.preflight)
+    if sub.launcher == "ray":
+        return _apply_ray(sub, args)
+    return _apply_torchrun(sub, args)
+
+
+def _print_request(sub: Submission) -> None:
+    d = sub.request.describe()
+    out.print(f"[bold]job[/] {escape(sub.job.name)}  [bold]launcher[/] {sub.launcher}  [bold]cluster[/] {escape(sub.cluster_file)}")
+    if sub.launcher == "ray":
+        out.print(f"[bold]submission id[/] {d['submission_id']}")
+        out.print(f"[bold]entrypoint[/] {escape(d['entrypoint'])}")
+        for k, v in d["runtime_env"].items():
+            if k != "env_vars":
+                out.print(f"[bold]runtime_env.{k}[/] {escape(str(v))}")
+        out.print("[bold]env[/]" + ("" if d["runtime_env"]["env_vars"] else " (none)"))
+        for k, v in d["runtime_env"]["env_vars"].items():
+            out.print(f"  {k}={escape(str(v))}")
+        out.print(f"[bold]metadata[/] {escape(str(d['metadata']))}")
+    else:
+        out.print(f"[bold]run id[/] {d['run_id']}  [bold]master[/] {d['master']}  [bold]nproc/node[/] {d['nproc_per_node']}")
+        for n in d["nodes"]:
+            out.print(f"[bold]rank {n['rank']}[/] {escape(n['host'])}: {escape(n['command'])}")
+            for k, v in n["env"].items():
+                out.print(f"  {k}={escape(str(v))}")
+    for note in sub.notes:
+        out.print(f"[dim]note: {escape(note)}[/]")
+    out.print("(dry run: nothing was submitted)")
+
+
+def _apply_ray(sub: Submission, args) -> int:
+    req = sub.request
+    reattach = f"verl-cluster logs {req.submission_id} {sub.cluster_file} --follow"
+    with ray_jobs.connect(sub.spec) as api:
+        sid = ray_jobs.submit(api, req)
+        if args.no_follow:
+            status = ray_jobs.wait_running(api, sid)
+            if args.json:
+                print_json({"submitted": True, "submission_id": sid, "status": status, "launcher": "ray"})
+            else:
+                err.print(f"submitted [bold]{sid}[/] ({status}); follow it: {escape(reattach)}")
+            return EXIT_UNHEALTHY if status in ("FAILED", "STOPPED") else EXIT_OK
+        err.print(f"submitted [bold]{sid}[/] to {escape(api.where)}; Ctrl-C detaches "
+                  f"({'stops the job' if args.stop_on_interrupt else 'the job keeps running'})")
+        return follow_job(api, sid, args.stop_on_interrupt, reattach, args.json)
+
+
+def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: bool = False) -> int:
+    try:
+        res = ray_jobs.follow(api, sid, out=sys.stderr if as_json else sys.stdout)
+    except KeyboardInterrupt:
+        if stop_on_interrupt:
+            row = ray_jobs.stop(api, sid)
+            err.print(f"stopped {sid}: {row.status}")
+            return EXIT_UNHEALTHY
+        err.print(f"detached; {sid} keeps running. Re-attach: {escape(reattach)}")
+        return 130
+    if as_json:
+        print_json({"submission_id": sid, "status": res.status, "message": res.message, "last_lines": res.tail})
+    if res.status == "SUCCEEDED":
+        err.print(f"[green]{sid} SUCCEEDED[/]")
+        return EXIT_OK
+    err.print(f"[bold red]{sid} {res.status}[/]" + (f": {escape(res.message)}" if res.message else ""))
+    if res.tail and not as_json:
+        err.print("last lines:")
+        for line in res.tail:
+            err.print("  " + escape(line))
+    return EXIT_UNHEALTHY
+
+
+def _apply_torchrun(sub: Submission, args) -> int:
+    from verl_cluster.launch.torchrun import run_torchrun
+
+    req = sub.request
+    err.print(f"torchrun {req.run_id}: {len(req.nodes)} node(s) x {req.nproc_per_node} proc(s), "
+              f"master {req.master_addr}:{req.master_port}; streaming rank 0")
+    res = run_torchrun(sub.spec, req, out=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print_json({"run_id": req.run_id, "launcher": "torchrun", **res.to_json()})
+    if res.ok:
+        err.print(f"[green]torchrun {req.run_id}: every node exited 0[/]")
+        return EXIT_OK
+    err.print(f"[bold red]torchrun {req.run_id} failed[/]" + (" (interrupted)" if res.interrupted else ""))
+    for n in res.nodes:
+        err.print(f"  rank {n.rank} {escape(n.host)}: {n.state}, exit code {n.rc if n.rc is not None else '-'}")
+        for line in list(n.tail)[-8:]:
+            err.print(f"      {escape(line)}")
+    return EXIT_UNHEALTHY if not res.interrupted else 130
+
+
+__all__ = ["add_parsers", "run_submit", "EXIT_BAD_INPUT"]

@@ -1,0 +1,131 @@
+"""`submit` as a library: decide the launcher, gather inputs, preflight, build the request (plan), then apply.
+
+plan_submission() touches the cluster only to read (status, file probes); nothing is started until
+apply_* is called.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from verl_cluster.config.cluster import ClusterSpec, load_cluster
+from verl_cluster.config.job import JobSpec, job_cluster_path
+from verl_cluster.errors import ClusterError, ConfigError
+from verl_cluster.launch.integrations import backend_env, placement_plan, plan_metadata
+from verl_cluster.launch.preflight import Finding, PreflightReport, run_preflight
+from verl_cluster.launch.request import (RayJobRequest, TorchrunRequest, build_ray_request, build_torchrun_request,
+                                         effective_overrides, secret_values)
+
+DEFAULT_CLUSTER = "cluster_configs/local.yaml"
+
+
+def needs_ray(job: JobSpec) -> bool:
+    """Entrypoints that only run as Ray drivers (verl's PPO/GRPO trainers, its Ray SFT trainer)."""
+    ep = job.entrypoint or ""
+    return job.is_ray_only or (ep.startswith("verl.") and ep.endswith("_ray"))
+
+
+def decide_launcher(job: JobSpec, ray_healthy: bool, cluster_file: str, why_unhealthy: str = "") -> str:
+    """'ray' or 'torchrun' for this job, given whether a healthy Ray cluster is there."""
+    down = f"no healthy Ray cluster ({why_unhealthy})" if why_unhealthy else "no healthy Ray cluster"
+    if job.launcher == "torchrun":
+        return "torchrun"
+    if job.launcher == "ray" or needs_ray(job):
+        if not ray_healthy:
+            what = f"`{job.entrypoint}` runs on Ray" if needs_ray(job) else "launcher is ray"
+            raise ClusterError(f"{what}, but there is {down}", f"start it first: verl-cluster up {cluster_file}")
+        return "ray"
+    return "ray" if ray_healthy else "torchrun"
+
+
+def resolve_cluster_file(job: JobSpec, cli_value: Optional[str]) -> str:
+    if cli_value:
+        return cli_value
+    return str(job_cluster_path(job, DEFAULT_CLUSTER))
+
+
+@dataclass(frozen=True)
+class Submission:
+    job: JobSpec
+    spec: ClusterSpec
+    cluster_file: str
+    launcher: str
+    request: Union[RayJobRequest, TorchrunRequest]
+    preflight: PreflightReport
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {"job": self.job.name, "source": self.job.source, "cluster": self.cluster_file,
+                "launcher": self.launcher, "request": self.request.describe(),
+                "preflight": self.preflight.to_json(), "notes": list(self.notes)}
+
+
+def _status(spec: ClusterSpec):
+    try:
+        from verl_cluster.lifecycle.status import cluster_status
+    except ImportError:
+        return None, "cluster status not available"
+    try:
+        st = cluster_status(spec, with_jobs=False)
+    except Exception as e:  # noqa: BLE001 - an unreachable head means "no cluster" here
+        return None, f"{type(e).__name__}: {e}"
+    head = next((n for n in st.nodes if n.role == "head"), None)
+    if head is None or not head.alive:
+        return st, f"head {spec.head.host}: {head.state + (' - ' + head.reason if head.reason else '') if head else '?'}"
+    return st, ""
+
+
+def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] = None,
+                    run_checks: bool = True, environ=None) -> Submission:
+    spec = load_cluster(cluster_file)
+    if launcher:
+        from dataclasses import replace
+
+        job = replace(job, launcher=launcher)
+    status, why = _status(spec)
+    chosen = decide_launcher(job, status is not None and not why, cluster_file, why)
+    notes: list[str] = []
+    extra: list[Finding] = []
+    if status is not None and not why:
+        for n in status.nodes:
+            if not n.alive:
+                extra.append(Finding("warning", "cluster", f"{n.role} {n.host} is {n.state}"
+                                     + (f": {n.reason}" if n.reason else ""), f"verl-cluster up {cluster_file}"))
+    benv = backend_env(spec)
+    notes.append(f"backend env from {benv.source}")
+    notes += benv.notes
+    plan = placement_plan(job, spec)
+    notes.append(plan.note)
+    if plan.feasible is False:
+        extra.append(Finding("error", "placement", f"the placement planner finds no feasible plan: {plan.note}",
+                             f"verl-cluster plan {job.source}"))
+    overrides = effective_overrides(job, plan.overrides)
+    secrets = secret_values(job, os.environ if environ is None else environ)
+    if chosen == "ray":
+        env, warnings = benv.merged()
+        notes += warnings
+        req: Union[RayJobRequest, TorchrunRequest] = build_ray_request(job, spec, overrides, env, secrets,
+                                                                       plan_metadata(plan))
+    else:
+        gpus = None
+        if status is not None:
+            counts = [int(n.gpus) for n in status.nodes if n.alive]
+            gpus = min(counts) if counts and min(counts) > 0 else None
+        req = build_torchrun_request(job, spec, overrides, benv.by_host, secrets, gpus)
+    report = run_preflight(spec, job, overrides, status if chosen == "ray" else None, extra) if run_checks \
+        else PreflightReport(extra + [Finding("skipped", "preflight", "--skip-preflight")])
+    return Submission(job, spec, cluster_file, chosen, req, report, notes)
+
+
+def preflight_exit_code(report: PreflightReport) -> int:
+    """2 when the job's own input is wrong (data, model, keys), 1 when the cluster cannot run it."""
+    return 2 if all(f.check in ("data", "model", "verl-config") for f in report.errors) else 1
+
+
+def check_cluster_file(path: str) -> None:
+    if not Path(path).exists():
+        raise ConfigError(f"{path}: cluster file not found",
+                          "pass --cluster FILE, or set `cluster:` in the job file (relative to it)")
