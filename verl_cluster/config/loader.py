@@ -190,13 +190,27 @@ def _describe(value: Any) -> str:
 def build(cls: type, data: dict, source: str = "<config>", lines: Lines | None = None):
     """Validate `data` against `cls` and return the frozen dataclass instance."""
     Validator(source, lines or {}).check_dataclass(data, cls, ())
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.create(data))
-        return OmegaConf.to_object(cfg)
-    except Exception as e:  # omegaconf's own errors after our checks: still one line
-        key = getattr(e, "full_key", "") or ""
-        msg = str(e).splitlines()[0]
-        raise ConfigError(f"{source}: {key + ': ' if key else ''}{msg}")
+    return construct(cls, data)
+
+
+def construct(tp: Any, value: Any) -> Any:
+    """Build (nested) frozen dataclasses from data the Validator accepted, coercing scalars to the field type.
+    (OmegaConf's merge marks nodes of frozen dataclasses read-only mid-merge, so we build them ourselves.)"""
+    tp, _ = _strip_optional(tp)
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: construct(hints[f.name], value[f.name])
+                     for f in dataclasses.fields(tp) if f.name in value})
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (list, tuple):
+        return [construct(args[0] if args else Any, v) for v in value]
+    if origin is dict or tp is dict:
+        return {k: construct(args[1] if args else Any, v) for k, v in value.items()}
+    if tp in (str, float) and not isinstance(value, tp):
+        return tp(value)
+    return value
 
 
 def load(path: str | os.PathLike, cls: type, dotlist: list[str] | None = None):

@@ -68,3 +68,20 @@ class Node:
 
 def cluster_nodes(spec: ClusterSpec) -> list[Node]:
     return [Node(spec, role, n) for role, n in spec.nodes()]
+
+
+def index_by_ip(gcs_nodes: list[dict], head_ip: str) -> dict[str, dict]:
+    """GCS node entries by address: a live registration wins over dead ones of earlier starts.
+    Ray replaces a loopback --node-ip-address with the machine's address, so the head is also found
+    by its head flag."""
+    by_ip: dict[str, dict] = {}
+    for x in gcs_nodes:
+        cur = by_ip.get(x["ip"])
+        if cur is None or (x["alive"] and not cur["alive"]) or (
+                x["alive"] == cur["alive"] and x["start_time_ms"] > cur["start_time_ms"]):
+            by_ip[x["ip"]] = x
+    if head_ip not in by_ip:
+        heads = [x for x in gcs_nodes if x.get("is_head") and x["alive"]]
+        if heads:
+            by_ip[head_ip] = heads[0]
+    return by_ip

@@ -8,7 +8,7 @@ from typing import Optional
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import RunnerError
 from verl_cluster.lifecycle.auth import remote_token_path
-from verl_cluster.lifecycle.nodes import Probe, cluster_nodes
+from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners import fan_out
 
 
@@ -77,19 +77,15 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
                 table = head.gcs(with_jobs=with_jobs, token_path=token)
             except RunnerError as e:
                 st.problems.append(f"GCS on the head did not answer: {e.reason}")
-        by_ip: dict[str, dict] = {}
-        for x in (table or {}).get("nodes", []):
-            cur = by_ip.get(x["ip"])
-            if cur is None or x["alive"] or (not cur["alive"] and x["start_time_ms"] > cur["start_time_ms"]):
-                by_ip[x["ip"]] = x  # the live registration wins over dead ones of earlier starts
+        by_ip = index_by_ip((table or {}).get("nodes", []), spec.head_ip)
         for n in nodes:
             st.nodes.append(_node_status(n, probes[n.host], by_ip.get(n.ip), table is not None))
         if table:
             st.jobs = [j for j in table.get("jobs", []) if j["status"] in ("PENDING", "RUNNING")]
             if table.get("jobs_error"):
                 st.problems.append(f"jobs: {table['jobs_error']}")
-            known = {n.ip for n in nodes}
-            st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["ip"] not in known]
+            known = {by_ip[n.ip]["node_id"] for n in nodes if n.ip in by_ip}
+            st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["node_id"] not in known]
         versions = {(n.ray_version, n.python_version) for n in st.nodes if n.state != "unreachable"}
         if len({v[0] for v in versions}) > 1:
             st.problems.append("Ray versions differ across nodes: "

@@ -15,7 +15,7 @@ from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import RunnerError
 from verl_cluster.lifecycle.auth import ensure_token, remote_token_path
 from verl_cluster.lifecycle.commands import NodeCommand, plan_start
-from verl_cluster.lifecycle.nodes import Node, Probe, cluster_nodes
+from verl_cluster.lifecycle.nodes import Node, Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners import fan_out
 
 Progress = Callable[[str, str], None]  # (host, what is happening)
@@ -179,7 +179,8 @@ class _Up:
         while True:
             try:
                 table = head.gcs(token_path=token)
-                last = {x["ip"]: x for x in table["nodes"] if x["alive"] and x["ip"] in ip_of}
+                last = {ip: x for ip, x in index_by_ip(table["nodes"], self.spec.head_ip).items()
+                        if x["alive"] and ip in ip_of}
             except RunnerError as e:
                 last, err = {}, e.reason
             else:
