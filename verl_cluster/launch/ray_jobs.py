@@ -37,9 +37,15 @@ def auth_headers(spec: ClusterSpec) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def _api_errors() -> tuple[type, ...]:
+    from ray.exceptions import RayError  # AuthenticationError (bad/missing token) is one
+
+    return (RuntimeError, ConnectionError, OSError, ValueError, RayError)
+
+
 def _explain(e: BaseException, where: str) -> ClusterError:
     text = str(e)
-    if "Authentication" in text or "401" in text or "403" in text or "Unauthorized" in text or "Forbidden" in text:
+    if type(e).__name__ == "AuthenticationError" or "Authentication" in text or "401" in text or "403" in text or "Unauthorized" in text or "Forbidden" in text:
         return ClusterError(f"the Jobs API at {where} refused our token",
                             "the token file does not match the running cluster: run `verl-cluster up` again")
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
@@ -58,7 +64,7 @@ class JobsApi:
     def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         try:
             return fn(*args, **kw)
-        except (RuntimeError, ConnectionError, OSError, ValueError) as e:
+        except _api_errors() as e:
             if "does not exist" in str(e):
                 raise ClusterError(f"no such job on this cluster: {str(e).splitlines()[0][:200]}",
                                    "list them with `verl-cluster jobs`")
@@ -91,7 +97,7 @@ def connect(spec: ClusterSpec) -> Iterator[JobsApi]:
             where = url
         try:
             client = JobSubmissionClient(url, headers=dict(headers))
-        except (RuntimeError, ConnectionError, OSError, ValueError) as e:
+        except _api_errors() as e:
             raise _explain(e, where) from e
         yield JobsApi(client, where)
 
