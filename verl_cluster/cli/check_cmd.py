@@ -21,7 +21,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--ucx-tcp", action="store_true", help="run ucx_perftest even on tcp (UCX_TLS=tcp)")
     p.add_argument("--no-collective", action="store_true", help="skip the gloo/NCCL all-reduce tests")
     p.add_argument("--connect-timeout", type=float, default=2.0, metavar="S", help="per TCP connect (2)")
-    p.add_argument("--seconds", type=float, default=1.0, metavar="S", help="TCP stream per pair (1)")
+    p.add_argument("--seconds", type=float, default=0.5, metavar="S", help="TCP stream per pair (0.5)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.set_defaults(func=run)
 

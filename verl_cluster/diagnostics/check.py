@@ -28,7 +28,7 @@ class CheckOptions:
     facts_timeout_s: float = 90.0
     deep: bool = False  # also import verl on every node (slow), not just read its version
     connect_timeout_s: float = 2.0  # each TCP connect of the port matrix
-    stream_seconds: float = 1.0  # TCP stream duration per pair
+    stream_seconds: float = 0.5  # TCP stream duration per pair; short, since pairs run n-1 rounds
     ucx: Optional[bool] = None  # None: when the backend is ucx; True: also over tcp (UCX_TLS=tcp)
     collective: bool = True
     collective_timeout_s: float = 120.0

@@ -50,7 +50,7 @@ def pair_rounds(hosts: list[str]) -> list[list[tuple[str, str]]]:
 
 
 def measure_links(spec: ClusterSpec, runners: Mapping[str, CommandRunner], session: ServeSession,
-                  seconds: float = 1.0, pings: int = 50) -> list[Link]:
+                  seconds: float = 0.5, pings: int = 20) -> list[Link]:
     """TCP latency + stream bandwidth src -> dst for every pair of nodes that have a perf server."""
     nodes = {n.host: n for _, n in spec.nodes()}
     hosts = [h for h in nodes if h in session.servers and session.servers[h].perf_port]

@@ -284,18 +284,50 @@ for name in sys.argv[1:]:
 """
 
 
+def _torch_without_import(spec):
+    """torch version and CUDA from torch/version.py, NCCL from the nvidia-nccl wheel: no 1 s import."""
+    import ast
+    import importlib.metadata as md
+    out = {}
+    try:
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, TypeError):
+        return out
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        name = getattr(target, "id", None)
+        value = getattr(node, "value", None)
+        if name in ("__version__", "cuda") and isinstance(value, ast.Constant):
+            out["torch" if name == "__version__" else "torch_cuda"] = value.value or ""
+    out.setdefault("torch_cuda", "")
+    for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        try:
+            out["nccl"] = md.version(dist)
+            break
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
 def packages(python, timeout, deep=False):
     """(versions, import_errors) for torch, flash_attn, verl, ray in the given interpreter.
 
-    torch and flash-attn are imported (the ABI failures live there); verl only with deep=True (its import
-    costs ~3 s of CPU, too much for every node of every check); ray's version comes from its metadata."""
+    flash-attn is imported (with torch before it: the ABI failures live there). Without flash-attn, torch's
+    facts are read from its files unless deep=True; verl is imported only with deep=True (~3 s of CPU: too
+    much for every node of every check); ray's version comes from its metadata."""
     import importlib.util
     versions, errors = {}, {}
     here = os.path.realpath(python) == os.path.realpath(sys.executable)
+    installed = {n: (importlib.util.find_spec(n) if here else True) for n in ("torch", "flash_attn", "verl", "ray")}
     wanted = []
-    for name in ("torch", "flash_attn", "verl", "ray"):
-        if here and importlib.util.find_spec(name) is None:
+    for name, spec in installed.items():
+        if spec is None:
             continue  # not installed: skip the slow import
+        if name == "torch" and here and not deep and not installed["flash_attn"]:
+            versions.update(_torch_without_import(spec))
+            if "torch" in versions:
+                continue
         wanted.append("meta:" + name if name == "ray" or (name == "verl" and not deep) else name)
     if not wanted:
         return versions, errors
