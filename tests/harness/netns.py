@@ -105,15 +105,26 @@ class NetnsLab:
                 lock.close()
                 continue
             self._lock = lock
-            # leftovers of a crashed earlier lab on this subnet: remove them
-            _sh("ip", "link", "del", f"vcbr{n}", check=False)
-            for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
-                ns = line.split()[0] if line.strip() else ""
-                if ns.startswith(f"vc{n}-"):
-                    _sh("ip", "netns", "pids", ns, check=False)
-                    _sh("ip", "netns", "del", ns, check=False)
+            self._remove_leftovers(n)
             return n
         raise RuntimeError("no free lab subnet")
+
+    @staticmethod
+    def _remove_leftovers(n: int) -> None:
+        """A lab that crashed on this subnet may have left hosts (with processes) and links: remove them."""
+        for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
+            ns = line.split()[0] if line.strip() else ""
+            if ns.startswith(f"vc{n}-"):
+                for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+                _sh("ip", "netns", "del", ns, check=False)
+        for line in _sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+            name = line.split(": ")[1].split("@")[0] if ": " in line else ""
+            if name == f"vcbr{n}" or name.startswith(f"vc{n}v"):
+                _sh("ip", "link", "del", name, check=False)
 
     def _make_keys(self) -> None:
         self.client_key = self.dir / "id_ed25519"
@@ -226,9 +237,7 @@ class NetnsLab:
     def close(self) -> None:
         for h in self.hosts:
             self.stop(h)
-        for h in self.hosts:
-            _sh("ip", "netns", "del", h.ns, check=False)
-        _sh("ip", "link", "del", self.bridge, check=False)
+        self._remove_leftovers(self.n)
         shutil.rmtree(self.dir, ignore_errors=True)
         self._lock.close()
 

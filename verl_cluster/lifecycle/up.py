@@ -151,7 +151,7 @@ class _Up:
                     self.say(n.host, "running")
                 continue
             todo.append(n)
-        restarting = {n.host: bool(self.probes[n.host].kinds) or head_restarted or self.restart for n in todo}
+        restarting = {n.host: bool(self.probes[n.host].kinds) or self.restart for n in todo}
         for r in fan_out(todo, lambda n: self.start(n, restarting[n.host]), key=lambda n: n.host):
             if not r.ok:
                 o = self.out[r.host]

@@ -130,8 +130,9 @@ class SshRunner:
             if known.is_file():
                 try:
                     client.load_host_keys(str(known))
-                except (OSError, paramiko.SSHException) as e:
-                    raise RunnerError(t.host, f"cannot read known_hosts {known}: {e}")
+                except (OSError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey) as e:
+                    raise RunnerError(t.host, f"cannot read known_hosts {known}: {str(e)[:200]}",
+                                      "fix or remove the broken line")
             client.set_missing_host_key_policy(
                 _RememberNewKey(known, port) if t.accept_new_host_keys else paramiko.RejectPolicy())
             sock = paramiko.ProxyCommand(proxy) if proxy else None
