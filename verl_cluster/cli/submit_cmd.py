@@ -13,7 +13,7 @@ from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
 from verl_cluster.launch import ray_jobs
 from verl_cluster.launch.preflight import PreflightReport
 from verl_cluster.launch.submit import (Submission, check_cluster_file, plan_submission, preflight_exit_code,
-                                        resolve_cluster_file)
+                                        resolve_cluster_file, warm_imports)
 
 LEVEL_STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "skipped": "dim"}
 
@@ -44,6 +44,8 @@ def print_preflight(report: PreflightReport) -> None:
 
 def run_submit(args) -> int:
     job = load_job(args.job, args.overrides)
+    if not args.dry_run:
+        warm_imports()
     cluster_file = resolve_cluster_file(job, args.cluster)
     check_cluster_file(cluster_file)
     sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight)

@@ -6,7 +6,9 @@ apply_* is called.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -20,6 +22,17 @@ from verl_cluster.launch.request import (RayJobRequest, TorchrunRequest, build_r
                                          effective_overrides, secret_values)
 
 DEFAULT_CLUSTER = "cluster_configs/local.yaml"
+
+
+def warm_imports() -> None:
+    """Import Ray's job client in the background while the checks run (it takes ~1-2 s)."""
+    def load() -> None:
+        try:
+            import ray.job_submission  # noqa: F401
+        except ImportError:
+            pass
+
+    threading.Thread(target=load, daemon=True).start()
 
 
 def needs_ray(job: JobSpec) -> bool:
@@ -85,7 +98,13 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
         from dataclasses import replace
 
         job = replace(job, launcher=launcher)
-    status, why = _status(spec)
+    # the slow reads (SSH probes of every node) run side by side
+    with cf.ThreadPoolExecutor(3) as pool:
+        status_f = pool.submit(_status, spec)
+        benv_f = pool.submit(backend_env, spec)
+        plan_f = pool.submit(placement_plan, job, spec)
+        status, why = status_f.result()
+        benv, plan = benv_f.result(), plan_f.result()
     chosen = decide_launcher(job, status is not None and not why, cluster_file, why)
     notes: list[str] = []
     extra: list[Finding] = []
@@ -94,10 +113,8 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
             if not n.alive:
                 extra.append(Finding("warning", "cluster", f"{n.role} {n.host} is {n.state}"
                                      + (f": {n.reason}" if n.reason else ""), f"verl-cluster up {cluster_file}"))
-    benv = backend_env(spec)
     notes.append(f"backend env from {benv.source}")
     notes += benv.notes
-    plan = placement_plan(job, spec)
     notes.append(plan.note)
     if plan.feasible is False:
         extra.append(Finding("error", "placement", f"the placement planner finds no feasible plan: {plan.note}",

@@ -111,7 +111,10 @@ def _run(runners: dict[str, CommandRunner], req: TorchrunRequest, out: TextIO, g
         except (OSError, EOFError, RunnerError):
             pass
         try:
-            run.rc = proc.wait(timeout=3)
+            rc = proc.wait(timeout=3)
+            if rc == -1 and type(proc).__name__ == "SshProcess":
+                raise EOFError  # paramiko's "no exit status": the connection closed under it
+            run.rc = rc
             if run.state == "running":
                 run.state = "exited"
         except (RunnerError, OSError, EOFError):
