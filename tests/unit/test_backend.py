@@ -115,3 +115,19 @@ def test_unreachable_nodes_are_left_out(tmp_path):
     s = spec(tmp_path)
     c = select_backend(s, {"10.0.0.1": facts("h200x2", "10.0.0.1")})
     assert set(c.env) == {"10.0.0.1"}
+
+
+def test_one_node_loopback_cluster_uses_lo(tmp_path):
+    from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.diagnostics.backend import select_backend
+    from verl_cluster.facts.model import Interface, NodeFacts
+
+    p = tmp_path / "l.yaml"
+    p.write_text("cluster_name: l\nhead: {host: localhost}\n")
+    spec = load_cluster(p)
+    facts = NodeFacts(host="localhost", route_to_head="lo",
+                      interfaces=[Interface("lo", ["127.0.0.1/8"], kind="loopback"),
+                                  Interface("eth0", ["192.0.2.2/24"], kind="ether")])
+    choice = select_backend(spec, {"localhost": facts})
+    assert choice.problems == [] and choice.interfaces == {"localhost": "lo"}
+    assert choice.env["localhost"]["GLOO_SOCKET_IFNAME"] == "lo"

@@ -14,7 +14,7 @@ from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("check", parents=[common], help="check nodes, ports, links and backend before a run")
-    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument("cluster", nargs="?", default="cluster_configs/local.yaml", help="cluster.yaml (default cluster_configs/local.yaml)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quick", action="store_true", help="skip bandwidth, UCX and collective tests")
     p.add_argument("--deep", action="store_true", help="also import verl on every node (slower)")

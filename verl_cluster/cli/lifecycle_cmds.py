@@ -22,6 +22,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     _cluster_arg(p)
     p.add_argument("--restart", action="store_true", help="restart every node (applies a changed config)")
     p.add_argument("--dry-run", action="store_true", help="print what would run on each node, then stop")
+    p.add_argument("--no-check", action="store_true", help="skip the quick connectivity check at the end")
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     p.set_defaults(func=run_up)
 
@@ -84,12 +85,29 @@ class _ProgressTable:
 
 
 def node_env_for(spec) -> tuple[dict, list[str]]:
-    """Per-node backend environment (NCCL/Gloo/UCX) from `check`'s selection, when available."""
-    try:
-        from verl_cluster.diagnostics.backend import env_for_up
-    except ImportError:
-        return {}, []
-    return env_for_up(spec)
+    """Per-node backend environment (NCCL/Gloo/UCX) chosen from facts of every node (as `check` does).
+    Unreachable nodes are skipped here: `up` reports them itself."""
+    from verl_cluster.diagnostics.backend import select_backend
+    from verl_cluster.diagnostics.gather import gather_facts
+    from verl_cluster.facts.model import NodeFacts
+
+    facts = gather_facts(spec, timeout=spec.ray.start_timeout_s)
+    choice = select_backend(spec, {h: f for h, f in facts.items() if isinstance(f, NodeFacts)})
+    return choice.env, list(choice.reasons)
+
+
+def quick_check(spec, as_json: bool) -> tuple[bool, dict | None]:
+    """`check --quick` at the end of a healthy `up`: ports between nodes, versions, GPUs."""
+    from verl_cluster.diagnostics.check import run_check
+
+    report = run_check(spec, quick=True)
+    if not as_json:
+        verdict = "[green]ok[/]" if report.ok else "[red]problems found[/]"
+        out.print(f"quick check: {verdict} ({report.seconds:.1f}s)")
+        for p in report.problems:
+            tag = "[red]error[/]" if p.severity == "error" else "[yellow]warning[/]"
+            out.print(f"  {tag} {escape(p.node)}: {escape(p.what)}  [dim]fix: {escape(p.fix)}[/]")
+    return report.ok, report.to_json()
 
 
 def run_up(args) -> int:
@@ -115,9 +133,7 @@ def run_up(args) -> int:
     with _ProgressTable(spec, enabled=not args.json and err.is_terminal) as prog:
         report = up(spec, restart=args.restart, node_env=node_env,
                     progress=prog.update if not args.json else None)
-    if args.json:
-        print_json(report.to_json() | {"backend_reasons": reasons})
-    else:
+    if not args.json:
         t = Table(title=f"cluster {spec.cluster_name}: {'healthy' if report.healthy else 'NOT healthy'} "
                         f"({report.seconds:.1f}s)")
         for c in ("node", "role", "address", "result", "CPUs", "GPUs", "reason"):
@@ -132,9 +148,14 @@ def run_up(args) -> int:
                 out.print(f"[red]{escape(n.host)}[/] last lines:\n{escape(n.log_tail)}")
         for r in reasons:
             out.print(f"backend: {escape(r)}")
-        if report.healthy:
-            out.print(f"next: verl-cluster status {escape(args.cluster)}   |   stop: verl-cluster down {escape(args.cluster)}")
-    return EXIT_OK if report.healthy else EXIT_UNHEALTHY
+    check_ok, check_json = True, None
+    if report.healthy and not args.no_check:
+        check_ok, check_json = quick_check(spec, args.json)
+    if args.json:
+        print_json(report.to_json() | {"backend_reasons": reasons, "check": check_json})
+    elif report.healthy:
+        out.print(f"next: verl-cluster status {escape(args.cluster)}   |   stop: verl-cluster down {escape(args.cluster)}")
+    return EXIT_OK if report.healthy and check_ok else EXIT_UNHEALTHY
 
 
 def _num(x) -> str:

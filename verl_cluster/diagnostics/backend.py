@@ -146,6 +146,8 @@ def select_backend(spec: ClusterSpec, facts: Mapping[str, NodeFacts]) -> Backend
             reasons.append(f"{n.host}: {iface}: network.interface is set")
         else:
             iface, why = pick_interface(f, spec.head_ip, spec.node_ip(n))
+            if iface is None and not spec.workers and f.route_to_head == "lo":
+                iface, why = "lo", "lo: a one-node cluster on loopback needs no network"
             if iface is None:
                 problems.append((n.host, why, f"give {n.host} a route to {spec.head_ip}, or set network.interface"))
                 continue
