@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 export VC_REQUIRE_INTEGRATION=${VC_REQUIRE_INTEGRATION:-1}  # missing prerequisites fail, never skip silently
 set +e
-.venv/bin/python -m pytest -ra -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -ra -p no:cacheprovider --timeout=900 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
