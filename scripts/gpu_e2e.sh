@@ -1,0 +1,87 @@
+#!/bin/bash
+# End to end on the GPU machine (2x H200): facts, up/status/check/plan/submit gpu_smoke/down, NCCL bench,
+# memory calibration. Run from the repo root there (device `run`, after `../shared/tools/gpu-bundle.sh` here):
+#   bash scripts/gpu_e2e.sh [STEP ...]      # steps: env facts cluster calib (default: all, in that order)
+# Every step logs to $LOGS/<n>-<name>.log (time, exit code in $LOGS/steps.log) and failures do not stop the run;
+# after each step $OUT/e2e.tgz is refreshed, so whatever ran comes back even when the call is cut short.
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...): the host's GPUs are shared.
+set -u
+OUT=${OUT:-/tmp/gpu_e2e_out}
+LOGS=/tmp/e2e
+BUDGET_S=${BUDGET_S:-500}   # stop starting new steps after this many seconds
+mkdir -p "$OUT" "$LOGS"
+T0=$(date +%s)
+if [ -f .gpubundle/site.tar.xz ] && [ ! -d /tmp/site ]; then tar xJf .gpubundle/site.tar.xz -C /tmp; fi
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export RAY_USAGE_STATS_ENABLED=0
+N=0
+pack() { tar czf "$OUT/e2e.tgz" -C /tmp e2e 2>/dev/null; cp "$LOGS/steps.log" "$OUT/steps.log" 2>/dev/null; }
+# step NAME TIMEOUT_S CMD...   (stdout+stderr -> log; a JSON-ish stdout also kept as NAME.out)
+step() {
+  local name=$1 limit=$2; shift 2
+  N=$((N + 1))
+  local elapsed=$(( $(date +%s) - T0 ))
+  if [ $((elapsed + 5)) -ge "$BUDGET_S" ]; then
+    echo "$(printf %02d $N)-$name SKIPPED (budget: ${elapsed}s used of ${BUDGET_S}s)" | tee -a "$LOGS/steps.log"; return
+  fi
+  [ $((elapsed + limit)) -gt "$BUDGET_S" ] && limit=$((BUDGET_S - elapsed))
+  local log="$LOGS/$(printf %02d $N)-$name"
+  echo "\$ $*" > "$log.log"
+  local s=$(date +%s.%N)
+  timeout -k 5 "$limit" "$@" > "$log.out" 2>> "$log.log"
+  local rc=$?
+  local dt=$(python3 -c "print(round($(date +%s.%N) - $s, 2))")
+  echo "$(printf %02d $N)-$name rc=$rc ${dt}s (limit ${limit}s)" | tee -a "$LOGS/steps.log"
+  pack
+}
+want() { [ ${#STEPS[@]} -eq 0 ] && return 0; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+STEPS=("$@")
+
+if want env; then
+  step nvidia-smi 20 nvidia-smi
+  step topo 20 nvidia-smi topo -m
+  step versions 60 python3 -c "
+import sys, torch, importlib
+print('python', sys.version.split()[0], sys.executable)
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())
+print('p2p 0<->1', torch.cuda.can_device_access_peer(0, 1) if torch.cuda.device_count() > 1 else None)
+for m in ('transformers', 'ray', 'verl', 'flash_attn', 'vllm', 'sglang', 'pynvml', 'omegaconf', 'paramiko', 'rich', 'tensordict', 'hydra', 'codetiming', 'datasets', 'peft', 'accelerate', 'pandas', 'pyarrow'):
+    try:
+        mod = importlib.import_module(m); print(m, getattr(mod, '__version__', '?'))
+    except Exception as e:
+        print(m, 'MISSING', type(e).__name__, str(e).splitlines()[0][:150] if str(e) else '')
+"
+  step which-ip 10 bash -c 'command -v ip || echo "no ip command"; uname -r; nproc; free -g'
+fi
+
+if want facts; then
+  step doctor 120 python3 -m verl_cluster doctor --json
+  step record-facts 120 python3 scripts/record_facts.py --note "2x H200 device machine (nvidia-h200-x2), doctor run by scripts/gpu_e2e.sh"
+fi
+
+if want cluster; then
+  step up 180 python3 -m verl_cluster up cluster_configs/local.yaml
+  step status 60 python3 -m verl_cluster status cluster_configs/local.yaml --json
+  step status-table 60 python3 -m verl_cluster status cluster_configs/local.yaml
+  step check 240 python3 -m verl_cluster check cluster_configs/local.yaml --json
+  step check-table 240 python3 -m verl_cluster check cluster_configs/local.yaml
+  step plan-gsm8k 60 python3 -m verl_cluster plan launch/gsm8k.yaml --json
+  step plan-gsm8k-table 60 python3 -m verl_cluster plan launch/gsm8k.yaml
+  step plan-gpu-smoke 60 python3 -m verl_cluster plan launch/gpu_smoke.yaml
+  step bench-nccl 180 python3 scripts/bench_nccl.py cluster_configs/local.yaml --rounds 2 --out "$LOGS/bench_nccl.json"
+  step submit-gpu-smoke 300 python3 -m verl_cluster submit launch/gpu_smoke.yaml "env.VC_REPO=$PWD"
+  step submit-smoke 120 python3 -m verl_cluster submit launch/smoke.yaml
+  step down 120 python3 -m verl_cluster down cluster_configs/local.yaml
+fi
+
+if want calib; then
+  step calib-0.5b 200 python3 scripts/calibrate_memory.py --model qwen2.5-0.5b --worlds 1,2 \
+       --cases 1x512,4x512,8x512,1x2048,4x2048,8x2048 --out "$LOGS/calib_0.5b.json"
+  step calib-1.5b 200 python3 scripts/calibrate_memory.py --model qwen2.5-1.5b --worlds 1,2 \
+       --cases 1x1024,4x1024,2x4096 --out "$LOGS/calib_1.5b.json"
+fi
+
+if [ -n "${EXTRA:-}" ]; then step extra 300 bash -c "$EXTRA"; fi
+echo "total $(( $(date +%s) - T0 ))s" | tee -a "$LOGS/steps.log"
+pack
