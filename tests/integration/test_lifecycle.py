@@ -85,6 +85,16 @@ def test_lifecycle_on_three_hosts(lab, capsys):
     rc, rep = cli_json(capsys, "up", str(cfg), "ray.object_store_memory=209715201", "--restart")
     assert rc == 0 and {n["action"] for n in rep["nodes"]} == {"restarted"}, rep
 
+    # the head dies: up restarts it and every worker rejoins the new head
+    assert head.run(["pkill", "-9", "-f", "gcs_server"]).returncode == 0
+    rc, st = cli_json(capsys, "status", str(cfg), "ray.object_store_memory=209715201")
+    assert rc == 1 and states(st)[head.ip] == "dead"
+    rc, rep = cli_json(capsys, "up", str(cfg), "ray.object_store_memory=209715201")
+    assert rc == 0, rep
+    assert [n["action"] for n in rep["nodes"]] == ["restarted"] * 3
+    rc, st = cli_json(capsys, "status", str(cfg), "ray.object_store_memory=209715201")
+    assert rc == 0 and st["healthy"] and len(st["extra_nodes"]) == 0
+
     # someone else's Ray on w2 (other temp dir, other ports) must survive our down
     other = w2.run([RAY, "start", "--head", "--node-ip-address", w2.ip, "--port", "7379", "--temp-dir", "/tmp/other",
                     "--dashboard-port", "9265", "--node-manager-port", "7700", "--object-manager-port", "7701",
