@@ -30,6 +30,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-follow", action="store_true", help="submit and return once the job is running")
     p.add_argument("--stop-on-interrupt", action="store_true", help="Ctrl-C stops the job instead of detaching")
     p.add_argument("--skip-preflight", action="store_true", help="submit without the checks (not recommended)")
+    p.add_argument("--refresh-backend", action="store_true",
+                   help="re-detect the network backend env (otherwise remembered for an hour per cluster)")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=run_submit)
 
@@ -48,7 +50,8 @@ def run_submit(args) -> int:
         warm_imports()
     cluster_file = resolve_cluster_file(job, args.cluster)
     check_cluster_file(cluster_file)
-    sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight)
+    sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight,
+                          refresh_backend=args.refresh_backend)
     if not args.json:
         print_preflight(sub.preflight)
     if args.dry_run:

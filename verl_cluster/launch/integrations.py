@@ -6,8 +6,12 @@ Each piece tolerates its provider not being importable yet, and says which sourc
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
@@ -46,6 +50,43 @@ def config_interface_env(spec: ClusterSpec) -> dict[str, str]:
     if not iface or iface == "auto":
         return {}
     return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+
+
+CACHE_TTL_S = 3600.0
+
+
+def _cache_path(spec: ClusterSpec) -> Path:
+    return spec.token_file.parent / f"backend-env-{spec.cluster_name}.json"
+
+
+def _cache_key(spec: ClusterSpec) -> str:
+    nodes = [(n.host, spec.node_ip(n)) for _, n in spec.nodes()]
+    return hashlib.sha256(json.dumps([nodes, spec.network.backend, spec.network.interface]).encode()).hexdigest()
+
+
+def cached_backend_env(spec: ClusterSpec, refresh: bool = False, ttl_s: float = CACHE_TTL_S) -> BackendEnv:
+    """backend_env(), remembered per cluster for an hour: detection probes every node over SSH (~2-3 s), and
+    interfaces do not change between submits. `refresh` re-detects."""
+    path = _cache_path(spec)
+    if not refresh:
+        try:
+            d = json.loads(path.read_text())
+            age = time.time() - d["at"]
+            if d["key"] == _cache_key(spec) and 0 <= age < ttl_s:
+                return BackendEnv(d["by_host"], f"{d['source']} (detected {age / 60:.0f} min ago)")
+        except (OSError, ValueError, KeyError):
+            pass
+    env = backend_env(spec)
+    if env.source == "diagnostics":
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": _cache_key(spec), "at": time.time(), "source": env.source,
+                           "by_host": env.by_host}, f)
+        except OSError:
+            pass  # a read-only home only costs the next submit a re-detection
+    return env
 
 
 def backend_env(spec: ClusterSpec) -> BackendEnv:
