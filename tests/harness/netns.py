@@ -35,6 +35,16 @@ def integration_ready() -> str | None:
     return None
 
 
+def _tmp_folders_to_keep() -> list[str]:
+    """Top-level /tmp folders holding the Python environment or the repository, if any."""
+    keep = set()
+    for p in (sys.prefix, str(Path(__file__).resolve().parents[2])):
+        parts = Path(p).resolve().parts
+        if len(parts) > 2 and parts[1] == "tmp":
+            keep.add(parts[2])
+    return sorted(keep)
+
+
 def _sh(*argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=timeout)
 
@@ -173,7 +183,14 @@ class NetnsLab:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         main = (f"exec /usr/sbin/sshd -D -f {host.home}/sshd_config -E {host.home}/sshd.log" if sshd
                 else "exec sleep infinity")
-        boot = f"mount -t tmpfs -o size=2g tmpfs /tmp && {main}"
+        # a private /tmp, but with the folders that hold this Python and this checkout (a CI clone may
+        # live under /tmp) bound back in from the real /tmp
+        orig = host.home / "realtmp"
+        orig.mkdir(exist_ok=True)
+        boot = f"mount --bind /tmp {orig} && mount -t tmpfs -o size=2g tmpfs /tmp && "
+        for top in _tmp_folders_to_keep():
+            boot += f"mkdir -p /tmp/{top} && mount --bind {orig}/{top} /tmp/{top} && "
+        boot += main
         host.wrapper = subprocess.Popen(
             ["ip", "netns", "exec", host.ns, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
              "sh", "-c", boot], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
