@@ -133,3 +133,17 @@ def test_status_json_and_health():
     assert {"host", "role", "alive", "gpus", "ray_version"} <= set(d["nodes"][1])
     st.nodes[1].state = "alive"
     assert st.healthy
+
+
+def test_node_script_finds_the_client_server_by_gcs_address():
+    procs = {10: (1, "/venv/bin/python3 -m ray.util.client.server --address=10.0.0.1:6379 --port=10001"),
+             11: (1, "/venv/bin/python3 -m ray.util.client.server --address=10.0.0.1:7379 --port=10001"),
+             12: (1, "raylet --temp_dir=/tmp/vc-a --node_ip_address=10.0.0.1")}
+    found = node_script.ours("/tmp/vc-a", procs, gcs_address="10.0.0.1:6379")
+    assert set(found) == {10, 12}
+
+
+def test_override_without_cluster_file_uses_the_default(capsys):
+    assert main(["up", "ray.object_store_memory=209715200", "--dry-run", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cluster"] == "local" and "209715200" in data["nodes"][0]["argv"]

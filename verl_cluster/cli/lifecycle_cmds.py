@@ -45,6 +45,10 @@ def _cluster_arg(p: argparse.ArgumentParser) -> None:
 
 
 def load(args):
+    if "=" in args.cluster and not args.cluster.endswith((".yaml", ".yml")):
+        # `up key=value` with no file: the override was taken for the file name
+        args.overrides = [args.cluster] + list(args.overrides)
+        args.cluster = DEFAULT_CLUSTER
     return load_cluster(args.cluster, args.overrides)
 
 

@@ -1,8 +1,8 @@
 """Node-side helper, shipped as source and run with the node's Python (`python -c SOURCE CMD ARGS`).
 
 Stdlib only (ray and pynvml are imported where present). Commands:
-  probe TEMP_DIR          versions, GPUs (NVML), this cluster's Ray processes, saved start state
-  kill TEMP_DIR           stop exactly the Ray processes of this TEMP_DIR (and their children), verify
+  probe TEMP_DIR [GCS]    versions, GPUs (NVML), this cluster's Ray processes, saved start state
+  kill TEMP_DIR [GCS]     stop exactly the Ray processes of this TEMP_DIR (and their children), verify
   gcs ADDR [DASHBOARD]    node table from the GCS (+ jobs from the Jobs API)
 Prints its JSON result after a marker line (see runners.remote_python).
 """
@@ -40,15 +40,18 @@ def read_procs():
     return procs
 
 
-def ours(temp_dir, procs=None):
-    """Processes of the Ray started with --temp-dir TEMP_DIR, and all their descendants."""
+def ours(temp_dir, procs=None, gcs_address=None):
+    """Processes of the Ray started with --temp-dir TEMP_DIR, and all their descendants. Ray's client
+    server names no temp dir: it is recognised by the GCS address it serves (unique per cluster)."""
     procs = procs if procs is not None else read_procs()
     mine, pid = set(), os.getpid()
     while pid in procs and pid not in mine:  # this script and its parents (timeout, env, sshd) carry the path too
         mine.add(pid)
         pid = procs[pid][0]
     pat = re.compile(r"(^|[=\s])" + re.escape(temp_dir.rstrip("/")) + r"(/|\s|$)")
-    found = {pid for pid, (_, cmd) in procs.items() if pat.search(cmd) and pid not in mine}
+    client = f"--address={gcs_address}" if gcs_address else None
+    found = {pid for pid, (_, cmd) in procs.items() if pid not in mine and (
+        pat.search(cmd) or (client and "ray.util.client.server" in cmd and client in cmd.split()))}
     grew = True
     while grew:  # add children (ray::IDLE workers rename themselves and lose the path)
         grew = False
@@ -92,8 +95,8 @@ def version(dist):
         return None
 
 
-def cmd_probe(temp_dir):
-    found = ours(temp_dir)
+def cmd_probe(temp_dir, gcs_address=None):
+    found = ours(temp_dir, gcs_address=gcs_address)
     kinds = sorted({kind(c) for c in found.values()})
     state = None
     try:
@@ -108,8 +111,8 @@ def cmd_probe(temp_dir):
           "raylet": "raylet" in kinds, "gcs": "gcs_server" in kinds, "state": state})
 
 
-def cmd_kill(temp_dir):
-    found = ours(temp_dir)
+def cmd_kill(temp_dir, gcs_address=None):
+    found = ours(temp_dir, gcs_address=gcs_address)
     for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
         for pid in found:
             try:

@@ -48,10 +48,10 @@ class Node:
         return run_python(self.runner, self.python, SCRIPT, args, env=env, timeout=timeout)
 
     def probe(self) -> Probe:
-        return Probe.from_json(self.script("probe", self.spec.temp_dir))
+        return Probe.from_json(self.script("probe", self.spec.temp_dir, self.spec.gcs_address))
 
     def kill(self) -> dict:
-        return self.script("kill", self.spec.temp_dir, timeout=30)
+        return self.script("kill", self.spec.temp_dir, self.spec.gcs_address, timeout=30)
 
     def gcs(self, with_jobs: bool = False, token_path: str | None = None) -> dict:
         """Node table from the GCS, queried on this node (the head) so no port has to be open to us."""

@@ -115,6 +115,7 @@ class _Up:
             o.action, o.reason = "failed", f"ray start failed (exit {res.rc})"
             o.log_tail = res.tail(12)
             self.say(n.host, f"[red]ray start failed[/] (exit {res.rc})")
+            n.kill()  # a half-started head leaves its GCS and dashboard behind
             return
         n.runner.put_text(_state_json(cmd), f"{self.spec.temp_dir}/vc-node.json", 0o600)
         o.action = "restarted" if restarting else "started"
