@@ -138,9 +138,11 @@ def test_status_json_and_health():
 def test_node_script_finds_the_client_server_by_gcs_address():
     procs = {10: (1, "/venv/bin/python3 -m ray.util.client.server --address=10.0.0.1:6379 --port=10001"),
              11: (1, "/venv/bin/python3 -m ray.util.client.server --address=10.0.0.1:7379 --port=10001"),
-             12: (1, "raylet --temp_dir=/tmp/vc-a --node_ip_address=10.0.0.1")}
+             12: (1, "raylet --temp_dir=/tmp/vc-a --node_ip_address=10.0.0.1 --node_id=abc1"),
+             13: (1, "/venv/bin/python3 -m ray.util.client.server --address=192.0.2.2:6379 --node-id=abc1"),
+             14: (1, "/venv/bin/python3 -m ray.util.client.server --address=192.0.2.2:7379 --node-id=def2")}
     found = node_script.ours("/tmp/vc-a", procs, gcs_address="10.0.0.1:6379")
-    assert set(found) == {10, 12}
+    assert set(found) == {10, 12, 13}
 
 
 def test_override_without_cluster_file_uses_the_default(capsys):

@@ -42,16 +42,19 @@ def read_procs():
 
 def ours(temp_dir, procs=None, gcs_address=None):
     """Processes of the Ray started with --temp-dir TEMP_DIR, and all their descendants. Ray's client
-    server names no temp dir: it is recognised by the GCS address it serves (unique per cluster)."""
+    server names no temp dir: it is recognised by the node id of our raylet/GCS, or the GCS address."""
     procs = procs if procs is not None else read_procs()
     mine, pid = set(), os.getpid()
     while pid in procs and pid not in mine:  # this script and its parents (timeout, env, sshd) carry the path too
         mine.add(pid)
         pid = procs[pid][0]
     pat = re.compile(r"(^|[=\s])" + re.escape(temp_dir.rstrip("/")) + r"(/|\s|$)")
-    client = f"--address={gcs_address}" if gcs_address else None
-    found = {pid for pid, (_, cmd) in procs.items() if pid not in mine and (
-        pat.search(cmd) or (client and "ray.util.client.server" in cmd and client in cmd.split()))}
+    found = {pid for pid, (_, cmd) in procs.items() if pid not in mine and pat.search(cmd)}
+    marks = {f"--node-id={m}" for pid in found for m in re.findall(r"--node[_-]id=([0-9a-f]+)", procs[pid][1])}
+    if gcs_address:
+        marks.add(f"--address={gcs_address}")
+    found |= {pid for pid, (_, cmd) in procs.items()
+              if pid not in mine and "ray.util.client.server" in cmd and marks & set(cmd.split())}
     grew = True
     while grew:  # add children (ray::IDLE workers rename themselves and lose the path)
         grew = False
