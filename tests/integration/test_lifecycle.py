@@ -111,6 +111,7 @@ def test_lifecycle_on_three_hosts(lab, capsys):
     assert rc == 0 and rep["ok"] and all(n["stopped"] > 0 for n in rep["nodes"])
     for h in (head, w1, w2):
         assert h.pids("temp.dir=/tmp/vc-life") == [] and h.pids("raylet.*vc-life") == []
+    assert head.pids(f"ray.util.client.server --address={head.ip}:6379") == []
     assert set(others_before) <= set(w2.pids("temp.dir=/tmp/other")), "down killed a Ray it did not start"
     rc, st = cli_json(capsys, "status", str(cfg))
     assert rc == 1 and set(states(st).values()) == {"missing"}
