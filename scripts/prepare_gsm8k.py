@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("inputs", nargs="+", type=Path, help="GSM8K split files (parquet, jsonl, json, arrow)")
     p.add_argument("-o", "--output-dir", type=Path, default=Path("~/data/gsm8k").expanduser())
     p.add_argument("--split", choices=("train", "test"), help="split of all inputs (default: from file names)")
+    p.add_argument("--format", choices=("rl", "sft"), default="rl",
+                   help="rl: verl's PPO/GRPO rows (prompt, reward_model, ...); sft: chat messages for verl's SFT trainer")
     args = p.parse_args(argv)
     try:
         by_split: dict[str, list[dict]] = {}
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             split = args.split or split_of(path)
             by_split.setdefault(split, []).extend(read_rows(path))
         for split, raw in sorted(by_split.items()):
-            rows = convert_rows(raw, split, source=", ".join(str(i) for i in args.inputs))
+            rows = convert_rows(raw, split, source=", ".join(str(i) for i in args.inputs), fmt=args.format)
             out = args.output_dir / f"{split}.parquet"
             write_parquet(rows, out)
             print(f"{split}: {len(rows)} rows -> {out}")

@@ -80,3 +80,15 @@ def test_prepare_script_bad_input_is_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.startswith("error: ") and "row 0 has no answer" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_sft_format_is_chat_messages_the_sft_trainer_accepts(tmp_path):
+    rows = convert_rows(ROWS, "train", fmt="sft")
+    assert rows[0]["messages"] == [{"role": "user", "content": ROWS[0]["question"]},
+                                   {"role": "assistant", "content": ROWS[0]["answer"]}]
+    import pyarrow as pa
+
+    schema = schema_tree(pa.Table.from_pylist(rows).schema)
+    assert check_schema("sft.parquet", schema, requirement_for("verl.trainer.sft_trainer", {})) == []
+    # and the RL trainer would reject it, naming what is missing
+    assert "missing columns `prompt`" in check_schema("sft.parquet", schema, requirement_for("verl.trainer.main_ppo", {}))[0]

@@ -37,7 +37,18 @@ def to_verl_row(example: dict, index: int, split: str) -> dict[str, Any]:
     }
 
 
-def convert_rows(rows: Iterable[dict], split: str, source: str = "<rows>") -> list[dict]:
+def to_sft_row(example: dict, index: int, split: str) -> dict[str, Any]:
+    """Chat messages for verl 0.9's SFT trainer (data.messages_key: messages)."""
+    final_answer(example["answer"])  # same validation as the RL rows
+    return {
+        "messages": [{"role": "user", "content": example["question"]},
+                     {"role": "assistant", "content": example["answer"]}],
+        "data_source": DATA_SOURCE,
+        "extra_info": {"split": split, "index": index},
+    }
+
+
+def convert_rows(rows: Iterable[dict], split: str, source: str = "<rows>", fmt: str = "rl") -> list[dict]:
     out = []
     for i, row in enumerate(rows):
         missing = [k for k in ("question", "answer") if k not in row]
@@ -45,7 +56,7 @@ def convert_rows(rows: Iterable[dict], split: str, source: str = "<rows>") -> li
             raise ConfigError(f"{source}: row {i} has no {', '.join(missing)} column",
                               f"GSM8K files need `question` and `answer`; this row has: {', '.join(row)}")
         try:
-            out.append(to_verl_row(row, i, split))
+            out.append((to_sft_row if fmt == "sft" else to_verl_row)(row, i, split))
         except ValueError as e:
             raise ConfigError(f"{source}: row {i}: {e}", "is this the GSM8K `main` config?")
     return out

@@ -116,18 +116,26 @@ class PlanInfo:
 
 
 def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
-    """The planner's verl overrides for this job on this cluster (the job's own overrides win later)."""
+    """The planner's verl overrides for this job on this cluster's gathered facts (the job's own overrides win
+    later). Only verl's Ray trainers are planned; anything else gets an empty plan."""
+    if not (job.entrypoint or "").startswith("verl.trainer.main_"):
+        return PlanInfo({}, None, {}, "no placement plan: not a verl Ray trainer")
     try:
-        from verl_cluster.placement import plan_for_job  # type: ignore[attr-defined]
+        from verl_cluster.diagnostics.gather import gather_facts
+        from verl_cluster.placement import plan_job
     except ImportError:
         return PlanInfo({}, None, {}, "placement planner not available: the job's own overrides are used")
     try:
-        plan = plan_for_job(job, spec)
-    except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding
-        return PlanInfo({}, False, {}, f"placement planner failed: {type(e).__name__}: {e}")
-    summary = dataclasses.asdict(plan) if dataclasses.is_dataclass(plan) else {}
-    return PlanInfo(dict(getattr(plan, "overrides", {}) or {}), getattr(plan, "feasible", None),
-                    summary, "placement planned")
+        facts = [f for f in gather_facts(spec).values() if not isinstance(f, BaseException)]
+        plan = plan_job(job, facts)
+    except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding, not a crash
+        msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+        return PlanInfo({}, False, {}, f"placement planner: {msg}")
+    summary = plan.to_dict() if hasattr(plan, "to_dict") else {}
+    note = "placement planned" + (f" ({plan.strategy})" if getattr(plan, "strategy", None) else "")
+    if not plan.feasible:
+        note = "; ".join(list(getattr(plan, "problems", []) or [])[:3]) or "infeasible"
+    return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note)
 
 
 def plan_metadata(plan: PlanInfo, limit: int = 4000) -> str:

@@ -46,6 +46,18 @@ def all_keys(cfg, prefix=""):
     return out
 
 
+def has_key(cfg, key):
+    """Is `a.b.c` a key of the config? (OmegaConf.select and `in` treat mandatory `???` values as absent.)"""
+    from omegaconf import DictConfig
+
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or node._is_none() or node._is_missing() or part not in list(node.keys()):
+            return False
+        node = node._get_node(part)
+    return True
+
+
 def nearest(key, keys):
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     siblings = [k for k in keys if k.rsplit(".", 1)[0] == parent] if parent else keys
@@ -60,7 +72,6 @@ def main(arg):
     req = json.loads(arg)
     out = {"unknown": [], "error": None, "validated": False, "skipped": None}
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     name, cfg_dir = config_name_of(req["module"])
     if not name:
@@ -75,7 +86,7 @@ def main(arg):
             key = item.split("=", 1)[0]
             if key.startswith(("+", "~")):
                 continue
-            if OmegaConf.select(base, key, default="__vc_missing__") == "__vc_missing__":
+            if not has_key(base, key):
                 out["unknown"].append([key, nearest(key, keys)])
         if out["unknown"]:
             print(MARK + json.dumps(out))
@@ -97,7 +108,8 @@ def main(arg):
             out["skipped"] = f"verl's validation needs local model files: {str(e).splitlines()[0][:200]}"
         except Exception as e:
             msg = " ".join(str(e).split())
-            if "config.json" in msg or "does not appear to have a file" in msg or "Repo id" in msg:
+            if any(m in msg for m in ("config.json", "does not appear to have a file", "Repo id", "huggingface.co",
+                                      "offline mode", "HFModelConfig")):
                 out["skipped"] = f"verl's validation needs the model's config.json locally: {msg[:200]}"
             else:
                 out["error"] = msg[:400]
