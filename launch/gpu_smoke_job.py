@@ -285,7 +285,9 @@ def main() -> int:
         from verl_cluster.placement import memory as mem
 
         ray.init(address="auto", logging_level="ERROR")
-        job = load_job(os.environ.get("GPU_SMOKE_SPEC", "gpu_smoke.yaml"))
+        # the spec travels in working_dir; submit appends the effective verl overrides as argv
+        job = load_job(os.environ.get("GPU_SMOKE_SPEC", "gpu_smoke.yaml"), [a for a in sys.argv[1:] if "=" in a])
+        strategy = os.environ.get("GPU_SMOKE_STRATEGY") or None  # env.GPU_SMOKE_STRATEGY=colocate on submit
         nodes = sorted((n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0),
                        key=lambda n: n["NodeManagerAddress"])
         if not nodes:
@@ -301,7 +303,7 @@ def main() -> int:
         facts_raw = ray.get([read_facts.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
             n["NodeID"], soft=False)).remote() for n in nodes], timeout=120)
         facts = [from_dict(NodeFacts, {**f, "host": n["NodeManagerAddress"]}) for f, n in zip(facts_raw, nodes)]
-        p = plan_job(job, facts)
+        p = plan_job(job, facts, strategy=strategy)
         plan = p.to_dict()
         report["plan"] = {"feasible": plan["feasible"], "strategy": plan["strategy"], "settings": plan["settings"],
                           "roles": {r: {"gpus": v["gpus"], "memory_gib_per_gpu": v["memory_gib_per_gpu"]}

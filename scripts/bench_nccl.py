@@ -108,11 +108,12 @@ def main() -> int:
     rounds = []
     for i in range(args.rounds):
         t0 = time.monotonic()
-        cw, crows = check_collective(args.cluster, SIZES)
-        t1 = time.monotonic()
         prows = plain_loop(world, SIZES, args.iters, args.warmup)
+        t1 = time.monotonic()
+        cw, crows = check_collective(args.cluster, SIZES)
         t2 = time.monotonic()
-        rounds.append({"check": crows, "plain": prows, "check_s": round(t1 - t0, 2), "plain_s": round(t2 - t1, 2)})
+        rounds.append({"check": crows, "plain": prows, "check_s": round(t2 - t1, 2), "plain_s": round(t1 - t0, 2)})
+        print(f"round {i + 1}: plain {t1 - t0:.1f} s, check's collective {t2 - t1:.1f} s", flush=True)
         for r in crows:
             if r["size"] not in best_check or r["busbw_gbs"] > best_check[r["size"]]["busbw_gbs"]:
                 best_check[r["size"]] = r

@@ -15,6 +15,11 @@ if [ -f .gpubundle/site.tar.xz ] && [ ! -d /tmp/site ]; then tar xJf .gpubundle/
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RAY_USAGE_STATS_ENABLED=0
+ulimit -n 65536 2>/dev/null || true   # doctor's fix hint for Ray (the machine starts at 20000)
+# The product starts `ray` from beside the node's Python (ray.ray_executable defaults to <python's bin>/ray);
+# the bundle's `ray` lives in /tmp/site/bin, so link it there the way a real install would have it.
+PYBIN=$(dirname "$(python3 -c 'import sys; print(sys.executable)')")
+[ -e "$PYBIN/ray" ] || ln -s /tmp/site/bin/ray "$PYBIN/ray" 2>/dev/null || echo "cannot link ray into $PYBIN"
 N=0
 pack() { tar czf "$OUT/e2e.tgz" -C /tmp e2e 2>/dev/null; cp "$LOGS/steps.log" "$OUT/steps.log" 2>/dev/null; }
 # step NAME TIMEOUT_S CMD...   (stdout+stderr -> log; a JSON-ish stdout also kept as NAME.out)
