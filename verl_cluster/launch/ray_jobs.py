@@ -7,8 +7,10 @@ environment (Ray would otherwise cache it process-wide), into the job, or into i
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, TextIO
@@ -79,13 +81,39 @@ def dashboard_target(spec: ClusterSpec) -> tuple[str, int, bool]:
     return spec.head_ip, port, False
 
 
+_OPEN: dict[tuple, tuple[JobsApi, contextlib.ExitStack]] = {}
+_OPEN_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def connect(spec: ClusterSpec) -> Iterator[JobsApi]:
+    """A Jobs API client for the cluster. Kept open for the rest of this process (closed at exit), so the
+    preflight's health probe and the submit share one SSH tunnel and one version handshake."""
+    key = (spec.cluster_name, spec.head.host, spec.head.dashboard_port, str(spec.token_file))
+    with _OPEN_LOCK:
+        if key not in _OPEN:
+            _OPEN[key] = _open(spec)
+        api = _OPEN[key][0]
+    yield api
+
+
+def close_all() -> None:
+    with _OPEN_LOCK:
+        for _, stack in _OPEN.values():
+            stack.close()
+        _OPEN.clear()
+
+
+atexit.register(close_all)
+
+
+def _open(spec: ClusterSpec) -> tuple[JobsApi, contextlib.ExitStack]:
     from ray.job_submission import JobSubmissionClient
 
     headers = auth_headers(spec)
     host, port, tunnel_needed = dashboard_target(spec)
-    with contextlib.ExitStack() as stack:
+    stack = contextlib.ExitStack()
+    try:
         if tunnel_needed:
             runner = runner_for(spec, spec.head)
             stack.callback(runner.close)
@@ -99,7 +127,10 @@ def connect(spec: ClusterSpec) -> Iterator[JobsApi]:
             client = JobSubmissionClient(url, headers=dict(headers))
         except _api_errors() as e:
             raise _explain(e, where) from e
-        yield JobsApi(client, where)
+    except BaseException:
+        stack.close()
+        raise
+    return JobsApi(client, where), stack
 
 
 def submit(api: JobsApi, req: RayJobRequest) -> str:
