@@ -2,7 +2,8 @@
 """Cluster start-up benchmark (issue 2, "Benchmark"): `verl-cluster up` vs Ray's own cluster launcher.
 
 On namespace hosts (tests/harness/netns.py: real sshd, real Ray, one PID namespace and private /tmp per
-host) this times, as a user would run them (fresh processes):
+host; this script also gives each host its own ~/.verl-cluster, see private_state_dirs) this times, as a
+user would run them (fresh processes):
 
   * `verl-cluster up CFG --json` for head+2 and head+6 workers (default `--workers 2,6`), `--reps` times
     each, with `verl-cluster down` between; plus the no-op `up` on the healthy cluster right after;
@@ -158,11 +159,16 @@ def say(msg: str) -> None:
 # ---------------------------------------------------------------- verl-cluster up
 
 
-def bench_ours(lab: NetnsLab, hosts: list[Host], n_workers: int, reps: int, outdir: Path) -> dict:
+def bench_ours(lab: NetnsLab, hosts: list[Host], n_workers: int, reps: list[int], outdir: Path,
+               res: dict | None = None) -> dict:
+    """Time `verl-cluster up` for the repetitions `reps`, adding to `res` (the result of earlier calls)."""
     name = f"vcb{lab.n}w{n_workers}"
-    cfg = lab.cluster_yaml(hosts[0], hosts[1:1 + n_workers], name=name)
-    res = {"workers": n_workers, "config": str(cfg), "runs": [], "noop_runs": [], "failures": []}
-    for rep in range(reps):
+    cfg = lab.dir / f"{name}.yaml"
+    if res is None:
+        cfg = lab.cluster_yaml(hosts[0], hosts[1:1 + n_workers], name=name)
+        res = {"workers": n_workers, "config": str(cfg), "config_text": cfg.read_text(), "runs": [],
+               "noop_runs": [], "failures": []}
+    for rep in reps:
         d = run_timed([VERL_CLUSTER, "down", str(cfg)], 120, log=outdir / f"{name}-r{rep}-predown.log")
         t = run_timed([VERL_CLUSTER, "up", str(cfg), "--json"], 300, log=outdir / f"{name}-r{rep}-up.log")
         report = _json_tail(t.stdout)
@@ -249,8 +255,9 @@ def ray_config(lab: NetnsLab, head: Host, workers: list[Host], name: str, kind: 
     return json.dumps(cfg, indent=2)  # JSON is YAML
 
 
-def bench_ray_up(lab: NetnsLab, hosts: list[Host], n_workers: int, kind: str, reps: int, limit: float,
-                 outdir: Path) -> dict:
+def bench_ray_up(lab: NetnsLab, hosts: list[Host], n_workers: int, kind: str, reps: list[int], limit: float,
+                 outdir: Path, res: dict | None = None) -> dict:
+    """Time `ray up` until all nodes registered, for the repetitions `reps`, adding to `res`."""
     head, workers = hosts[0], hosts[1:1 + n_workers]
     base = lab.dir / "rayup"
     shim, home = base / "bin", base / "home"
@@ -265,12 +272,12 @@ def bench_ray_up(lab: NetnsLab, hosts: list[Host], n_workers: int, kind: str, re
         os.chmod(token, 0o600)
     env = {"HOME": str(home), "PATH": f"{shim}:{BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "LANG": os.environ.get("LANG", "C.UTF-8"), "RAY_USAGE_STATS_ENABLED": "0"}
-    res = {"workers": n_workers, "config_kind": kind, "runs": [], "failures": []}
-    for rep in range(reps):
+    res = res or {"workers": n_workers, "config_kind": kind, "runs": [], "failures": []}
+    for rep in reps:
         name = f"vcb{lab.n}-{kind}-w{n_workers}-r{rep}"  # fresh launcher state per repetition
         cfgp = outdir / f"{name}.yaml"
         cfgp.write_text(ray_config(lab, head, workers, name, kind, shim, token))
-        if rep == 0:
+        if "config" not in res:
             res["config"] = json.loads(cfgp.read_text())
         for h in [head] + workers:  # start clean: no Ray in any of these hosts (PID namespace: confined)
             h.run([RAY, "stop", "--force"], timeout=60)
@@ -359,6 +366,23 @@ def add_host(lab: NetnsLab, name: str, tries: int = 3) -> Host:
                 raise
             time.sleep(1)
     raise AssertionError("unreachable")
+
+
+def private_state_dirs(lab: NetnsLab, hosts: list[Host]) -> None:
+    """Namespace hosts share this machine's /root (Python lives under it), so every node's
+    ~/.verl-cluster would be one folder, written by all nodes at once (up's token copy races: "size
+    mismatch in put"). Give each host its own, bind-mounted in its own mount namespace only, as on
+    separate machines."""
+    shared = Path("/root/.verl-cluster")
+    shared.mkdir(mode=0o700, exist_ok=True)
+    for h in hosts:
+        d = lab.dir / h.name / "dot-verl-cluster"
+        d.mkdir(mode=0o700, exist_ok=True)
+        r = h.run(["mount", "--bind", str(d), str(shared)], timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"{h.name}: bind mount of {shared} failed: {r.stderr.strip()}")
+    if str(shared) in Path("/proc/self/mountinfo").read_text():
+        raise RuntimeError(f"the bind mount of {shared} leaked into this machine's mount namespace")
 
 
 def cleanup_local_ray_state(prefix: str) -> None:
@@ -454,20 +478,25 @@ def main(argv: list[str] | None = None) -> int:
     with NetnsLab(tag="bench") as lab:
         hosts = [add_host(lab, "head")] + [add_host(lab, f"w{i}") for i in range(1, n_hosts)]
         say(f"lab {lab.subnet}.0/24: {len(hosts)} hosts")
+        private_state_dirs(lab, hosts)
         try:
-            if not a.skip_ours:
-                for w in workers:
-                    results["ours"].append(bench_ours(lab, hosts, w, a.reps, outdir))
-                    results["load"].append(load_snapshot())
-            if ray_workers:
-                with RootFiles():
-                    try:
-                        for w in ray_workers:
-                            for k in kinds:
-                                results["ray_up"].append(bench_ray_up(lab, hosts, w, k, a.reps, a.ray_limit, outdir))
-                                results["load"].append(load_snapshot())
-                    finally:
-                        cleanup_local_ray_state(f"vcb{lab.n}-")
+            # Repetitions interleaved (rep 0 of everything, then rep 1, ...): on a shared 2-core machine the
+            # background load drifts over minutes, and this way every tool sees the same drift.
+            ours: dict = {w: None for w in ([] if a.skip_ours else workers)}
+            theirs: dict = {(w, k): None for w in ray_workers for k in kinds}
+            with RootFiles():
+                try:
+                    for rep in range(a.reps):
+                        for w in ours:
+                            ours[w] = bench_ours(lab, hosts, w, [rep], outdir, ours[w])
+                        for (w, k) in theirs:
+                            theirs[(w, k)] = bench_ray_up(lab, hosts, w, k, [rep], a.ray_limit, outdir, theirs[(w, k)])
+                        results["load"].append(load_snapshot())
+                        say(f"after rep {rep}: load {results['load'][-1]}")
+                finally:
+                    cleanup_local_ray_state(f"vcb{lab.n}-")
+                    results["ours"] = [r for r in ours.values() if r]
+                    results["ray_up"] = [r for r in theirs.values() if r]
         finally:
             for h in hosts:  # whatever is left dies with the hosts; this only stops it politely first
                 if h.alive:
