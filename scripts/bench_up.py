@@ -159,28 +159,36 @@ def say(msg: str) -> None:
 # ---------------------------------------------------------------- verl-cluster up
 
 
+OURS_VARIANTS = {"default": [], "no-check": ["--no-check"]}
+
+
 def bench_ours(lab: NetnsLab, hosts: list[Host], n_workers: int, reps: list[int], outdir: Path,
-               res: dict | None = None) -> dict:
+               res: dict | None = None, variant: str = "default") -> dict:
     """Time `verl-cluster up` for the repetitions `reps`, adding to `res` (the result of earlier calls)."""
     name = f"vcb{lab.n}w{n_workers}"
     cfg = lab.dir / f"{name}.yaml"
+    extra = OURS_VARIANTS[variant]
     if res is None:
-        cfg = lab.cluster_yaml(hosts[0], hosts[1:1 + n_workers], name=name)
-        res = {"workers": n_workers, "config": str(cfg), "config_text": cfg.read_text(), "runs": [],
-               "noop_runs": [], "failures": []}
+        if not cfg.exists():
+            cfg = lab.cluster_yaml(hosts[0], hosts[1:1 + n_workers], name=name)
+        res = {"workers": n_workers, "variant": variant, "extra_args": extra, "config": str(cfg),
+               "config_text": cfg.read_text(), "runs": [], "noop_runs": [], "failures": []}
+    name = f"{name}-{variant}"
     for rep in reps:
         d = run_timed([VERL_CLUSTER, "down", str(cfg)], 120, log=outdir / f"{name}-r{rep}-predown.log")
-        t = run_timed([VERL_CLUSTER, "up", str(cfg), "--json"], 300, log=outdir / f"{name}-r{rep}-up.log")
+        t = run_timed([VERL_CLUSTER, "up", str(cfg), "--json", *extra], 300, log=outdir / f"{name}-r{rep}-up.log")
         report = _json_tail(t.stdout)
         healthy = bool(report and report.get("healthy")) and t.rc == 0
         actions = [n.get("action") for n in (report or {}).get("nodes", [])]
         run = {"rep": rep, "seconds": round(t.seconds, 2), "rc": t.rc, "healthy": healthy, "actions": actions,
-               "report_seconds": (report or {}).get("seconds"),
+               "report_seconds": (report or {}).get("seconds"),  # inside up() only
+               "check_seconds": ((report or {}).get("check") or {}).get("seconds"),
                "node_seconds": {n["host"]: n.get("seconds") for n in (report or {}).get("nodes", [])}}
-        say(f"verl-cluster up head+{n_workers} rep {rep}: {t.seconds:.2f}s rc={t.rc} healthy={healthy} {actions}")
+        say(f"verl-cluster up {shlex.join(extra)} head+{n_workers} rep {rep}: {t.seconds:.2f}s rc={t.rc} "
+            f"healthy={healthy} (in up(): {run['report_seconds']}s, check: {run['check_seconds']}s) {actions}")
         if healthy:
             res["runs"].append(run)
-            noop = run_timed([VERL_CLUSTER, "up", str(cfg), "--json"], 120,
+            noop = run_timed([VERL_CLUSTER, "up", str(cfg), "--json", *extra], 120,
                              log=outdir / f"{name}-r{rep}-noop.log")
             nrep = _json_tail(noop.stdout) or {}
             nacts = [n.get("action") for n in nrep.get("nodes", [])]
@@ -399,10 +407,16 @@ def table(results: dict) -> str:
     rows = [("what", "median s", "min s", "max s", "ok/reps")]
     for r in results["ours"]:
         s = r["stats"]
-        rows.append((f"verl-cluster up  head+{r['workers']}", s["median"], s["min"], s["max"],
+        label = " ".join(["verl-cluster up", *r["extra_args"]])
+        rows.append((f"{label} head+{r['workers']}", s["median"], s["min"], s["max"],
                      f"{s['n']}/{s['n'] + len([f for f in r['failures'] if not f.get('noop')])}"))
+        inner = stats([x["report_seconds"] for x in r["runs"] if x.get("report_seconds")])
+        rows.append(("  of which inside up() (start+register)", inner["median"], inner["min"], inner["max"], ""))
+        chk = stats([x["check_seconds"] for x in r["runs"] if x.get("check_seconds")])
+        if chk["n"]:
+            rows.append(("  of which quick check after up", chk["median"], chk["min"], chk["max"], ""))
         ns = r["noop_stats"]
-        rows.append((f"  no-op up (healthy) head+{r['workers']}", ns["median"], ns["min"], ns["max"],
+        rows.append((f"  no-op {label} (healthy) head+{r['workers']}", ns["median"], ns["min"], ns["max"],
                      f"{ns['n']}/{s['n']}"))
     for r in results["ray_up"]:
         s = r["stats"]
@@ -422,7 +436,15 @@ def table(results: dict) -> str:
 
 
 def ratios(results: dict) -> dict:
-    ours = {r["workers"]: r["stats"]["median"] for r in results["ours"] if r["stats"]["median"]}
+    out = {}
+    for variant in OURS_VARIANTS:
+        ours = {r["workers"]: r["stats"]["median"] for r in results["ours"]
+                if r["stats"]["median"] and r["variant"] == variant}
+        out.update(_ratios(results, ours, " ".join(["up", *OURS_VARIANTS[variant]])))
+    return out
+
+
+def _ratios(results: dict, ours: dict, label: str) -> dict:
     out = {}
     best = None
     for r in results["ray_up"]:
@@ -433,12 +455,12 @@ def ratios(results: dict) -> dict:
     if best:
         kind, m, w = best
         x = ours[w] / m
-        out[f"ours head+{w} / ray up [{kind}] head+{w} (target <= 0.33)"] = \
+        out[f"{label} head+{w} / ray up [{kind}] head+{w} (target <= 0.33)"] = \
             f"{ours[w]:.2f} / {m:.2f} = {x:.2f}x {'MET' if x <= 0.33 else 'NOT MET'}"
         out["best_ray_up_config"] = kind
     if 2 in ours and 6 in ours:
         x = ours[6] / ours[2]
-        out["ours head+6 / head+2 (target <= 1.3)"] = \
+        out[f"{label} head+6 / head+2 (target <= 1.3)"] = \
             f"{ours[6]:.2f} / {ours[2]:.2f} = {x:.2f}x {'MET' if x <= 1.3 else 'NOT MET'}"
     return out
 
@@ -452,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"ray up configurations to time, of {','.join(RAY_CONFIGS)}")
     ap.add_argument("--ray-limit", type=float, default=150.0, help="seconds until all nodes must be registered")
     ap.add_argument("--skip-ray-up", action="store_true")
+    ap.add_argument("--ours-variants", default="default,no-check",
+                    help=f"verl-cluster up variants to time, of {','.join(OURS_VARIANTS)}")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--keep-logs", type=Path, help="folder for every command's log (default: a temp folder)")
@@ -467,11 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"bench_up: unknown --ray-configs {bad}; choose from {list(RAY_CONFIGS)}", file=sys.stderr)
         return 2
+    bad_v = [v.strip() for v in a.ours_variants.split(",") if v.strip() and v.strip() not in OURS_VARIANTS]
+    if bad_v:
+        print(f"bench_up: unknown --ours-variants {bad_v}; choose from {list(OURS_VARIANTS)}", file=sys.stderr)
+        return 2
     outdir = a.keep_logs or Path(tempfile.mkdtemp(prefix="bench_up-", dir="/var/tmp"))
     outdir.mkdir(parents=True, exist_ok=True)
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv, "nproc": os.cpu_count(),
                      "ray_version": _ray_version(), "ours": [], "ray_up": [], "load": [load_snapshot()],
-                     "logs": str(outdir)}
+                     "logs": str(outdir), "git": _git_state()}
     say(f"load before: {results['load'][0]}; logs in {outdir}")
     n_hosts = 1 + max(workers + ray_workers)
     t_all = time.monotonic()
@@ -482,13 +510,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # Repetitions interleaved (rep 0 of everything, then rep 1, ...): on a shared 2-core machine the
             # background load drifts over minutes, and this way every tool sees the same drift.
-            ours: dict = {w: None for w in ([] if a.skip_ours else workers)}
+            variants = [v.strip() for v in a.ours_variants.split(",") if v.strip()]
+            ours: dict = {(w, v): None for w in ([] if a.skip_ours else workers) for v in variants}
             theirs: dict = {(w, k): None for w in ray_workers for k in kinds}
             with RootFiles():
                 try:
                     for rep in range(a.reps):
-                        for w in ours:
-                            ours[w] = bench_ours(lab, hosts, w, [rep], outdir, ours[w])
+                        for (w, v) in ours:
+                            ours[(w, v)] = bench_ours(lab, hosts, w, [rep], outdir, ours[(w, v)], v)
                         for (w, k) in theirs:
                             theirs[(w, k)] = bench_ray_up(lab, hosts, w, k, [rep], a.ray_limit, outdir, theirs[(w, k)])
                         results["load"].append(load_snapshot())
@@ -507,12 +536,21 @@ def main(argv: list[str] | None = None) -> int:
     results["total_s"] = round(time.monotonic() - t_all, 1)
     results["ratios"] = ratios(results)
     say(f"load after: {results['load'][-1]}")
-    print()
-    print(table(results))
     if a.json_out:
         a.json_out.write_text(json.dumps(results, indent=2, default=str))
         say(f"wrote {a.json_out}")
+    print()
+    print(table(results))
     return 0
+
+
+def _git_state() -> dict:
+    """Which product code was measured: HEAD and whether verl_cluster/ had uncommitted changes."""
+    def git(*args):
+        r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
+        return r.stdout.strip()
+    return {"head": git("rev-parse", "--short", "HEAD"),
+            "verl_cluster_dirty": git("status", "--short", "--", "verl_cluster")}
 
 
 def _ray_version() -> str:
