@@ -135,8 +135,11 @@ def test_backend_env_merge_and_config_fallback(cluster):
     assert config_interface_env(cluster) == {"NCCL_SOCKET_IFNAME": "ens5", "GLOO_SOCKET_IFNAME": "ens5"}
     env, warnings = BackendEnv({"a": {"NCCL_SOCKET_IFNAME": "ens5", "UCX_TLS": "rc"},
                                 "b": {"NCCL_SOCKET_IFNAME": "ens6", "UCX_TLS": "tcp"}}, "t").merged()
-    assert env == {"NCCL_SOCKET_IFNAME": "ens5,ens6", "UCX_TLS": "rc"}
-    assert warnings == ["UCX_TLS differs between nodes (rc, tcp); the job uses rc"]
+    assert env == {}  # per-node values stay with each node's Ray (from `up`), never one value for all
+    assert [w.split(" ")[0] for w in warnings] == ["NCCL_SOCKET_IFNAME", "UCX_TLS"]
+    assert "ens5, ens6" in warnings[0]
+    env, warnings = BackendEnv({"a": {"NCCL_IB_DISABLE": "1", "X": "1"}, "b": {"NCCL_IB_DISABLE": "1"}}, "t").merged()
+    assert env == {"NCCL_IB_DISABLE": "1"} and len(warnings) == 1
 
 
 def test_shipped_job_files_parse():

@@ -25,23 +25,22 @@ class BackendEnv:
     notes: list[str] = field(default_factory=list)
 
     def merged(self) -> tuple[dict[str, str], list[str]]:
-        """One env for a Ray job (runtime_env applies on every node). Interface names that differ by host
-        are joined with commas (NCCL/Gloo take lists); other differences keep the head's value."""
-        hosts = list(self.by_host)
+        """One env for a Ray job (runtime_env applies on every node). A variable whose value differs by node
+        (an interface named eth0 here and enp1s0 there) is left out: runtime_env would override every node
+        with one value, while each node's Ray already carries its own from `up`, and job workers inherit it."""
         out: dict[str, str] = {}
-        warnings: list[str] = []
+        notes: list[str] = []
         keys = {k for env in self.by_host.values() for k in env}
         for key in sorted(keys):
-            values = [self.by_host[h][key] for h in hosts if key in self.by_host[h]]
+            values = [env.get(key) for env in self.by_host.values()]
             distinct = list(dict.fromkeys(values))
             if len(distinct) == 1:
                 out[key] = distinct[0]
-            elif key.endswith("_IFNAME"):
-                out[key] = ",".join(distinct)
             else:
-                out[key] = values[0]
-                warnings.append(f"{key} differs between nodes ({', '.join(distinct)}); the job uses {values[0]}")
-        return out, warnings
+                shown = ", ".join(str(v) for v in distinct if v is not None)
+                notes.append(f"{key} differs between nodes ({shown}): not set in the job; each node's Ray keeps "
+                             "the value `up` gave it")
+        return out, notes
 
 
 def config_interface_env(spec: ClusterSpec) -> dict[str, str]:
