@@ -82,3 +82,14 @@ def test_fan_out_returns_every_host_in_order():
     assert [r.host for r in res] == ["a", "b", "c"]
     assert res[0].value == "A" and res[2].value == "C"
     assert not res[1].ok and res[1].reason == "connection refused"
+
+
+def test_local_timeout_kills_the_whole_process_group(tmp_path):
+    pidfile = tmp_path / "child"
+    with pytest.raises(CommandTimeout):
+        LocalRunner().run(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], timeout=0.5)
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and subprocess.run(["kill", "-0", str(child)]).returncode == 0:
+        time.sleep(0.1)
+    assert subprocess.run(["kill", "-0", str(child)], capture_output=True).returncode != 0

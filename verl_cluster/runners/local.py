@@ -54,15 +54,20 @@ class LocalRunner:
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
             timeout: float = 60.0, stdin: str | None = None) -> Result:
         try:
-            p = subprocess.run(list(argv), env=self._env(env), input=stdin, capture_output=True, text=True,
-                               timeout=timeout, start_new_session=True)
-        except subprocess.TimeoutExpired:
-            raise CommandTimeout(self.host, f"`{argv[0]}` did not finish within {timeout:.0f}s")
+            p = subprocess.Popen(list(argv), env=self._env(env), stdin=subprocess.PIPE if stdin is not None
+                                 else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
         except FileNotFoundError:
             raise RunnerError(self.host, f"`{argv[0]}` not found", "check the executable path in the config")
         except PermissionError:
             raise RunnerError(self.host, f"`{argv[0]}` is not executable")
-        return Result(p.returncode, p.stdout, p.stderr)
+        try:
+            stdout, stderr = p.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # the whole process group: a timed-out command must not leave children behind
+            LocalProcess(p).terminate()
+            raise CommandTimeout(self.host, f"`{argv[0]}` did not finish within {timeout:.0f}s")
+        return Result(p.returncode, stdout, stderr)
 
     def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LocalProcess:
         try:
