@@ -149,3 +149,9 @@ def test_override_without_cluster_file_uses_the_default(capsys):
     assert main(["up", "ray.object_store_memory=209715200", "--dry-run", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["cluster"] == "local" and "209715200" in data["nodes"][0]["argv"]
+
+
+def test_overrides_may_follow_options(capsys):
+    assert main(["up", "cluster_configs/local.yaml", "--dry-run", "ray.object_store_memory=209715200", "--json"]) == 0
+    assert "209715200" in json.loads(capsys.readouterr().out)["nodes"][0]["argv"]
+    assert main(["up", "--dry-run", "--bogus"]) == 2

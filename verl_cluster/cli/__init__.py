@@ -58,7 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # key=value overrides may also follow the options (`submit JOB -c FILE a.b=1`)
+        items = [a for a in extra if "=" in a and not a.startswith("-")]
+        rest = [a for a in extra if a not in items]
+        if rest or (items and not hasattr(args, "overrides")):
+            parser.error(f"unrecognized arguments: {' '.join(rest or items)}")
+        if items:
+            args.overrides = list(args.overrides or []) + items
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
