@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import secrets
 import select
 import shlex
 import socket
@@ -222,9 +223,16 @@ class SshRunner:
         return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> SshProcess:
+        """Start argv with a pty. The environment travels in a 0600 file that the remote shell reads and
+        deletes before exec, so values (a job's secrets) never appear on a command line or in `ps`."""
+        full = list(argv)
+        if env:
+            text = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in env.items())
+            path = self.put_text(text, f"~/.verl-cluster/env-{secrets.token_hex(8)}.sh", 0o600)
+            full = ["sh", "-c", '. "$1" && rm -f "$1" && shift && exec "$@"', "sh", path, *full]
         chan = self._channel()
         chan.get_pty(width=250)
-        chan.exec_command(self.command_line(argv, env))
+        chan.exec_command(shlex.join(full))
         return SshProcess(chan, self.host)
 
     # ---- files ----

@@ -1,0 +1,86 @@
+"""The SSH runner against a real sshd in a namespace host: quoting, timeouts, secrets, files, tunnels."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from verl_cluster.errors import RunnerError
+from verl_cluster.runners import SshRunner, SshTarget
+from verl_cluster.runners.base import CommandTimeout
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def host_and_runner(lab):
+    h = lab.add_host("a")
+    r = SshRunner(SshTarget(h.ip, user="root", key_file=str(lab.client_key), known_hosts_file=str(lab.known_hosts),
+                            connect_timeout_s=5))
+    yield h, r
+    r.close()
+
+
+def test_hostile_arguments_arrive_verbatim(host_and_runner, tmp_path):
+    h, r = host_and_runner
+    evil = "a b; touch /tmp/pwned $(touch /tmp/pwned2) `touch /tmp/pwned3` 'q' \"d\" \\ *"
+    res = r.run(["printf", "%s", evil], env={"V": "$(touch /tmp/pwned4)"})
+    assert res.rc == 0 and res.stdout == evil
+    assert h.run(["sh", "-c", "ls /tmp/pwned* 2>/dev/null | wc -l"]).stdout.strip() == "0"
+
+
+def test_remote_timeout_stops_the_command(host_and_runner):
+    h, r = host_and_runner
+    t0 = time.monotonic()
+    with pytest.raises(CommandTimeout):
+        r.run(["sleep", "300"], timeout=2)
+    assert time.monotonic() - t0 < 15
+    time.sleep(0.5)
+    assert h.pids("sleep 300") == []
+
+
+def test_popen_env_never_on_a_command_line(host_and_runner):
+    h, r = host_and_runner
+    secret = "hf_" + "x7Qz9" * 4
+    p = r.popen(["sh", "-c", 'echo "got=$HF_TOKEN"; sleep 30'], env={"HF_TOKEN": secret})
+    lines = p.lines()
+    assert next(lines) == f"got={secret}"
+    ps = h.run(["ps", "-eo", "args"]).stdout
+    assert secret not in ps
+    assert h.run(["sh", "-c", "ls ~/.verl-cluster/env-* 2>/dev/null | wc -l"]).stdout.strip() == "0"
+    p.terminate()
+    time.sleep(0.5)
+    assert h.pids("sleep 30") == []
+
+
+def test_put_text_mode_and_tunnel(host_and_runner):
+    h, r = host_and_runner
+    path = r.put_text("s3cret\n", "~/.verl-cluster/t/tok", 0o600)
+    assert path.startswith("/") and h.run(["stat", "-c", "%a", path]).stdout.strip() == "600"
+    # a service on the host's loopback, reached through the tunnel
+    h.run(["sh", "-c", "nohup python3 -m http.server 18080 --bind 127.0.0.1 >/dev/null 2>&1 &"])
+    deadline = time.monotonic() + 10
+    body = b""
+    with r.open_tunnel("127.0.0.1", 18080) as tunnel:
+        while time.monotonic() < deadline and b"HTTP/1" not in body:
+            try:
+                with socket.create_connection(("127.0.0.1", tunnel.local_port), timeout=3) as s:
+                    s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                    body = s.recv(100)
+            except OSError:
+                time.sleep(0.2)
+    assert body.startswith(b"HTTP/1")
+
+
+def test_refused_and_unroutable(lab):
+    h = lab.add_host("nossh", sshd=False)
+    r = SshRunner(SshTarget(h.ip, user="root", key_file=str(lab.client_key), known_hosts_file=str(lab.known_hosts),
+                            connect_timeout_s=2))
+    with pytest.raises(RunnerError, match="refused"):
+        r.run(["true"])
+    lab.stop(h)  # the address now answers nothing: a timeout, bounded by connect_timeout_s
+    t0 = time.monotonic()
+    with pytest.raises(RunnerError):
+        r.run(["true"])
+    assert time.monotonic() - t0 < 10
