@@ -187,7 +187,10 @@ class NetnsLab:
         # live under /tmp) bound back in from the real /tmp
         orig = host.home / "realtmp"
         orig.mkdir(exist_ok=True)
-        boot = f"mount --bind /tmp {orig} && mount -t tmpfs -o size=2g tmpfs /tmp && "
+        # the host's mount namespace copied /run/netns: drop those mounts, or they keep other labs' deleted
+        # namespaces (and their veths) alive for as long as this host lives
+        boot = "for m in /run/netns/*; do umount -l \"$m\" 2>/dev/null; done; "
+        boot += f"mount --bind /tmp {orig} && mount -t tmpfs -o size=2g tmpfs /tmp && "
         for top in _tmp_folders_to_keep():
             boot += f"mkdir -p /tmp/{top} && mount --bind {orig}/{top} /tmp/{top} && "
         boot += main

@@ -1,7 +1,6 @@
 """The SSH runner against a real sshd in a namespace host: quoting, timeouts, secrets, files, tunnels."""
 
 import socket
-import threading
 import time
 
 import pytest

@@ -11,22 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import NetnsLab, integration_ready
 from verl_cluster.config.cluster import load_cluster
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def clear_stale_links(lab: NetnsLab) -> None:
-    """Remove veths left on this lab's subnet by an earlier lab (a namespace pinned by another host's mount
-    namespace outlives `ip netns del`, and its veth blocks the name). This lab holds the subnet's lock, so
-    anything named after it is stale."""
-    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if name.startswith(f"{lab.prefix}v") and name[len(lab.prefix) + 1:].isdigit():
-            subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
 def cli(*args, env=None, timeout=180):
@@ -35,27 +23,20 @@ def cli(*args, env=None, timeout=180):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    reason = integration_ready()
-    if reason:
-        if os.environ.get("VC_REQUIRE_INTEGRATION") == "1":
-            pytest.fail(f"integration prerequisites missing: {reason}")
-        pytest.skip(reason)
+def cluster(module_lab):
     from verl_cluster.lifecycle.down import down
     from verl_cluster.lifecycle.up import up
 
-    with NetnsLab() as lab:
-        clear_stale_links(lab)
-        head, worker = lab.add_host("head"), lab.add_host("w1")
-        path = lab.cluster_yaml(head, [worker], name=f"sub{lab.n}", extra="network:\n  interface: eth0\n")
-        spec = load_cluster(path)
-        report = up(spec)
-        assert report.healthy, report.to_json()
-        try:
-            yield lab, path, head, worker
-        finally:
-            down(spec)
-    clear_stale_links(lab)
+    lab = module_lab
+    head, worker = lab.add_host("head"), lab.add_host("w1")
+    path = lab.cluster_yaml(head, [worker], name=f"sub{lab.n}", extra="network:\n  interface: eth0\n")
+    spec = load_cluster(path)
+    report = up(spec)
+    assert report.healthy, report.to_json()
+    try:
+        yield lab, path, head, worker
+    finally:
+        down(spec)
 
 
 def job_file(lab, name, text):

@@ -1,7 +1,6 @@
 """torchrun over SSH on two namespace hosts: torch CPU + gloo all-reduce for real; a node killed mid-run."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -9,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import NetnsLab, integration_ready
-from tests.integration.test_submit_ray import clear_stale_links
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,22 +33,15 @@ dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def hosts():
+def hosts(module_lab):
     pytest.importorskip("torch", reason="torch CPU is needed (pip install torch==2.13.0)")
-    reason = integration_ready()
-    if reason:
-        if os.environ.get("VC_REQUIRE_INTEGRATION") == "1":
-            pytest.fail(f"integration prerequisites missing: {reason}")
-        pytest.skip(reason)
-    with NetnsLab() as lab:
-        clear_stale_links(lab)
-        a, b = lab.add_host("n0"), lab.add_host("n1")
-        path = lab.cluster_yaml(a, [b], name=f"tr{lab.n}", extra="network:\n  interface: eth0\n")
-        code = lab.dir / "code"
-        code.mkdir()
-        (code / "allreduce.py").write_text(ALLREDUCE)
-        yield lab, path, a, b, code
-    clear_stale_links(lab)
+    lab = module_lab
+    a, b = lab.add_host("n0"), lab.add_host("n1")
+    path = lab.cluster_yaml(a, [b], name=f"tr{lab.n}", extra="network:\n  interface: eth0\n")
+    code = lab.dir / "code"
+    code.mkdir()
+    (code / "allreduce.py").write_text(ALLREDUCE)
+    yield lab, path, a, b, code
 
 
 def job(lab, code, steps, port):

@@ -5,7 +5,6 @@ Each piece tolerates its provider not being importable yet, and says which sourc
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os

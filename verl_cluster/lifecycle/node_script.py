@@ -157,8 +157,6 @@ def cmd_gcs(addr, dashboard=None):
                       "start_time_ms": info.start_time_ms})
     available = {}
     try:
-        from ray._private.state import GlobalState  # noqa: F401 - availability differs by version
-
         reply = client.get_all_resource_usage(timeout=10)
         for u in reply.resource_usage_data.batch:
             available[u.node_id.hex()] = dict(u.resources_available)
