@@ -10,8 +10,8 @@ downloaded), wraps it the way verl's actor does (FSDP full shard, fp32 master we
 with fp32 reduce, one FSDP unit per decoder layer, gradient checkpointing, AdamW), and runs update steps
 (forward, fp32 log-softmax of the logits, backward, optimizer step) at each micro batch x sequence length.
 It records torch.cuda.max_memory_reserved / max_memory_allocated per case (max over ranks) beside the
-planner's prediction for the same case (memory.train_phase, without the CUDA context that torch does not
-count), prints a table and writes JSON. Target: within 10%.
+planner's prediction for the same case (memory.update_step: the live-tensor peak and the reserved working set,
+without the CUDA context that torch does not count), prints a table and writes JSON. Target: within 10%.
 
 Needs torch with CUDA and transformers on the GPU machine; both are imported only when not --dry-run.
 """
@@ -75,8 +75,8 @@ def predict(shape: ModelShape, case: Case, attn: str) -> tuple[float, float]:
     """The planner's actor update working set for this case: (allocated, reserved) bytes, context excluded."""
     x = TrainInputs(shape=shape, params=shape.params, n=case.world, tokens=case.micro * case.seq, micro=case.micro,
                     seq=case.seq, c=2, m=4, grad_ckpt=True, attn=attn, vocab_out=shape.vocab)
-    allocated = mem.total(mem.train_phase(x))
-    return allocated, allocated * (1 + mem.ALLOCATOR_MARGIN)
+    step = mem.update_step(x)
+    return step.allocated, step.reserved
 
 
 def model_type(shape: ModelShape) -> str:
@@ -219,8 +219,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for c in cases:
         alloc, reserved = predict(shape, c, args.attn)
         rows.append(Row(c.world, c.micro, c.seq, alloc / GIB, reserved / GIB))
-    print(f"model {shape.name}: {shape.params / 1e9:.3f}B params; planner constants: allocator margin "
-          f"{mem.ALLOCATOR_MARGIN:.0%}, logits {mem.LOGITS_BYTES} B x2 in training, CUDA context not counted")
+    print(f"model {shape.name}: {shape.params / 1e9:.3f}B params; planner constants: loss path "
+          f"{mem.loss_bytes(2, 'backward')} B per bf16 logit in backward, allocator fragmentation "
+          f"{mem.FRAGMENT_UNITS} x the largest unit's gradient path, CUDA context not counted")
     meta: dict[str, Any] = {"model": shape.name, "params": shape.params, "attn": args.attn, "dry_run": args.dry_run}
     if not args.dry_run:
         for w in worlds:

@@ -18,24 +18,45 @@ def test_fsdp_states_16_bytes_per_param_sharded():
 
 
 def test_logits_hand_computed():
-    # micro 2 x 1024 tokens x 151936 vocab x 4 B, doubled in training (fp32 logits + their gradient)
+    # micro 2 x 1024 tokens x 151936 vocab; bf16 logits (2 B) plus fp32 tensors of the loss path:
+    # backward: log-softmax + two gradients in flight (2 + 12 B); forward: fp32 copy + log-softmax (2 + 8 B)
     x = TrainInputs(shape=Q05, params=Q05.params, n=1, tokens=2048, micro=2, seq=1024, c=2, m=4, grad_ckpt=True,
                     attn="flash_attention_2", vocab_out=Q05.vocab)
-    train = dict((p.name, p.bytes) for p in mem.train_phase(x))
+    step = mem.update_step(x)
+    train = dict((p.name, p.bytes) for p in step.parts)
     fwd = dict((p.name, p.bytes) for p in mem.forward_phase(x, params_on_gpu=True))
-    assert train["logits"] == 2048 * 151936 * 4 * 2
-    assert fwd["logits"] == 2048 * 151936 * 4
+    assert step.moment == "loss backward"
+    assert train["logits"] == 2048 * 151936 * 14
+    assert fwd["logits"] == 2048 * 151936 * 10
+    # fp32 compute: .float() is a no-op, so forward has no copy
+    assert mem.loss_bytes(4, "forward") == 8 and mem.loss_bytes(4, "backward") == 16
+
+
+def test_update_step_moments_hand_computed():
+    """0.5B on one GPU, 512 tokens: the optimizer step is the peak (20 B/param + the logits still referenced)."""
+    x = TrainInputs(shape=Q05, params=Q05.params, n=1, tokens=512, micro=1, seq=512, c=2, m=4, grad_ckpt=True,
+                    attn="sdpa", vocab_out=Q05.vocab)
+    step = mem.update_step(x)
+    parts = dict((p.name, p.bytes) for p in step.parts)
+    assert step.moment == "optimizer step"
+    assert parts["optimizer temp"] == Q05.params * 4  # foreach AdamW: sqrt(exp_avg_sq), one fp32 copy
+    assert step.allocated == pytest.approx(Q05.params * 20 + 512 * 151936 * 6)
+    assert "grad reduce" not in parts  # world 1: FSDP runs NO_SHARD, the fp32 cast is the gradient itself
+    assert parts["allocator"] == pytest.approx(mem.FRAGMENT_UNITS * Q05.root_params * (2 + 4))
+    two = dict((p.name, p.bytes) for p in mem.train_phase(TrainInputs(**{**x.__dict__, "n": 2})))
+    assert two["grad reduce"] == Q05.root_params * 4
 
 
 def test_gradient_checkpointing_keeps_layer_inputs_only():
     x = dict(shape=Q05, params=Q05.params, n=1, tokens=4096, micro=4, seq=1024, c=2, m=4, attn="sdpa",
              vocab_out=Q05.vocab)
-    with_ckpt = dict((p.name, p.bytes) for p in mem.train_phase(TrainInputs(grad_ckpt=True, **x)))
-    without = dict((p.name, p.bytes) for p in mem.train_phase(TrainInputs(grad_ckpt=False, **x)))
+    with_ckpt = mem.update_step(TrainInputs(grad_ckpt=True, **x))
+    without = mem.update_step(TrainInputs(grad_ckpt=False, **x))
+    acts = dict((p.name, p.bytes) for p in with_ckpt.parts)["activations"]
     layer = mem.layer_activation_bytes(Q05, 4096, 2)
-    assert with_ckpt["activations"] == 24 * 4096 * 896 * 2 + 2 * layer
-    assert without["activations"] == 24 * layer
-    assert without["activations"] > 3 * with_ckpt["activations"]
+    assert acts == 24 * 4096 * 896 * 2  # the loss moment: every layer's input, nothing recomputed yet
+    assert dict((p.name, p.bytes) for p in without.parts)["activations"] == 24 * layer
+    assert without.reserved - with_ckpt.reserved == pytest.approx(24 * layer - acts)
 
 
 def test_eager_attention_adds_quadratic_scores():
@@ -61,6 +82,7 @@ def test_rollout_kv_cache_hand_computed():
     assert r.seqs_fit == int(r.kv_cache // r.kv_per_seq)
 
 
-def test_peaks_add_context_and_margin():
-    assert mem.gpu_peak(10 * GIB, 2 * GIB) == pytest.approx(mem.CUDA_CONTEXT_BYTES + 12 * GIB * 1.1)
+def test_peaks_add_context_and_resident_margin():
+    # the phase's own working set is already what the allocator reserves; other roles' residents get the margin
+    assert mem.gpu_peak(10 * GIB, 2 * GIB) == pytest.approx(mem.CUDA_CONTEXT_BYTES + 10 * GIB + 2 * GIB * 1.1)
     assert mem.rollout_peak(40 * GIB, 10 * GIB) == pytest.approx(mem.CUDA_CONTEXT_BYTES + 40 * GIB + 11 * GIB)

@@ -3,8 +3,13 @@
 Vocabulary: N = GPUs the role's FSDP shards over; T = tokens in one micro batch on one GPU;
 c = compute dtype bytes (2 for bf16/fp16, 4 for fp32); m = master (model_dtype) bytes, 4 in verl ≥ 0.5.
 A role has phases (its own working set while it runs) and a resident part (what stays on the GPU while
-other roles run). The GPU peak is CUDA context + max over phases of (working + others' resident), with an
-allocator margin on the torch part; the rollout phase is vLLM's `gpu_memory_utilization × total`.
+other roles run). The GPU peak is CUDA context + max over phases of (working + others' resident); the
+rollout phase is vLLM's `gpu_memory_utilization × total`.
+
+A phase's working set is what torch's caching allocator *reserves* (`torch.cuda.max_memory_reserved`), not
+what tensors occupy: an FSDP update step is modelled as the largest of its moments (start of backward through
+the loss, back-propagation through the decoder layers, the optimizer step), plus the pools the allocator
+keeps per CUDA stream and its fragmentation (calibrated on 2x H200, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -16,12 +21,25 @@ from verl_cluster.placement.model_shape import ModelShape
 
 GIB = float(2**30)
 
-# Assumptions (see docs/placement.md; scripts/calibrate_memory.py measures them on a real GPU).
-CUDA_CONTEXT_BYTES = 1.0 * GIB  # CUDA context + cuBLAS workspace + NCCL buffers, once per GPU process
-ALLOCATOR_MARGIN = 0.10  # torch caching allocator: reserved vs allocated at the peak
+# Measured on 2x H200 (docs/BENCHMARKS.md, "GPU machine"): NVML memory in use minus the processes' reserved
+# memory is 1.13-1.21 GiB per GPU process (CUDA context, cuBLAS/NCCL buffers outside torch's allocator).
+CUDA_CONTEXT_BYTES = 1.2 * GIB
+# Other roles' resident states (params/grads/Adam kept between phases) as the allocator holds them. Unmeasured
+# (the calibration ran one role per process): kept at the old 10% margin, applied to residents only.
+ALLOCATOR_MARGIN = 0.10
 VLLM_CUDA_GRAPHS_BYTES = 0.5 * GIB  # vLLM captured graphs unless enforce_eager
 ADAM_BYTES = 8  # AdamW: exp_avg + exp_avg_sq in the (fp32) parameter dtype
-LOGITS_BYTES = 4  # fp32 logits per token per vocab entry (log-softmax runs in fp32)
+REDUCE_BYTES = 4  # FSDP MixedPrecision(reduce_dtype=fp32): an unsharded gradient is cast to fp32 to be reduced
+LOGITS_BYTES = 4  # fp32 logits per token per vocab entry (vLLM's sampler)
+# Loss path (verl, scripts/calibrate_memory.py: log_softmax(logits.float()), then gather): an fp32 tensor per
+# token per logit, several of them alive at once; see loss_bytes().
+LOSS_FP32_BYTES = 4
+# Caching-allocator fragmentation in an update: this many copies of the largest FSDP unit's gradient path
+# (its unsharded c-byte gradient + the fp32 copy FSDP reduces, on two streams). What the allocator reserves
+# beyond the modelled pools does not grow with the tokens or the GPU count but with the model's root unit
+# (embeddings/lm_head); this is the one fitted number of the model: least squares over the twelve 0.5B
+# calibration rows gives 1.81, the six 1.5B rows are the hold-out check (docs/placement.md, "Calibration").
+FRAGMENT_UNITS = 1.8
 HOST_BASE_BYTES = 2.0 * GIB  # per GPU worker process on the host: torch/CUDA libraries, dataloader
 
 
@@ -63,15 +81,32 @@ def fsdp_states(params: int, n: int, m: int, *, trainable: bool) -> tuple[Part, 
     return p, g, o
 
 
-def gathered_bytes(shape: ModelShape, c: int, *, backward: bool, root_params: Optional[int] = None) -> float:
-    """Unsharded weights in flight: the root unit (embeddings, lm_head, final norm) stays gathered through
-    forward and backward (FSDP does not reshard the root), plus the current and the prefetched decoder layer;
-    in backward also one unit's unsharded fp32 gradient before reduce-scatter."""
+def gathered_bytes(shape: ModelShape, c: int, *, root_params: Optional[int] = None, offload_m: int = 0,
+                   n: int = 1) -> float:
+    """The unshard streams' pool: the root unit (embeddings, lm_head, final norm; FSDP does not reshard it
+    after forward) plus the current and the prefetched decoder layer, in the compute dtype. With
+    CPUOffload(offload_params) each unit's shard is first copied to the GPU in the master dtype (offload_m)."""
     root = shape.root_params if root_params is None else root_params
     out = root * c + 2 * shape.layer_params * c
-    if backward:
-        out += max(root, shape.layer_params) * 4
+    if offload_m:
+        out += max(root, shape.layer_params) * offload_m / n
     return float(out)
+
+
+def loss_bytes(c: int, moment: str) -> int:
+    """Bytes per token per logit the loss path holds at its peak, the c-byte logits included.
+    forward: logits + their fp32 copy (none when c is already 4) + the fp32 log-softmax, all alive while
+      log_softmax runs (ref/old log-probs: what verl computes under no_grad).
+    backward: logits + the fp32 log-softmax (saved for backward) + two fp32 gradients in flight (gather's
+      scattered gradient and the slice's zero-padded one, then the slice's and log_softmax's input gradient).
+    kept: the logits and fp32 log-probs the caller still references after backward, until the step."""
+    copy = LOSS_FP32_BYTES if c < LOSS_FP32_BYTES else 0
+    return {"forward": c + copy + LOSS_FP32_BYTES, "backward": c + 3 * LOSS_FP32_BYTES,
+            "kept": c + LOSS_FP32_BYTES}[moment]
+
+
+def largest_unit(shape: ModelShape, root_params: Optional[int] = None) -> int:
+    return max(shape.root_params if root_params is None else root_params, shape.layer_params)
 
 
 @dataclass(frozen=True)
@@ -90,36 +125,80 @@ class TrainInputs:
     root_params: Optional[int] = None
 
 
+@dataclass(frozen=True)
+class UpdateStep:
+    """An FSDP update step: the moment that sets the peak, its reserved parts, and the live-tensor peak."""
+    moment: str  # "loss backward" | "layer backward" | "optimizer step"
+    parts: tuple[Part, ...]  # reserved working set at that moment (sums to `reserved`)
+    allocated: float  # torch.cuda.max_memory_allocated analogue: live tensors at the largest moment
+
+    @property
+    def reserved(self) -> float:
+        return total(self.parts)
+
+
+def update_step(x: TrainInputs) -> UpdateStep:
+    """Working set of an FSDP update step (actor or critic); verl loads offloaded params/optimizer back before
+    update_actor/update_critic, so everything is on the GPU. See docs/placement.md for each term.
+
+    Moments (optimizer.zero_grad(set_to_none) leaves no gradients at the start of backward):
+      loss backward   params + Adam + saved activations + logits x (c + 12) (+ the root unit, N > 1)
+      layer backward  params + Adam + grads + gathered units + one layer recomputed and back-propagated
+                      (2 x A(T)) + the logits the caller keeps (c + 4)
+      optimizer step  params + grads + Adam + foreach AdamW's sqrt(exp_avg_sq) temporary (P x m / N)
+                      + the logits the caller keeps
+    Reserved: every moment runs on the same default-stream pool, so the pool is the largest moment's
+    transient part; the gradients (reduced on FSDP's post-backward stream) and the unsharded weights (unshard
+    streams) sit in pools of their own that the default stream cannot reuse; plus fragmentation.
+    """
+    sh, n, c, m = x.shape, x.n, x.c, x.m
+    p, g, o = fsdp_states(x.params, n, m, trainable=True)
+    root = sh.root_params if x.root_params is None else x.root_params
+    unit = largest_unit(sh, x.root_params)
+    tv = x.tokens * x.vocab_out
+    layer = layer_activation_bytes(sh, x.tokens, c)
+    scores = attention_scores_bytes(sh, x.micro, x.seq, c, x.attn)
+    saved = x.shape.layers * x.tokens * sh.hidden * c if x.grad_ckpt else sh.layers * (layer + scores)
+    recompute = 2 * layer + scores if x.grad_ckpt else layer
+    kept = tv * loss_bytes(c, "kept")
+    loss_tr = saved + tv * loss_bytes(c, "backward")
+    layer_tr = saved + recompute + kept
+    step_tr = x.params * m / n + kept
+    # live tensors (allocated): at N = 1 FSDP runs NO_SHARD and frees the bf16 copies after each forward
+    root_live = root * c if n > 1 else 0.0
+    gathered = gathered_bytes(sh, c, root_params=x.root_params)
+    reduce = unit * REDUCE_BYTES if n > 1 else 0.0
+    allocated = max(p.bytes + o.bytes + root_live + loss_tr,
+                    p.bytes + o.bytes + g.bytes + gathered + reduce + layer_tr,
+                    p.bytes + g.bytes + o.bytes + step_tr)
+    moments = {"loss backward": (Part("activations", saved), Part("logits", tv * loss_bytes(c, "backward"))),
+               "layer backward": (Part("activations", saved + recompute), Part("logits", kept)),
+               "optimizer step": (Part("optimizer temp", x.params * m / n), Part("logits", kept))}
+    moment = max(moments, key=lambda k: total(moments[k]))
+    parts = (p, g, o, Part("gathered", gathered), Part("grad reduce", reduce), *moments[moment],
+             Part("allocator", FRAGMENT_UNITS * unit * (c + REDUCE_BYTES)))
+    return UpdateStep(moment, tuple(q for q in parts if q.bytes > 0 or q.name in ("params", "logits")), allocated)
+
+
 def train_phase(x: TrainInputs) -> tuple[Part, ...]:
-    """Working set of an FSDP update step (actor or critic): everything is on the GPU during it, because
-    verl loads offloaded params/optimizer back before update_actor/update_critic."""
-    p, g, o = fsdp_states(x.params, x.n, x.m, trainable=True)
-    layer = layer_activation_bytes(x.shape, x.tokens, x.c)
-    scores = attention_scores_bytes(x.shape, x.micro, x.seq, x.c, x.attn)
-    if x.grad_ckpt:
-        acts = x.shape.layers * x.tokens * x.shape.hidden * x.c + 2 * layer + scores
-    else:
-        acts = x.shape.layers * (layer + scores)
-    return (
-        p, g, o,
-        Part("gathered", gathered_bytes(x.shape, x.c, backward=True, root_params=x.root_params)),
-        Part("activations", acts),
-        Part("logits", x.tokens * x.vocab_out * LOGITS_BYTES * 2),  # fp32 logits + their gradient
-    )
+    """Reserved working set of an FSDP update step (actor or critic): `update_step(x).parts`."""
+    return update_step(x).parts
 
 
 def forward_phase(x: TrainInputs, *, params_on_gpu: bool, extra: tuple[Part, ...] = ()) -> tuple[Part, ...]:
     """Working set of a forward-only pass (old log-probs, ref log-probs, critic values, reward scores).
-    `extra`: the role's own states that sit on the GPU meanwhile (an actor's grads and Adam states)."""
+    `extra`: the role's own states that sit on the GPU meanwhile (an actor's grads and Adam states).
+    Params not on the GPU: verl's CPUOffload (ref, reward model) copies each unit's shard in first."""
     p, _, _ = fsdp_states(x.params, x.n, x.m, trainable=False)
     acts = layer_activation_bytes(x.shape, x.tokens, x.c) + 2 * x.tokens * x.shape.hidden * x.c
     acts += attention_scores_bytes(x.shape, x.micro, x.seq, x.c, x.attn)
+    gathered = gathered_bytes(x.shape, x.c, root_params=x.root_params, offload_m=0 if params_on_gpu else x.m, n=x.n)
     return (
         Part("params", p.bytes if params_on_gpu else 0.0),
         *extra,
-        Part("gathered", gathered_bytes(x.shape, x.c, backward=False, root_params=x.root_params)),
+        Part("gathered", gathered),
         Part("activations", acts),
-        Part("logits", x.tokens * x.vocab_out * LOGITS_BYTES),
+        Part("logits", x.tokens * x.vocab_out * loss_bytes(x.c, "forward")),
     )
 
 
@@ -166,8 +245,8 @@ def rollout_memory(shape: ModelShape, *, total_bytes: float, util: float, tp: in
 
 
 def gpu_peak(phase_working: float, others_resident: float) -> float:
-    """A torch phase's GPU peak: context + (its working set + what other roles keep) x allocator margin."""
-    return CUDA_CONTEXT_BYTES + (phase_working + others_resident) * (1 + ALLOCATOR_MARGIN)
+    """A torch phase's GPU peak: context + its reserved working set + what other roles keep (x margin)."""
+    return CUDA_CONTEXT_BYTES + phase_working + others_resident * (1 + ALLOCATOR_MARGIN)
 
 
 def rollout_peak(budget: float, others_resident: float) -> float:
