@@ -65,12 +65,123 @@ def test_facts_file(tmp_path, capsys):
 
 
 def test_no_gpus_here_suggests_gpus_flag(capsys, monkeypatch):
+    from verl_cluster.diagnostics import gather
     from verl_cluster.facts.model import NodeFacts
-    from verl_cluster.placement import nvml_local
 
-    monkeypatch.setattr(nvml_local, "local_node_facts", lambda: NodeFacts(host="cpu", nvml_error="no driver"))
+    seen = {}
+
+    def fake(head_ip=None, deep=True):
+        seen.update(head_ip=head_ip, deep=deep)
+        return NodeFacts(host="cpu", nvml_error="no driver")
+
+    monkeypatch.setattr(gather, "local_facts", fake)
     assert main(["plan", PPO]) == 2
     assert "--gpus 1x8xH100-80GB" in capsys.readouterr().err
+    assert seen == {"head_ip": None, "deep": False}  # the diagnostics probe, not the old pynvml reader
+
+
+def test_local_machine_uses_the_diagnostics_probe(capsys):
+    """No hardware given: this machine as the probe sees it. On a CPU machine a clean exit 2, no traceback."""
+    from verl_cluster.diagnostics.gather import local_facts
+
+    here = local_facts(head_ip=None, deep=False)
+    rc = main(["plan", PPO, "--json"])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "internal error" not in captured.err
+    if not here.gpus:
+        assert rc == 2 and "no GPUs on this machine" in captured.err
+    else:
+        assert rc in (0, 1) and json.loads(captured.out)["hardware"]
+
+
+def test_recorded_h200_facts_plan(capsys):
+    """The facts recorded on the real 2x H200 machine: one NVLinked P2P island, no flash-attn -> sdpa."""
+    rc = main(["plan", PPO, "--facts", str(ROOT / "tests/fixtures/facts/h200x2_recorded.json"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["feasible"] is True
+    assert doc["overrides"]["+actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    assert doc["overrides"]["actor_rollout_ref.model.use_remove_padding"] is False
+    assert doc["overrides"]["trainer.nnodes"] == 1 and doc["overrides"]["trainer.n_gpus_per_node"] == 2
+    assert any("P2P islands [0-1]" in r for r in doc["reasons"])  # the NVLinked pair is one island
+    assert any("flash-attn is not installed" in r for r in doc["reasons"])
+
+
+def _localhost_spec():
+    from verl_cluster.config.cluster import load_cluster
+
+    return load_cluster(ROOT / "cluster_configs/local.yaml")
+
+
+def test_plan_for_job_on_localhost_cluster_is_a_clean_error_without_gpus():
+    """plan_for_job gathers the facts of a one-node localhost cluster (the real probe, local runner)."""
+    import pytest
+
+    from verl_cluster.config.job import load_job
+    from verl_cluster.diagnostics.gather import local_facts
+    from verl_cluster.errors import ConfigError, PlanError
+    from verl_cluster.placement import plan_for_job
+
+    job = load_job(PPO)
+    if local_facts(head_ip=None, deep=False).gpus:
+        assert plan_for_job(job, _localhost_spec()).to_dict()["hardware"]
+        return
+    with pytest.raises((PlanError, ConfigError)) as exc:
+        plan_for_job(job, _localhost_spec())
+    assert "no GPUs" in exc.value.message
+
+
+def test_plan_for_job_matches_what_submit_calls(monkeypatch):
+    """launch/integrations.placement_plan imports plan_for_job and calls it as (job, spec)."""
+    import inspect
+
+    from verl_cluster.config.job import load_job
+    from verl_cluster.diagnostics import gather
+    from verl_cluster.facts.model import from_dict, NodeFacts
+    from verl_cluster.launch import integrations
+    from verl_cluster.placement import plan_for_job
+
+    assert list(inspect.signature(plan_for_job).parameters)[:2] == ["job", "spec"]
+    recorded = json.loads((ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())
+    recorded = recorded if isinstance(recorded, list) else recorded.get("nodes", [recorded])
+    spec = _localhost_spec()
+    monkeypatch.setattr(gather, "gather_facts", lambda spec, runners=None, timeout=90.0: {
+        spec.head.host: from_dict(NodeFacts, {**recorded[0], "host": spec.head.host})})
+    job = load_job(PPO)
+    assert (job.entrypoint or "").startswith("verl.trainer.main_")  # a verl trainer: submit plans it
+    info = integrations.placement_plan(job, spec)
+    assert info.feasible is True and info.overrides["trainer.n_gpus_per_node"] == 2, info.note
+    assert "not available" not in info.note
+
+
+def test_cluster_flag_unreachable_node_exit_1(capsys, monkeypatch):
+    from verl_cluster.diagnostics import gather
+    from verl_cluster.errors import RunnerError
+    from verl_cluster.facts.model import from_dict, NodeFacts
+
+    recorded = json.loads((ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())
+    recorded = recorded if isinstance(recorded, list) else recorded.get("nodes", [recorded])
+
+    def fake(spec, runners=None, timeout=90.0):
+        return {"10.0.0.1": from_dict(NodeFacts, {**recorded[0], "host": "10.0.0.1"}),
+                "10.0.0.2": RunnerError("10.0.0.2", "ssh: connect to host 10.0.0.2 port 22: No route to host")}
+
+    monkeypatch.setattr(gather, "gather_facts", fake)
+    assert main(["plan", PPO, "--cluster", str(ROOT / "cluster_configs/two-nodes-ssh.yaml")]) == 1
+    text = capsys.readouterr().err
+    assert "10.0.0.2" in text and "No route to host" in text and "Traceback" not in text
+
+
+def test_cluster_flag_plans_on_gathered_facts(capsys, monkeypatch):
+    from verl_cluster.diagnostics import gather
+    from verl_cluster.facts.model import from_dict, NodeFacts
+
+    recorded = json.loads((ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())
+    recorded = recorded if isinstance(recorded, list) else recorded.get("nodes", [recorded])
+    monkeypatch.setattr(gather, "gather_facts", lambda spec, runners=None, timeout=90.0: {
+        h: from_dict(NodeFacts, {**recorded[0], "host": h}) for h in ("10.0.0.1", "10.0.0.2")})
+    assert main(["plan", PPO, "--cluster", str(ROOT / "cluster_configs/two-nodes-ssh.yaml"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["overrides"]["trainer.nnodes"] == 2 and doc["overrides"]["trainer.n_gpus_per_node"] == 2
 
 
 def test_heterogeneous_facts_exit_1(capsys):

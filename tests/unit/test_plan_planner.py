@@ -191,3 +191,40 @@ def test_live_facts_with_used_memory_warn():
                                                   compute_capability="9.0") for i in range(8)])]
     p = plan_job(PPO, facts)
     assert any("already have memory in use" in r for r in p.reasons)
+
+
+# -- messages ------------------------------------------------------------------------------------------------
+
+def _gib_numbers(text):
+    import re
+
+    return [float(x) for x in re.findall(r"(-?[0-9]+(?:\.[0-9]+)?) GiB", text)]
+
+
+def test_generate_need_is_never_below_its_parts_and_kv_never_negative():
+    """A 7B's weights do not fit vLLM's share of a T4: the total shown used to be smaller than the weights
+    ("generate needs 8.7 GiB/GPU (weights 28.4 GiB ...)") and the KV cache was printed negative."""
+    p = plan_job(job(PPO, "qwen2.5-7b"), parse_gpus("1x1xT4-16GB"))
+    assert not p.feasible
+    line = next(x for x in p.problems if x.startswith("generate needs"))
+    need = float(line.split("generate needs ")[1].split(" GiB")[0])
+    parts = [c.gib for c in next(ph for r in p.roles if r.role == "rollout" for ph in r.phases).components]
+    assert need >= max(parts) and need >= sum(parts)
+    assert all(n >= 0 for n in _gib_numbers(line)), line
+    assert "no room for a KV cache" in line and "-" not in line.split("—")[1].split("by")[0]
+    gen = next(ph for r in p.roles if r.role == "rollout" for ph in r.phases)
+    assert gen.peak_gib == pytest.approx(need, abs=0.05) and "-" not in gen.note.split(";")[0]
+    assert all(n >= 0 for x in p.reasons for n in _gib_numbers(x) if "KV cache" in x)
+
+
+def test_unpinned_nnodes_is_not_reported_as_pinned_zero():
+    j = job(PPO, **{"trainer.n_gpus_per_node": 8})
+    with pytest.raises(PlanError) as exc:
+        plan_job(j, parse_gpus("2x4xH100-80GB"))
+    msg = exc.value.message
+    assert "trainer.nnodes=0" not in msg and "nnodes is not pinned" in msg
+    assert "2 node(s) with GPUs" in msg and "trainer.n_gpus_per_node=8" in msg
+    assert "n_gpus_per_node ≤ 4" in exc.value.hint
+    # a pinned count is still named as pinned, with the real node count
+    with pytest.raises(PlanError, match=r"pins trainer.nnodes=3, but only 2 node\(s\) have 4 GPUs"):
+        plan_job(job(PPO, **{"trainer.nnodes": 3}), parse_gpus("2x4xH100-80GB"))

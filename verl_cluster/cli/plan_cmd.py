@@ -1,7 +1,8 @@
 """`verl-cluster plan JOB.yaml`: where each verl role goes, memory per GPU, and the verl overrides.
 
-Hardware, first that applies: --gpus SPEC (hypothetical), --facts FILE.json (recorded NodeFacts), the job's
-placement.gpus, else this machine's GPUs via NVML. Exit 0 fits, 1 does not fit, 2 bad input.
+Hardware, first that applies: --gpus SPEC (hypothetical), --facts FILE.json (recorded NodeFacts), --cluster
+CLUSTER.yaml (facts gathered from every node of a live cluster), the job's placement.gpus, else this machine's
+GPUs (the diagnostics probe, NVML). Exit 0 fits, 1 does not fit or a node is unreachable, 2 bad input.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("overrides", nargs="*", metavar="key=value", help="job fields or verl overrides")
     p.add_argument("--gpus", help=f"hypothetical hardware NODESxGPUSxMODEL, e.g. {GPU_EXAMPLE}, 1x2x48GB@8.9")
     p.add_argument("--facts", help="JSON list of NodeFacts (recorded by the diagnostics gatherer)")
+    p.add_argument("--cluster", metavar="CLUSTER.yaml",
+                   help="gather the facts of every node of this cluster (SSH/local, as `doctor` does)")
     p.add_argument("--strategy", choices=STRATEGIES + ("auto",), help="default: the job's placement.strategy")
     p.add_argument("--fill", type=float, default=1.0,
                    help="average share of prompt+response a sequence uses (default 1.0: worst case)")
@@ -58,15 +61,26 @@ def read_facts_file(path: str) -> list[NodeFacts]:
         raise ConfigError(f"--facts {path}: not node facts: {e}")
 
 
+def local_node_facts() -> NodeFacts:
+    """This machine, as the diagnostics probe sees it (NVML via ctypes: GPUs, P2P/NVLink pairs, and the
+    package facts - torch, flash-attn - the planner's dtype and attention choices read)."""
+    from verl_cluster.diagnostics.gather import local_facts
+
+    return local_facts(head_ip=None, deep=False)
+
+
 def hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]:
     if args.gpus:
         return parse_gpus(args.gpus)
     if args.facts:
         return read_facts_file(args.facts)
+    if getattr(args, "cluster", None):
+        from verl_cluster.config.cluster import load_cluster
+        from verl_cluster.placement import gather_node_facts
+
+        return gather_node_facts(load_cluster(args.cluster))  # RunnerError (exit 1) names an unreachable node
     if job_gpus:
         return parse_gpus(job_gpus)
-    from verl_cluster.placement.nvml_local import local_node_facts
-
     local = local_node_facts()
     if not local.gpus:
         why = f" ({local.nvml_error})" if local.nvml_error else ""

@@ -119,13 +119,11 @@ def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
     if not (job.entrypoint or "").startswith("verl.trainer.main_"):
         return PlanInfo({}, None, {}, "no placement plan: not a verl Ray trainer")
     try:
-        from verl_cluster.diagnostics.gather import gather_facts
-        from verl_cluster.placement import plan_job
+        from verl_cluster.placement import plan_for_job
     except ImportError:
         return PlanInfo({}, None, {}, "placement planner not available: the job's own overrides are used")
     try:
-        facts = [f for f in gather_facts(spec).values() if not isinstance(f, BaseException)]
-        plan = plan_job(job, facts)
+        plan = plan_for_job(job, spec)  # every node's facts; an unreachable node is a finding, not a smaller plan
     except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding, not a crash
         msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
         return PlanInfo({}, False, {}, f"placement planner: {msg}")

@@ -90,9 +90,17 @@ def hardware_from_facts(facts: list[NodeFacts], *, nnodes: Optional[int] = None,
         notes.append(f"trainer.n_gpus_per_node={per_node}: nodes with fewer GPUs are not used")
     want = nnodes or len(usable)
     if want > len(usable) or not usable:
-        raise PlanError(f"the job pins trainer.nnodes={want} x trainer.n_gpus_per_node={per_node}, but only "
-                        f"{len(usable)} node(s) have {per_node} GPUs; Ray would wait forever for the placement group",
-                        "lower trainer.nnodes / trainer.n_gpus_per_node or add nodes")
+        counts_text = ", ".join(f"{nf.host}: {len(nf.gpus)}" for nf in gpu_nodes)
+        if nnodes is not None:
+            pins = f"the job pins trainer.nnodes={nnodes}"
+            pins += f" x trainer.n_gpus_per_node={n_gpus_per_node}" if n_gpus_per_node is not None else ""
+        else:  # only the GPU count is pinned: nnodes would be every node that has that many GPUs
+            pins = (f"the job pins trainer.n_gpus_per_node={per_node} (trainer.nnodes is not pinned; "
+                    f"{len(gpu_nodes)} node(s) with GPUs here)")
+        hint = ("lower trainer.nnodes / trainer.n_gpus_per_node or add nodes" if nnodes is not None else
+                f"set trainer.n_gpus_per_node ≤ {counts[-1]} or add nodes with {per_node} GPUs")
+        raise PlanError(f"{pins}, but only {len(usable)} node(s) have {per_node} GPUs ({counts_text}); "
+                        "Ray would wait forever for the placement group", hint)
     used = usable[:want]
     gpus = [g for nf in used for g in nf.gpus[:per_node]]
     cap = min(g.memory_total_mib for g in gpus) * 2**20

@@ -189,7 +189,7 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
         shown = best
     else:
         shown = closest(tried, hw.capacity_bytes)
-        problems = _problems(shown, hw)
+        problems = _problems(shown, hw, s.seq_len)
         fixes = _fixes(job, s, shape, hw, prec, fill, strategies, shown)
     return _assemble(shown, s, shape, hw, fill, reasons, warnings, problems, fixes, best is not None and not problems)
 
@@ -252,7 +252,7 @@ def _explain(best: Candidate, tried: list[Candidate], s: Settings, hw: Hardware,
     if best.rollout is not None:
         wanted = wanted_concurrency(s, best.pools[0].size, best.tp)
         r = best.rollout
-        out.append(f"rollout KV cache {_gib(r.kv_cache)} per GPU holds {r.seqs_fit} sequences of {s.seq_len} tokens "
+        out.append(f"rollout KV cache {_gib(max(0.0, r.kv_cache))} per GPU holds {r.seqs_fit} sequences of {s.seq_len} tokens "
                    f"per replica; the batch needs {wanted} at once" + ("" if r.seqs_fit >= wanted else
                                                                         " (it will generate in waves)"))
     for ph in best.phases:
@@ -286,16 +286,42 @@ def _host_check(c: Candidate, hw: Hardware, warnings: list[str]) -> tuple[list[s
     return [], []
 
 
-def _problems(c: Candidate, hw: Hardware) -> list[str]:
+def _rollout_need(c: Candidate, ph: PhaseResult) -> float:
+    """What generation needs on a GPU: vLLM's claim (gpu_memory_utilization x total), or, when that claim is
+    too small for the weights, activations, CUDA graphs and one full sequence's KV cache, that minimum - so the
+    number shown is never below one of its parts."""
+    r = c.rollout
+    if ph.role != "rollout" or r is None or r.seqs_fit >= 1:
+        return ph.peak
+    least = r.weights + r.activations + r.graphs + r.kv_per_seq
+    return max(ph.peak, ph.peak - r.budget + least)
+
+
+def _rollout_note(c: Candidate, ph: PhaseResult, seq_len: int) -> str:
+    """The phase note, with the KV cache never shown negative."""
+    r = c.rollout
+    if ph.role != "rollout" or r is None or r.seqs_fit >= 1:
+        return ph.note
+    fixed = r.weights + r.activations + r.graphs
+    one = f"one {seq_len}-token sequence needs {r.kv_per_seq / GIB:.3f} GiB of KV cache"
+    if r.kv_cache <= 0:
+        return (f"no room for a KV cache: weights, activations and CUDA graphs ({_gib(fixed)}) exceed vLLM's "
+                f"{_gib(r.budget)} (gpu_memory_utilization {c.util}) by {_gib(fixed - r.budget)}; {one}")
+    return (f"KV cache {r.kv_cache / GIB:.2f} GiB at gpu_memory_utilization {c.util} holds no full sequence; {one}")
+
+
+def _problems(c: Candidate, hw: Hardware, seq_len: int) -> list[str]:
     out = list(dict.fromkeys(c.problems))
     for ph in c.phases:
         if ph.fits:
             continue
         pool = next(p for p in c.pools if p.name == ph.pool)
         what = "" if ph.micro is None else f" at micro batch {ph.micro}"
-        line = (f"{ph.phase} needs {ph.peak / GIB:.1f} GiB/GPU{what} ({_top(ph)}) on {pool.size} GPU(s) with "
-                f"{OFFLOAD_NAMES[c.offload]} offload, TP {c.tp}; {hw.gpu_name} has {hw.capacity_bytes / GIB:.1f} GiB")
-        out.append(line + (f" — {ph.note}" if ph.note else ""))
+        line = (f"{ph.phase} needs {_rollout_need(c, ph) / GIB:.1f} GiB/GPU{what} ({_top(ph)}) on {pool.size} GPU(s) "
+                f"with {OFFLOAD_NAMES[c.offload]} offload, TP {c.tp}; {hw.gpu_name} has "
+                f"{hw.capacity_bytes / GIB:.1f} GiB")
+        note = _rollout_note(c, ph, seq_len)
+        out.append(line + (f" — {note}" if note else ""))
     return out
 
 
@@ -343,21 +369,22 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
     for pool in c.pools:
         gpus = tuple((node, g) for node in range(pool.nnodes) for g in pool.gpu_indices)
         pool_phases = [p for p in c.phases if p.pool == pool.name]
-        peak_phase = max(pool_phases, key=lambda p: p.peak) if pool_phases else None
+        peak_phase = max(pool_phases, key=lambda p: _rollout_need(c, p)) if pool_phases else None
         for role in pool.roles:
             phases = [p for p in pool_phases if p.role == role]
             role_plans.append(RolePlan(
                 role=role, pool=pool.name, gpus=gpus,
-                memory_gib_per_gpu=max((p.peak for p in phases), default=0.0) / GIB,
+                memory_gib_per_gpu=max((_rollout_need(c, p) for p in phases), default=0.0) / GIB,
                 resident_gib=mem.total(c.resident.get(role, ())) / GIB,
                 host_gib_per_gpu=mem.total(c.host.get(role, ())) / GIB,
                 phases=tuple(PhasePlan(p.phase, p.micro, int(p.tokens),
                                        tuple(Component(x.name, x.bytes / GIB) for x in p.parts),
-                                       p.working / GIB, p.peak / GIB, p.fits, p.note) for p in phases),
+                                       p.working / GIB, _rollout_need(c, p) / GIB, p.fits,
+                                       _rollout_note(c, p, s.seq_len)) for p in phases),
             ))
         for node, g in gpus:
             slots.append(GpuSlot(node, hw.hosts[node] if node < len(hw.hosts) else f"node{node}", g, pool.roles,
-                                 (peak_phase.peak if peak_phase else 0.0) / GIB,
+                                 (_rollout_need(c, peak_phase) if peak_phase else 0.0) / GIB,
                                  peak_phase.phase if peak_phase else ""))
     role_plans.sort(key=lambda r: ROLE_ORDER.index(r.role))
     slots.sort(key=lambda x: (x.node, x.gpu))
