@@ -83,3 +83,20 @@ def test_refused_and_unroutable(lab):
     with pytest.raises(RunnerError):
         r.run(["true"])
     assert time.monotonic() - t0 < 10
+
+
+def test_parallel_copies_to_one_path_never_tear(lab):
+    """Nodes that share a home (NFS) receive the token at the same path at once: every copy must land whole."""
+    from verl_cluster.runners import fan_out
+
+    h = lab.add_host("shared")
+    runners = [SshRunner(SshTarget(h.ip, user="root", key_file=str(lab.client_key),
+                                   known_hosts_file=str(lab.known_hosts))) for _ in range(8)]
+    token = "t" * 64 + "\n"
+    results = fan_out(list(range(8)), lambda i: runners[i].put_text(token, "~/.verl-cluster/shared/tok", 0o600))
+    assert all(r.ok for r in results), [r.reason for r in results if not r.ok]
+    assert h.run(["cat", "/root/.verl-cluster/shared/tok"]).stdout == token
+    assert h.run(["sh", "-c", "ls /root/.verl-cluster/shared/ | wc -l"]).stdout.strip() == "1"
+    for r in runners:
+        r.close()
+    h.run(["rm", "-rf", "/root/.verl-cluster/shared"])

@@ -89,10 +89,12 @@ class LocalRunner:
     def put_text(self, text: str, remote_path: str, mode: int = 0o600) -> str:
         dst = Path(os.path.expanduser(remote_path))
         dst.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}-{id(text)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(dst, mode)
+        os.chmod(tmp, mode)
+        os.replace(tmp, dst)  # atomic: a reader never sees a half-written file
         return str(dst)
 
     def close(self) -> None:

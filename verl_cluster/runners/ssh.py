@@ -252,11 +252,21 @@ class SshRunner:
                 path = sftp.normalize(".") + path[1:]
             parent = path.rsplit("/", 1)[0]
             self._mkdirs(sftp, parent)
-            # create with the final mode before writing, so a secret is never world-readable
-            with sftp.open(path, "w") as f:
+            # write a private temporary file, then rename it into place: never world-readable, and several
+            # writers of one path (nodes sharing an NFS home) never see each other's half-written file
+            tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+            with sftp.open(tmp, "w") as f:
                 f.chmod(mode)
-            send(sftp, path)
-            sftp.chmod(path, mode)
+            try:
+                send(sftp, tmp)
+                sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, path)
+            except BaseException:
+                try:
+                    sftp.remove(tmp)
+                except OSError:
+                    pass
+                raise
             sftp.close()
             return path
         except (OSError, paramiko.SSHException, EOFError) as e:
