@@ -39,7 +39,8 @@ def test_dry_run_prints_predictions_and_writes_json(tmp_path, capsys):
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"}
-    res = subprocess.run([sys.executable, str(ROOT / "scripts/calibrate_memory.py"), "--dry-run"],
+    res = subprocess.run([sys.executable, str(ROOT / "scripts/calibrate_memory.py"), "--dry-run",
+                          "--out", str(tmp_path / "blocked.json")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
 
