@@ -88,16 +88,14 @@ class _ProgressTable:
             self.live.__exit__(*exc)
 
 
-def node_env_for(spec) -> tuple[dict, list[str]]:
-    """Per-node backend environment (NCCL/Gloo/UCX) chosen from facts of every node (as `check` does).
-    Unreachable nodes are skipped here: `up` reports them itself."""
-    from verl_cluster.diagnostics.backend import select_backend
-    from verl_cluster.diagnostics.gather import gather_facts
-    from verl_cluster.facts.model import NodeFacts
+def node_env_for(spec, refresh: bool = False) -> tuple[dict, list[str]]:
+    """Per-node backend environment (NCCL/Gloo/UCX) chosen from facts of every node, as `check` chooses it;
+    remembered for an hour per cluster (`--restart` re-detects). Unreachable nodes are skipped here: `up`
+    reports them itself."""
+    from verl_cluster.diagnostics.env_cache import cached_backend_env
 
-    facts = gather_facts(spec, timeout=spec.ray.start_timeout_s)
-    choice = select_backend(spec, {h: f for h, f in facts.items() if isinstance(f, NodeFacts)})
-    return choice.env, list(choice.reasons)
+    env = cached_backend_env(spec, refresh=refresh)
+    return env.by_host, list(env.reasons) + list(env.notes)
 
 
 def quick_check(spec, as_json: bool) -> tuple[bool, dict | None]:
@@ -133,7 +131,7 @@ def run_up(args) -> int:
     if spec.security.dashboard_host == "all":
         err.print("[yellow]warning:[/] the dashboard/Jobs API will listen on 0.0.0.0: anyone who reaches the "
                   "port can run code on this cluster (ShadowRay, CVE-2023-48022). Keep token auth on.")
-    node_env, reasons = node_env_for(spec)
+    node_env, reasons = node_env_for(spec, refresh=args.restart)
     with _ProgressTable(spec, enabled=not args.json and err.is_terminal) as prog:
         report = up(spec, restart=args.restart, node_env=node_env,
                     progress=prog.update if not args.json else None)
@@ -153,7 +151,8 @@ def run_up(args) -> int:
         for r in reasons:
             out.print(f"backend: {escape(r)}")
     check_ok, check_json = True, None
-    if report.healthy and not args.no_check:
+    changed = any(n.action != "kept" for n in report.nodes)
+    if report.healthy and changed and not args.no_check:  # a cluster that was only verified was checked before
         check_ok, check_json = quick_check(spec, args.json)
     if args.json:
         print_json(report.to_json() | {"backend_reasons": reasons, "check": check_json})

@@ -4,6 +4,7 @@ Stdlib only (ray and pynvml are imported where present). Commands:
   probe TEMP_DIR [GCS]    versions, GPUs (NVML), this cluster's Ray processes, saved start state
   kill TEMP_DIR [GCS]     stop exactly the Ray processes of this TEMP_DIR (and their children), verify
   gcs ADDR [DASHBOARD]    node table from the GCS (+ jobs from the Jobs API)
+  wait ADDR HEAD EXPECT T poll the GCS until the expected nodes are alive (one process, not one per poll)
 Prints its JSON result after a marker line (see runners.remote_python).
 """
 
@@ -177,6 +178,36 @@ def cmd_gcs(addr, dashboard=None):
     emit({"nodes": nodes, "jobs": jobs, "jobs_error": jobs_error})
 
 
+def cmd_wait(addr, head_ip, expect_json, timeout_s):
+    """Poll the GCS in this one process until every expected node (ip -> min GPUs) is ALIVE with its GPUs,
+    or the time is up; print the last node table either way."""
+    from ray._raylet import GcsClient
+
+    expect = json.loads(expect_json)
+    deadline = time.time() + float(timeout_s)
+    client, nodes, error = None, [], None
+    while True:
+        try:
+            client = client or GcsClient(address=addr)
+            nodes = [{"node_id": i.node_id.hex(), "ip": i.node_manager_address, "alive": i.state == 0,
+                      "is_head": bool(i.is_head_node), "resources": dict(i.resources_total),
+                      "labels": dict(i.labels), "start_time_ms": i.start_time_ms}
+                     for i in client.get_all_node_info(timeout=5).values()]
+            error = None
+        except Exception as e:  # the GCS may still be starting
+            client, error = None, f"{type(e).__name__}: {str(e)[:200]}"
+        alive = [n for n in nodes if n["alive"]]
+        done = True
+        for ip, gpus in expect.items():
+            mine = [n for n in alive if n["ip"] == ip or (ip == head_ip and n["is_head"])]
+            if not any(n["resources"].get("GPU", 0) >= gpus for n in mine):
+                done = False
+        if done or time.time() > deadline:
+            emit({"nodes": nodes, "jobs": [], "jobs_error": None, "error": error, "done": done})
+            return
+        time.sleep(0.3)
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"probe": cmd_probe, "kill": cmd_kill, "gcs": cmd_gcs}[cmd](*args)
+    {"probe": cmd_probe, "kill": cmd_kill, "gcs": cmd_gcs, "wait": cmd_wait}[cmd](*args)

@@ -62,6 +62,14 @@ class Node:
         env = ray_auth_env(self.spec, token_path) if token_path else ray_auth_env(self.spec)
         return self.script(*args, env=env, timeout=30)
 
+    def wait_nodes(self, expect: dict[str, int], timeout_s: float, token_path: str | None = None) -> dict:
+        """Node table once every expected node (ip -> min GPUs) is alive, or after timeout_s."""
+        import json
+
+        env = ray_auth_env(self.spec, token_path) if token_path else ray_auth_env(self.spec)
+        return self.script("wait", self.spec.gcs_address, self.spec.head_ip, json.dumps(expect), str(timeout_s),
+                           env=env, timeout=timeout_s + 30)
+
     def close(self) -> None:
         self.runner.close()
 

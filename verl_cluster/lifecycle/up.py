@@ -7,6 +7,9 @@ others stay up.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -75,6 +78,7 @@ class _Up:
         self.probes: dict[str, Probe] = {}
         self.cmds: dict[str, NodeCommand] = {}
         self.token = ensure_token(spec)
+        self.head_launching = threading.Event()
 
     # ---- steps ----
     def probe_all(self) -> None:
@@ -109,6 +113,8 @@ class _Up:
             self.say(n.host, "copying auth token")
             n.runner.put_file(str(self.token), remote_token_path(self.spec), 0o600)
         self.say(n.host, "ray start")
+        if n.role == "head":
+            self.head_launching.set()  # old processes are gone: from now on an open GCS port is the new head
         res = n.runner.run(list(cmd.argv), env=cmd.env, timeout=self.spec.ray.start_timeout_s)
         o.seconds = time.monotonic() - t0
         if not res.ok:
@@ -174,29 +180,15 @@ class _Up:
                 self.out[h].action, self.out[h].reason = "failed", "head is not running"
             return
         token = node_token_path(self.spec, self.probes[head.host].home) if self.token else None
-        deadline = time.monotonic() + self.spec.ray.register_timeout_s
         ip_of = {n.ip: n for n in self.nodes}
-        last: dict[str, dict] = {}
-        while True:
-            try:
-                table = head.gcs(token_path=token)
-                last = {ip: x for ip, x in index_by_ip(table["nodes"], self.spec.head_ip).items()
-                        if x["alive"] and ip in ip_of}
-            except RunnerError as e:
-                last, err = {}, e.reason
-            else:
-                err = ""
-            done = True
-            for ip, n in ip_of.items():
-                if n.host not in waiting:
-                    continue
-                info = last.get(ip)
-                want = _expected_gpus(n, self.probes[n.host])
-                if info is None or info["resources"].get("GPU", 0) < want:
-                    done = False
-            if done or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        expect = {n.ip: _expected_gpus(n, self.probes[n.host]) for n in self.nodes if n.host in waiting}
+        try:
+            table = head.wait_nodes(expect, self.spec.ray.register_timeout_s, token_path=token)
+            last = {ip: x for ip, x in index_by_ip(table["nodes"], self.spec.head_ip).items()
+                    if x["alive"] and ip in ip_of}
+            err = table.get("error") or ""
+        except RunnerError as e:
+            last, err = {}, e.reason
         for ip, n in ip_of.items():
             if n.host not in waiting:
                 continue
@@ -244,6 +236,14 @@ def _state_json(cmd: NodeCommand) -> str:
                        "started_at": time.time(), "argv": list(cmd.argv)})
 
 
+def _port_open(host: str, port: int, timeout: float = 0.3) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def up(spec: ClusterSpec, *, restart: bool = False, node_env: dict[str, dict[str, str]] | None = None,
        progress: Progress | None = None) -> UpReport:
     """Bring the cluster to its configured state; never raises for a single node's failure."""
@@ -251,15 +251,26 @@ def up(spec: ClusterSpec, *, restart: bool = False, node_env: dict[str, dict[str
     job = _Up(spec, restart, node_env, progress)
     try:
         job.probe_all()
-        head_ok = job.run_head()
-        head_restarted = job.out[job.nodes[0].host].action in ("started", "restarted")
-        if head_ok:
-            job.run_workers(head_restarted)
-        else:
+        head = job.nodes[0]
+        head_starts = head.host in job.probes and (restart or not job._running(head))
+        with cf.ThreadPoolExecutor(max_workers=1) as pool:
+            head_done = pool.submit(job.run_head)
+            if head_starts:
+                # `ray start --head` returns seconds after its GCS listens, and a worker's `ray start` retries
+                # the GCS by itself: start the workers as soon as the port answers (or when the head is done,
+                # if this machine cannot reach that port)
+                while not head_done.done() and not (job.head_launching.is_set()
+                                                    and _port_open(spec.head_ip, spec.head.gcs_port)):
+                    time.sleep(0.1)
+            head_ok = head_done.result() if head_done.done() else True
+            if head_ok:
+                job.run_workers(head_starts)
+            head_ok = head_done.result()
+        if not head_ok:
             for n in job.nodes[1:]:
                 o = job.out[n.host]
-                if o.action == "pending":
-                    o.action, o.reason = "failed", "not started: the head is not up"
+                if o.action in ("pending", "started", "restarted", "kept-pending"):
+                    o.action, o.reason = "failed", "the head did not come up"
         job.wait_registered()
     finally:
         job.close()
