@@ -296,9 +296,9 @@ def main() -> int:
         @ray.remote(num_cpus=0)
         def read_facts():
             _import_repo()
-            from verl_cluster.placement.nvml_local import local_node_facts
+            from verl_cluster.diagnostics.gather import local_facts
             from verl_cluster.facts.model import to_dict as td
-            return td(local_node_facts())
+            return td(local_facts(head_ip=None, deep=False))
 
         facts_raw = ray.get([read_facts.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
             n["NodeID"], soft=False)).remote() for n in nodes], timeout=120)
