@@ -28,7 +28,6 @@ from typing import Any
 
 RUN_ROLES = ("actor", "critic", "ref", "reward")  # rollout needs an inference engine: planned, not run
 TRAIN_ROLES = ("actor", "critic")
-ALLOCATOR_MARGIN_DEFAULT = 0.08
 STEPS = 2  # Adam states appear at the first step; the second is the steady peak
 GIB = 1024 ** 3
 
@@ -92,25 +91,24 @@ def work_shape(plan: dict[str, Any], role: str) -> tuple[int, int]:
     return micro, max(1, int(p["tokens"]) // micro)
 
 
-def compare(plan: dict[str, Any], measured: list[dict[str, Any]], nvml_used: dict[tuple[int, int], float],
-            margin: float = ALLOCATOR_MARGIN_DEFAULT) -> dict[str, Any]:
+def compare(plan: dict[str, Any], measured: list[dict[str, Any]], nvml_used: dict[tuple[int, int], float]
+            ) -> dict[str, Any]:
     """Measured memory beside the plan.
 
     measured: [{"role", "node", "gpu" (planned), "physical_gpu", "max_reserved_gib", "max_allocated_gib"}].
-    Per role and GPU: the phase's working set (allocated) and working x (1 + allocator margin) (reserved) vs the
-    process's measured peaks. Per GPU: the plan's peak over the phases that ran vs NVML memory in use (every
+    Per role and GPU: the phase's working set, which the memory model states as what the caching allocator
+    reserves (its fragmentation included), vs the process's measured peaks. Per GPU: the plan's peak over the phases that ran vs NVML memory in use (every
     process on it, CUDA contexts included) and the sum of the processes' reserved peaks.
     """
     rows = []
     for m in measured:
         p = role_phase(plan, m["role"])
-        pred_alloc = float(p["working_gib"])
-        pred_resv = pred_alloc * (1 + margin)
+        pred_resv = float(p["working_gib"])
         meas = m.get("max_reserved_gib")
         err = None if not meas else round(100.0 * (pred_resv - meas) / meas, 1)
         rows.append({"role": m["role"], "phase": p["phase"], "node": m["node"], "gpu": m["gpu"],
                      "physical_gpu": m.get("physical_gpu"),
-                     "predicted_allocated_gib": round(pred_alloc, 2), "predicted_reserved_gib": round(pred_resv, 2),
+                     "predicted_reserved_gib": round(pred_resv, 2),
                      "measured_allocated_gib": m.get("max_allocated_gib"), "measured_reserved_gib": meas,
                      "error_pct": err})
     gpus = []
@@ -280,9 +278,8 @@ def main() -> int:
     try:
         _import_repo()
         from verl_cluster.config.job import load_job
-        from verl_cluster.facts.model import NodeFacts, from_dict, to_dict
+        from verl_cluster.facts.model import NodeFacts, from_dict
         from verl_cluster.placement import catalog_shape, plan_job
-        from verl_cluster.placement import memory as mem
 
         ray.init(address="auto", logging_level="ERROR")
         # the spec travels in working_dir; submit appends the effective verl overrides as argv
@@ -371,7 +368,7 @@ def main() -> int:
             phys = (a["physical_gpu"] or "").split(",")[0]
             if phys in used_by_node[a["node"]]:
                 nvml[(a["node"], a["gpu"])] = used_by_node[a["node"]][phys]
-        report["comparison"] = compare(plan, measured, nvml, getattr(mem, "ALLOCATOR_MARGIN", ALLOCATOR_MARGIN_DEFAULT))
+        report["comparison"] = compare(plan, measured, nvml)
         for _, h in actors:
             ray.kill(h)
         for pg in pgs:
@@ -383,8 +380,8 @@ def main() -> int:
     report["seconds"] = round(time.time() - t_start, 2)
     for row in (report.get("comparison") or {}).get("roles", []):
         print(f"{row['role']:>7} planned GPU {row['node']}:{row['gpu']} (physical {row['physical_gpu']}) "
-              f"{row['phase']}: predicted {row['predicted_reserved_gib']:.2f} GiB reserved "
-              f"({row['predicted_allocated_gib']:.2f} allocated), measured {row['measured_reserved_gib']} reserved "
+              f"{row['phase']}: predicted {row['predicted_reserved_gib']:.2f} GiB reserved, "
+              f"measured {row['measured_reserved_gib']} reserved "
               f"({row['measured_allocated_gib']} allocated), error {row['error_pct']}%")
     for g in (report.get("comparison") or {}).get("gpus", []):
         print(f"GPU {g['node']}:{g['gpu']} roles {','.join(g['roles'])}: planned peak {g['planned_peak_gib_all_roles']} "
