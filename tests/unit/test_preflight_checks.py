@@ -101,3 +101,25 @@ def test_gpu_request_and_data_files_from_overrides():
     assert gpu_request({}) == (8, 1)
     assert gpu_request({"trainer.n_gpus_per_node": 2, "trainer.nnodes": 3}) == (2, 3)
     assert data_files({"data.train_files": ["a", "b"], "data.val_files": "c"}) == ["a", "b", "c"]
+
+
+def test_check_files_on_this_machine_never_says_both_missing_and_found(tmp_path, monkeypatch):
+    """The real node probe on a localhost cluster: a hub model absent from an empty HF cache is a warning,
+    and then no 'found on every node' line contradicts it; a real model dir gets the ok line."""
+    from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.launch.preflight import check_files
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    c = tmp_path / "c.yaml"
+    c.write_text("cluster_name: pf\nhead: {host: localhost}\n")
+    spec = load_cluster(c)
+    hub = JobSpec(name="j", entrypoint="verl.trainer.main_ppo")
+    found = check_files(spec, hub, {"actor_rollout_ref.model.path": "Org/NotCachedModel-0.1B"})
+    model = [(f.level, f.message) for f in found if f.check == "model"]
+    assert [lvl for lvl, _ in model] == ["warning"], model
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "tokenizer.json").write_text("{}")
+    found = check_files(spec, hub, {"actor_rollout_ref.model.path": str(d)})
+    assert [f.level for f in found if f.check == "model"] == ["ok"]

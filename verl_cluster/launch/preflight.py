@@ -172,7 +172,7 @@ def check_files(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -
             if s:
                 local[f] = s
     out += judge_node_files(job, overrides, results, local)
-    if model and not any(f.check == "model" and f.level == "error" for f in out):
+    if model and not any(f.check == "model" and f.level in ("error", "warning") for f in out):
         out.append(Finding("ok", "model", f"model {model} found on every node"))
     return out
 
