@@ -75,9 +75,12 @@ def node_verdicts(f: NodeFacts, expect_gpus: Optional[int] = None) -> list[Probl
     low = sorted({g.compute_capability for g in f.gpus if g.sm < (8, 0)})
     if low:
         names = sorted({g.name for g in f.gpus if g.sm < (8, 0)})
+        # same rule as the planner: below SM 7.0 torch's fused SDPA kernels are not built, so eager
+        attn = "eager" if min(g.sm for g in f.gpus) < (7, 0) else "sdpa"
         out.append(Problem(h, f"{', '.join(names)} is SM {', '.join(low)}: no bf16 and no flash-attn 2 (need SM 8.0)",
-                           f"use fp32/sdpa: GPU is SM {low[0]} (actor_rollout_ref.model.override_config"
-                           ".attn_implementation=sdpa, dtype=float32/float16)", WARNING))
+                           f"use fp32/{attn}: GPU is SM {low[0]} (+actor_rollout_ref.model.override_config"
+                           f".attn_implementation={attn}, fp32 or fp16 weights); `verl-cluster plan` emits these",
+                           WARNING))
     for g in f.gpus:
         if g.ecc_errors_uncorrected:
             out.append(Problem(h, f"GPU {g.index} has {g.ecc_errors_uncorrected} uncorrected ECC errors",
@@ -89,8 +92,8 @@ def node_verdicts(f: NodeFacts, expect_gpus: Optional[int] = None) -> list[Probl
     islands = f.p2p_islands() if len(f.gpus) > 1 else []
     if len(islands) > 1:
         out.append(Problem(h, f"GPUs cannot all peer (P2P groups {islands}): NCCL's P2P path would fail",
-                           "NCCL_P2P_DISABLE=1 is set for this node (slower all-reduce, but it works); "
-                           "on consumer GPUs that is the only way", WARNING))
+                           "`up` and `submit` set NCCL_P2P_DISABLE=1 for this node (slower all-reduce, but it "
+                           "works); on consumer GPUs that is the only way", WARNING))
     # ---- system ----
     if f.ulimit_nofile is not None and f.ulimit_nofile < MIN_NOFILE:
         out.append(Problem(h, f"open-file limit is {f.ulimit_nofile} (Ray wants >= {MIN_NOFILE})",
