@@ -36,7 +36,11 @@ class RunnerError(VerlClusterError):
         self.reason = message
 
 
-class HostKeyError(RunnerError):
+class ConnectError(RunnerError):
+    """The host could not be reached or logged into (refused, timed out, authentication, host key)."""
+
+
+class HostKeyError(ConnectError):
     """The SSH host key is unknown or changed; we never accept it silently."""
 
 

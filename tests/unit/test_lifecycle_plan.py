@@ -155,3 +155,15 @@ def test_overrides_may_follow_options(capsys):
     assert main(["up", "cluster_configs/local.yaml", "--dry-run", "ray.object_store_memory=209715200", "--json"]) == 0
     assert "209715200" in json.loads(capsys.readouterr().out)["nodes"][0]["argv"]
     assert main(["up", "--dry-run", "--bogus"]) == 2
+
+
+def test_node_without_the_configured_python_is_failed_not_unreachable(tmp_path, capsys):
+    p = tmp_path / "np.yaml"
+    p.write_text("cluster_name: np\nhead: {host: localhost}\nray: {ray_executable: /nonexistent/venv/bin/ray}\n"
+                 f"security: {{token_file: {tmp_path}/tok}}\n")
+    assert main(["up", str(p), "--json"]) == 1
+    node = json.loads(capsys.readouterr().out)["nodes"][0]
+    assert node["action"] == "failed" and "not found" in node["reason"]
+    assert main(["status", str(p), "--json"]) == 1
+    st = json.loads(capsys.readouterr().out)["nodes"][0]
+    assert st["state"] == "missing" and "/nonexistent/venv/bin/python" in st["reason"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.errors import RunnerError
+from verl_cluster.errors import ConnectError, RunnerError
 from verl_cluster.lifecycle.auth import remote_token_path
 from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners import fan_out
@@ -102,7 +102,9 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
 def _node_status(n, probe_result, info: dict | None, gcs_ok: bool) -> NodeStatus:
     s = NodeStatus(n.host, n.role, n.ip, "missing")
     if not probe_result.ok:
-        s.state, s.reason = "unreachable", probe_result.reason
+        # a host we cannot log into is unreachable; one that cannot run the node's Python has no Ray
+        s.state = "unreachable" if isinstance(probe_result.error, ConnectError) else "missing"
+        s.reason = probe_result.reason
         if info and info["alive"]:
             s.state = "alive"  # the GCS sees it even if we cannot log in
             s.reason = f"alive in Ray, but not reachable for us: {probe_result.reason}"

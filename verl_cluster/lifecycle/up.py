@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.errors import RunnerError
+from verl_cluster.errors import ConnectError, RunnerError
 from verl_cluster.lifecycle.auth import ensure_token, remote_token_path
 from verl_cluster.lifecycle.commands import NodeCommand, plan_start
 from verl_cluster.lifecycle.nodes import Node, Probe, cluster_nodes, index_by_ip
@@ -89,7 +89,7 @@ class _Up:
                 self.probes[r.host] = r.value
                 continue
             o = self.out[r.host]
-            o.action = "unreachable" if isinstance(r.error, RunnerError) else "failed"
+            o.action = "unreachable" if isinstance(r.error, ConnectError) else "failed"
             o.reason = r.reason
             o.log_tail = getattr(r.error, "hint", "") or ""
             self.say(r.host, f"[red]{o.action}[/]: {o.reason}")

@@ -21,7 +21,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 import paramiko
 
-from verl_cluster.errors import HostKeyError, RunnerError
+from verl_cluster.errors import ConnectError, HostKeyError, RunnerError
 from verl_cluster.runners.base import CommandTimeout, Result
 
 
@@ -132,7 +132,7 @@ class SshRunner:
                 try:
                     client.load_host_keys(str(known))
                 except (OSError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey) as e:
-                    raise RunnerError(t.host, f"cannot read known_hosts {known}: {str(e)[:200]}",
+                    raise ConnectError(t.host, f"cannot read known_hosts {known}: {str(e)[:200]}",
                                       "fix or remove the broken line")
             client.set_missing_host_key_policy(
                 _RememberNewKey(known, port) if t.accept_new_host_keys else paramiko.RejectPolicy())
@@ -148,7 +148,7 @@ class SshRunner:
                                    f"if the host was reinstalled, remove its line: ssh-keygen -R "
                                    f"'{host_key_name(hostname, port)}' -f {known}")
             except paramiko.AuthenticationException as e:
-                raise RunnerError(t.host, f"SSH authentication failed for {where}: {e}",
+                raise ConnectError(t.host, f"SSH authentication failed for {where}: {e}",
                                   "set ssh.key_file (or the node's ssh_key_file) and ssh.user")
             except paramiko.SSHException as e:
                 if "not found in known_hosts" in str(e):
@@ -156,15 +156,15 @@ class SshRunner:
                         t.host, f"host key of {hostname}:{port} is not in {known} — refusing to connect",
                         f"verify and add it: ssh-keyscan -p {port} {hostname} >> {known}"
                         " (or set ssh.accept_new_host_keys: true to trust on first use)")
-                raise RunnerError(t.host, f"SSH to {where} failed: {e}")
+                raise ConnectError(t.host, f"SSH to {where} failed: {e}")
             except socket.timeout:
-                raise RunnerError(t.host, f"SSH to {where} timed out after {t.connect_timeout_s:.0f}s",
+                raise ConnectError(t.host, f"SSH to {where} timed out after {t.connect_timeout_s:.0f}s",
                                   "is the host up and port open? raise ssh.connect_timeout_s for slow links")
             except (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError):
-                raise RunnerError(t.host, f"SSH connection to {hostname}:{port} refused",
+                raise ConnectError(t.host, f"SSH connection to {hostname}:{port} refused",
                                   "is sshd running there, and is the port right?")
             except OSError as e:
-                raise RunnerError(t.host, f"cannot reach {hostname}:{port}: {e.strerror or e}")
+                raise ConnectError(t.host, f"cannot reach {hostname}:{port}: {e.strerror or e}")
             transport = client.get_transport()
             if t.keepalive_s:
                 transport.set_keepalive(t.keepalive_s)
@@ -179,7 +179,7 @@ class SshRunner:
             return self._connect().get_transport().open_session(timeout=self.target.connect_timeout_s)
         except (paramiko.SSHException, EOFError, OSError) as e:
             self.close()
-            raise RunnerError(self.host, f"SSH session failed: {e}")
+            raise ConnectError(self.host, f"SSH session failed: {e}")
 
     # ---- commands ----
     @staticmethod
