@@ -24,7 +24,7 @@ REMOTE_SCHEMES = ("hdfs://", "s3://", "gs://", "http://", "https://")
 @dataclass(frozen=True)
 class Finding:
     level: str  # error | warning | ok | skipped
-    check: str  # data | model | verl-config | resources | env
+    check: str  # data | model | verl-config | resources | cluster | env
     message: str
     hint: Optional[str] = None
 
@@ -72,8 +72,9 @@ def judge_node_files(job: JobSpec, overrides: Mapping[str, Any], results: Mappin
     missing: dict[str, list[str]] = {}
     for host, res in results.items():
         if isinstance(res, BaseException):
-            out.append(Finding("error", "data", f"{host}: cannot check files there: "
-                                                f"{getattr(res, 'reason', None) or res}"))
+            # the node, not the job's input, is at fault: a "cluster" finding (exit 1, not 2)
+            out.append(Finding("error", "cluster", f"{host}: cannot check files there: "
+                                                   f"{getattr(res, 'reason', None) or res}"))
             continue
         for d in res.get("data", []):
             if not d["exists"]:
@@ -99,7 +100,8 @@ def judge_node_files(job: JobSpec, overrides: Mapping[str, Any], results: Mappin
                 out.append(Finding("error", "data", problem,
                                    "GSM8K: python scripts/prepare_gsm8k.py writes verl's format"))
     checked = [p for p in schemas if p not in missing]
-    if checked and not any(f.level == "error" and f.check == "data" for f in out):
+    unreached = any(isinstance(r, BaseException) for r in results.values())
+    if checked and not unreached and not any(f.level == "error" and f.check == "data" for f in out):
         what = "columns match verl's schema" if req else "present"
         out.append(Finding("ok", "data", f"{len(checked)} data file(s) on every node; {what}"))
     return out
@@ -172,7 +174,8 @@ def check_files(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -
             if s:
                 local[f] = s
     out += judge_node_files(job, overrides, results, local)
-    if model and not any(f.check == "model" and f.level in ("error", "warning") for f in out):
+    unreached = any(isinstance(r, BaseException) for r in results.values())
+    if model and not unreached and not any(f.check == "model" and f.level in ("error", "warning") for f in out):
         out.append(Finding("ok", "model", f"model {model} found on every node"))
     return out
 

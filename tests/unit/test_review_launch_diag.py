@@ -1,0 +1,34 @@
+"""Review fixes in launch/ and diagnostics/: each test names the defect it pins."""
+
+from verl_cluster.config.cluster import load_cluster
+from verl_cluster.config.job import JobSpec
+from verl_cluster.errors import RunnerError
+from verl_cluster.launch import preflight
+from verl_cluster.launch.submit import preflight_exit_code
+
+PPO = JobSpec(name="t", entrypoint="verl.trainer.main_ppo")
+
+
+def _two_nodes(tmp_path):
+    c = tmp_path / "c.yaml"
+    c.write_text("cluster_name: r1\nhead: {host: 10.0.0.1}\nworkers: [{host: 10.0.0.2}]\n")
+    return load_cluster(c)
+
+
+def test_unreachable_node_in_preflight_is_a_cluster_problem_not_bad_input(tmp_path, monkeypatch):
+    """A node the file probe cannot reach is the cluster's problem (exit 1), and the files/model were not
+    checked there, so no 'on every node' line may claim they were."""
+    spec = _two_nodes(tmp_path)
+    good = {"data": [{"path": "/d/t.parquet", "exists": True, "size": 1, "parquet": True,
+                      "schema": {"prompt": {"kind": "list", "item": {"kind": "struct", "fields": {
+                          "role": {"kind": "string"}, "content": {"kind": "string"}}}},
+                          "data_source": {"kind": "string"},
+                          "reward_model": {"kind": "struct", "fields": {"ground_truth": {"kind": "string"}}}}}],
+            "model": {"path": "/m", "kind": "dir", "config": True, "tokenizer": ["tokenizer.json"]}}
+    monkeypatch.setattr(preflight, "probe_node_files", lambda spec, files, model: {
+        "10.0.0.1": good, "10.0.0.2": RunnerError("10.0.0.2", "SSH connection refused")})
+    found = preflight.check_files(spec, PPO, {"data.train_files": "/d/t.parquet", "actor_rollout_ref.model.path": "/m"})
+    report = preflight.PreflightReport(found)
+    assert [f.message for f in report.errors] == ["10.0.0.2: cannot check files there: SSH connection refused"]
+    assert not [f for f in found if f.level == "ok"], found  # nothing was checked on 10.0.0.2
+    assert preflight_exit_code(report) == 1
