@@ -32,3 +32,35 @@ def test_unreachable_node_in_preflight_is_a_cluster_problem_not_bad_input(tmp_pa
     assert [f.message for f in report.errors] == ["10.0.0.2: cannot check files there: SSH connection refused"]
     assert not [f for f in found if f.level == "ok"], found  # nothing was checked on 10.0.0.2
     assert preflight_exit_code(report) == 1
+
+
+class _FakeRunner:
+    def __init__(self, host):
+        self.host, self.closed = host, False
+
+    def run(self, argv, *, env=None, timeout=60.0, stdin=None):
+        raise RunnerError(self.host, "SSH connection refused")
+
+    def close(self):
+        self.closed = True
+
+
+def test_gather_facts_closes_the_runners_it_opened(tmp_path, monkeypatch):
+    """gather_facts(spec) without runners (env_cache.backend_env, placement.plan_for_job) opened one SSH
+    connection per node and never closed them; runners passed in stay the caller's to close."""
+    from verl_cluster.diagnostics import gather
+
+    spec = _two_nodes(tmp_path)
+    made = {}
+
+    def make(spec):
+        made.update({n.host: _FakeRunner(n.host) for _, n in spec.nodes()})
+        return dict(made)
+
+    monkeypatch.setattr(gather, "make_runners", make)
+    got = gather.gather_facts(spec)
+    assert all(isinstance(v, RunnerError) for v in got.values())
+    assert made and all(r.closed for r in made.values())
+    mine = {n.host: _FakeRunner(n.host) for _, n in spec.nodes()}
+    gather.gather_facts(spec, mine)
+    assert not any(r.closed for r in mine.values())

@@ -50,9 +50,14 @@ def gather_facts(spec: ClusterSpec, runners: Mapping[str, CommandRunner] | None 
 
     clock_offset_s is made relative to the head's clock (the head's own is 0.0).
     """
+    own = runners is None
     runners = dict(runners) if runners is not None else make_runners(spec)
     nodes = [node for _, node in spec.nodes()]
-    results = fan_out(nodes, lambda n: probe(spec, n, runners[n.host], timeout, deep), key=lambda n: n.host)
+    try:
+        results = fan_out(nodes, lambda n: probe(spec, n, runners[n.host], timeout, deep), key=lambda n: n.host)
+    finally:
+        if own:  # runners passed in are the caller's to close
+            fan_out(list(runners.values()), lambda r: r.close(), key=lambda r: r.host)
     out: dict[str, NodeFacts | RunnerError] = {}
     for r in results:
         if r.ok:
