@@ -64,3 +64,22 @@ def test_gather_facts_closes_the_runners_it_opened(tmp_path, monkeypatch):
     mine = {n.host: _FakeRunner(n.host) for _, n in spec.nodes()}
     gather.gather_facts(spec, mine)
     assert not any(r.closed for r in mine.values())
+
+
+def test_consistency_flags_ray_or_verl_missing_on_one_node():
+    """check's drift test ignored a node without Ray (or verl) at all: `a=2.60.0, b=missing` was never
+    reported, so `check` said OK for a worker that `up` cannot start."""
+    from dataclasses import replace
+
+    from verl_cluster.diagnostics.verdicts import ERROR, consistency_verdicts
+    from verl_cluster.facts.model import NodeFacts
+
+    a = NodeFacts(host="a", python_version="3.11.7", versions={"ray": "2.60.0", "verl": "0.9.1"})
+    b = replace(a, host="b", versions={"verl": "0.9.1"})
+    ps = [p for p in consistency_verdicts({"a": a, "b": b}) if p.severity == ERROR]
+    assert [p.what for p in ps] == ["ray differs between nodes: a=2.60.0, b=missing"]
+    # a package that is there but fails to import is node_verdicts' finding; an interrupted probe knows nothing
+    broken = replace(a, host="b", versions={"verl": "0.9.1"}, import_errors={"ray": "ImportError: x"})
+    assert consistency_verdicts({"a": a, "b": broken}) == []
+    partial = replace(a, host="b", versions={}, import_errors={"import": "importing ray took over 60s"})
+    assert consistency_verdicts({"a": a, "b": partial}) == []

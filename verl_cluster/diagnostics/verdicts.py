@@ -122,8 +122,16 @@ def consistency_verdicts(facts: Mapping[str, NodeFacts]) -> list[Problem]:
         differ("Python", py, "use the same Python minor version everywhere (Ray refuses to mix them)")
     else:
         differ("Python", py, "use the same Python patch version everywhere", WARNING)
+    def version(f: NodeFacts, pkg: str) -> Optional[str]:
+        v = f.versions.get(pkg)
+        # Ray and verl must be on every node: absent (not merely failing to import, which node_verdicts
+        # reports, nor unknown after an interrupted probe) is drift too
+        if not v and pkg in ("ray", "verl") and pkg not in f.import_errors and "import" not in f.import_errors:
+            return "missing"
+        return v
+
     for pkg, sev in (("ray", ERROR), ("torch", ERROR), ("verl", ERROR), ("flash_attn", WARNING), ("nccl", ERROR)):
-        differ(pkg, {h: f.versions.get(pkg) for h, f in facts.items()},
+        differ(pkg, {h: version(f, pkg) for h, f in facts.items()},
                f"install the same {pkg} version on every node (one image or one lock file)", sev)
     counts = {h: len(f.gpus) for h, f in facts.items()}
     if len(set(counts.values())) > 1:
