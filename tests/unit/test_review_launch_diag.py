@@ -83,3 +83,29 @@ def test_consistency_flags_ray_or_verl_missing_on_one_node():
     assert consistency_verdicts({"a": a, "b": broken}) == []
     partial = replace(a, host="b", versions={}, import_errors={"import": "importing ray took over 60s"})
     assert consistency_verdicts({"a": a, "b": partial}) == []
+
+
+def test_torchrun_nproc_defaults_to_the_nodes_gpu_count(tmp_path, monkeypatch):
+    """`torchrun.nproc_per_node: null  # default: the nodes' GPU count` - but a torchrun submit never had a
+    status to read GPU counts from, so a cluster file without `gpus:` ran one process per 8-GPU node."""
+    from verl_cluster.config.job import load_job
+    from verl_cluster.diagnostics import gather
+    from verl_cluster.facts.model import GpuInfo, NodeFacts
+    from verl_cluster.launch import submit
+    from verl_cluster.launch.integrations import BackendEnv
+
+    c = tmp_path / "c.yaml"
+    c.write_text("cluster_name: r2\nhead: {host: 10.0.0.1}\nworkers: [{host: 10.0.0.2}]\n")
+    j = tmp_path / "j.yaml"
+    j.write_text("name: t\ncommand: [python, train.py]\nlauncher: torchrun\n")
+    job = load_job(j)
+    monkeypatch.setattr(submit, "cached_backend_env", lambda spec, refresh=False: BackendEnv({}, "none"))
+    eight = [GpuInfo(i, "H100", 81559) for i in range(8)]
+    monkeypatch.setattr(gather, "gather_facts", lambda spec, *a, **k: {
+        "10.0.0.1": NodeFacts(host="10.0.0.1", gpus=eight), "10.0.0.2": NodeFacts(host="10.0.0.2", gpus=eight)})
+    sub = submit.plan_submission(job, str(c), run_checks=False)
+    assert sub.launcher == "torchrun" and sub.request.nproc_per_node == 8
+    # the job's own nproc_per_node, or the config's head gpus, still win without probing
+    monkeypatch.setattr(gather, "gather_facts", lambda *a, **k: (_ for _ in ()).throw(AssertionError("probed")))
+    c.write_text("cluster_name: r2\nhead: {host: 10.0.0.1, gpus: 4}\nworkers: [{host: 10.0.0.2, gpus: 4}]\n")
+    assert submit.plan_submission(job, str(c), run_checks=False).request.nproc_per_node == 4

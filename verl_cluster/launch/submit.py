@@ -149,10 +149,21 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
         if status is not None:
             counts = [int(n.gpus) for n in status.nodes if n.alive]
             gpus = min(counts) if counts and min(counts) > 0 else None
+        elif job.torchrun.nproc_per_node is None and spec.head.gpus is None:
+            gpus = _nodes_gpu_count(spec)  # "default: the nodes' GPU count", not 1
         req = build_torchrun_request(job, spec, overrides, benv.by_host, secrets, gpus)
     report = run_preflight(spec, job, overrides, status if chosen == "ray" else None, extra) if run_checks \
         else PreflightReport(extra + [Finding("skipped", "preflight", "--skip-preflight")])
     return Submission(job, spec, cluster_file, chosen, req, report, notes)
+
+
+def _nodes_gpu_count(spec: ClusterSpec) -> Optional[int]:
+    """The smallest GPU count among the nodes that answer (NVML via the diagnostics probe); None without GPUs."""
+    from verl_cluster.diagnostics import gather
+    from verl_cluster.facts.model import NodeFacts
+
+    counts = [len(f.gpus) for f in gather.gather_facts(spec).values() if isinstance(f, NodeFacts)]
+    return min(counts) if counts and min(counts) > 0 else None
 
 
 def preflight_exit_code(report: PreflightReport) -> int:
