@@ -109,3 +109,32 @@ def test_torchrun_nproc_defaults_to_the_nodes_gpu_count(tmp_path, monkeypatch):
     monkeypatch.setattr(gather, "gather_facts", lambda *a, **k: (_ for _ in ()).throw(AssertionError("probed")))
     c.write_text("cluster_name: r2\nhead: {host: 10.0.0.1, gpus: 4}\nworkers: [{host: 10.0.0.2, gpus: 4}]\n")
     assert submit.plan_submission(job, str(c), run_checks=False).request.nproc_per_node == 4
+
+
+def test_torchrun_ctrl_c_does_not_blame_another_node(monkeypatch):
+    """On Ctrl-C every node was marked '(stopped by verl-cluster after another node failed)': no node failed."""
+    import io
+    import threading
+    import types
+
+    from verl_cluster.launch import torchrun
+    from verl_cluster.launch.request import NodeLaunch, TorchrunRequest
+    from verl_cluster.runners import LocalRunner
+
+    class InterruptingEvent(threading.Event):
+        def wait(self, timeout=None):
+            if threading.current_thread() is threading.main_thread():
+                super().wait(0.3)  # let both nodes start
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+
+    monkeypatch.setattr(torchrun, "threading", types.SimpleNamespace(
+        Event=InterruptingEvent, Thread=threading.Thread, Lock=threading.Lock))
+    runners = {"a": LocalRunner("a"), "b": LocalRunner("b")}
+    req = TorchrunRequest("r", "127.0.0.1", 29500, 1,
+                          [NodeLaunch(h, i, ["sleep", "30"], {}) for i, h in enumerate(runners)])
+    res = torchrun._run(runners, req, io.StringIO(), 15.0, None)
+    assert res.interrupted and [n.state for n in res.nodes] == ["stopped", "stopped"]
+    tails = [line for n in res.nodes for line in n.tail]
+    assert not any("another node failed" in line for line in tails), tails
+    assert all(any("interrupted" in line for line in n.tail) for n in res.nodes)

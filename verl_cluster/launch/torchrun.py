@@ -136,23 +136,23 @@ def _run(runners: dict[str, CommandRunner], req: TorchrunRequest, out: TextIO, g
             if first_failure is None and any(r.failed for r in runs):
                 first_failure = time.monotonic()
             if first_failure is not None and time.monotonic() - first_failure > grace_s:
-                _stop(runs, procs)
+                _stop(runs, procs, "after another node failed")
                 for t in threads:
                     t.join(10)
                 break
     except KeyboardInterrupt:
         interrupted = True
-        _stop(runs, procs)
+        _stop(runs, procs, "on Ctrl-C (interrupted)")
         for t in threads:
             t.join(10)
     return TorchrunResult(runs, interrupted)
 
 
-def _stop(runs: list[NodeRun], procs: dict[int, object]) -> None:
+def _stop(runs: list[NodeRun], procs: dict[int, object], why: str) -> None:
     for i, run in enumerate(runs):
         if run.state == "running" and i in procs:
             run.state = "stopped"
-            run.tail.append("(stopped by verl-cluster after another node failed)")
+            run.tail.append(f"(stopped by verl-cluster {why})")
             try:
                 procs[i].terminate()
             except (OSError, EOFError, RunnerError):
