@@ -138,3 +138,17 @@ def test_torchrun_ctrl_c_does_not_blame_another_node(monkeypatch):
     tails = [line for n in res.nodes for line in n.tail]
     assert not any("another node failed" in line for line in tails), tails
     assert all(any("interrupted" in line for line in n.tail) for n in res.nodes)
+
+
+def test_check_rejects_a_non_positive_connect_timeout(tmp_path, monkeypatch, capsys):
+    """`check --connect-timeout 0` ran, and every TCP connect failed at once (a non-blocking socket), so every
+    port was reported blocked with a firewall fix: bad input must be refused (exit 2) before anything runs."""
+    from verl_cluster.cli import main
+    from verl_cluster.diagnostics import check
+
+    monkeypatch.setattr(check, "run_check", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    c = tmp_path / "c.yaml"
+    c.write_text("cluster_name: r3\nhead: {host: localhost}\n")
+    for bad in ("0", "-1", "nan"):
+        assert main(["check", str(c), "--connect-timeout", bad]) == 2
+        assert "--connect-timeout" in capsys.readouterr().err

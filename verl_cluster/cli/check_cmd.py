@@ -12,6 +12,16 @@ from verl_cluster.config.cluster import load_cluster
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not v > 0 or v == float("inf"):  # 0 would make every connect fail at once (non-blocking socket)
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return v
+
+
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("check", parents=[common], help="check nodes, ports, links and backend before a run")
     p.add_argument("cluster", nargs="?", default="cluster_configs/local.yaml", help="cluster.yaml (default cluster_configs/local.yaml)")
@@ -20,7 +30,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--deep", action="store_true", help="also import verl on every node (slower)")
     p.add_argument("--ucx-tcp", action="store_true", help="run ucx_perftest even on tcp (UCX_TLS=tcp)")
     p.add_argument("--no-collective", action="store_true", help="skip the gloo/NCCL all-reduce tests")
-    p.add_argument("--connect-timeout", type=float, default=2.0, metavar="S", help="per TCP connect (2)")
+    p.add_argument("--connect-timeout", type=_positive_seconds, default=2.0, metavar="S", help="per TCP connect (2)")
     p.add_argument("--seconds", type=float, default=0.5, metavar="S", help="TCP stream per pair (0.5)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.set_defaults(func=run)
