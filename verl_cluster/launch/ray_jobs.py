@@ -244,6 +244,12 @@ def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: Text
         asyncio.run(stream())
     except (ConnectionError, OSError) as e:
         raise ClusterError(f"lost the log stream from {api.where}: {e}", "re-attach with `verl-cluster logs JOB --follow`")
+    except Exception as e:
+        import aiohttp
+
+        if isinstance(e, aiohttp.ClientError):  # e.g. the log websocket refused (HTTP 400/401/404)
+            raise _explain(e, api.where) from e
+        raise
     row = job_info(api, job_id)
     show_status(row.status)
     if row.status in TERMINAL and row.status != "SUCCEEDED":
