@@ -1,0 +1,86 @@
+"""Ctrl-C while `submit` follows a job: detach (the job keeps running, re-attach is printed) or, with
+--stop-on-interrupt, stop it. A real SIGINT to a real CLI process, against a one-node namespace cluster."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from verl_cluster.config.cluster import load_cluster
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+SLEEPER = ("name: nap\nlauncher: ray\ncommand: [python, -u, -c, "
+           "\"import time; print('napping', flush=True); time.sleep(600)\"]\n")
+
+
+@pytest.fixture(scope="module")
+def cluster(module_lab):
+    from verl_cluster.lifecycle.down import down
+    from verl_cluster.lifecycle.up import up
+
+    head = module_lab.add_host("head")
+    path = module_lab.cluster_yaml(head, [], name=f"int{module_lab.n}")
+    spec = load_cluster(path)
+    assert up(spec).healthy
+    job = module_lab.dir / "nap.yaml"
+    job.write_text(SLEEPER)
+    try:
+        yield path, job
+    finally:
+        down(spec)
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "verl_cluster", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def follow_then_interrupt(path, job, *flags):
+    """Start `submit` (following), wait for the job's first log line, send SIGINT; return (rc, stderr, sid)."""
+    p = subprocess.Popen([sys.executable, "-m", "verl_cluster", "submit", str(job), "-c", str(path), *flags],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not any("napping" in line for line in lines):
+        time.sleep(0.2)
+    assert any("napping" in line for line in lines), "".join(lines)[-2000:]
+    p.send_signal(signal.SIGINT)
+    err = p.stderr.read()
+    p.wait(60)
+    sid = next(w for w in err.split() if w.startswith("nap-"))
+    return p.returncode, err, sid.rstrip(":;,")
+
+
+def job_status(path, sid):
+    jobs = json.loads(cli("jobs", path, "--json").stdout)
+    return next(j["status"] for j in jobs if j["submission_id"] == sid)
+
+
+def test_ctrl_c_detaches_and_the_job_keeps_running(cluster):
+    path, job = cluster
+    rc, err, sid = follow_then_interrupt(path, job)
+    assert rc == 130, err[-2000:]
+    assert "keeps running" in err and f"verl-cluster logs {sid}" in err and "Traceback" not in err
+    assert job_status(path, sid) == "RUNNING"
+    assert cli("stop", sid, path).returncode == 0
+
+
+def test_ctrl_c_with_stop_on_interrupt_stops_the_job(cluster):
+    path, job = cluster
+    rc, err, sid = follow_then_interrupt(path, job, "--stop-on-interrupt")
+    assert rc == 1, err[-2000:]
+    assert "stopped" in err and "Traceback" not in err
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and job_status(path, sid) != "STOPPED":
+        time.sleep(0.5)
+    assert job_status(path, sid) == "STOPPED"
