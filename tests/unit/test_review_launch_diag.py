@@ -1,5 +1,7 @@
 """Review fixes in launch/ and diagnostics/: each test names the defect it pins."""
 
+import pytest
+
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import RunnerError
@@ -182,3 +184,39 @@ def test_follow_turns_a_refused_log_stream_into_one_line():
     with pytest.raises(ClusterError) as e:
         ray_jobs.follow(api, "02000000", out=io.StringIO(), status_out=io.StringIO())
     assert "400" in e.value.message and "127.0.0.1:8265" in e.value.message
+
+
+def test_jobs_client_times_out_on_a_dashboard_that_never_answers(monkeypatch):
+    """Ray's JobSubmissionClient sends requests without a timeout; ours always has one."""
+    import socket
+    import threading
+    import time
+
+    from verl_cluster.launch import ray_jobs
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    held = []
+    stop = threading.Event()
+
+    def accept_and_say_nothing():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                pass
+
+    threading.Thread(target=accept_and_say_nothing, daemon=True).start()
+    monkeypatch.setattr(ray_jobs, "REQUEST_TIMEOUT_S", 1.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ray_jobs._api_errors()):
+            ray_jobs.client_class()(f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert time.monotonic() - t0 < 15
+    finally:
+        stop.set()
+        for c in held:
+            c.close()
+        server.close()

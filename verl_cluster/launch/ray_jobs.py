@@ -107,9 +107,22 @@ def close_all() -> None:
 atexit.register(close_all)
 
 
-def _open(spec: ClusterSpec) -> tuple[JobsApi, contextlib.ExitStack]:
+REQUEST_TIMEOUT_S = 60.0  # per HTTP read; Ray's client sets none, so a dashboard that never answers hangs it
+
+
+def client_class() -> type:
+    """Ray's JobSubmissionClient with a timeout on every HTTP request it makes (its version check too)."""
     from ray.job_submission import JobSubmissionClient
 
+    class TimedJobSubmissionClient(JobSubmissionClient):
+        def _do_request(self, method, endpoint, **kw):
+            kw.setdefault("timeout", REQUEST_TIMEOUT_S)
+            return super()._do_request(method, endpoint, **kw)
+
+    return TimedJobSubmissionClient
+
+
+def _open(spec: ClusterSpec) -> tuple[JobsApi, contextlib.ExitStack]:
     headers = auth_headers(spec)
     host, port, tunnel_needed = dashboard_target(spec)
     stack = contextlib.ExitStack()
@@ -124,7 +137,7 @@ def _open(spec: ClusterSpec) -> tuple[JobsApi, contextlib.ExitStack]:
             url = f"http://{host}:{port}"
             where = url
         try:
-            client = JobSubmissionClient(url, headers=dict(headers))
+            client = client_class()(url, headers=dict(headers))
         except _api_errors() as e:
             raise _explain(e, where) from e
     except BaseException:
