@@ -100,3 +100,16 @@ def test_parallel_copies_to_one_path_never_tear(lab):
     for r in runners:
         r.close()
     h.run(["rm", "-rf", "/root/.verl-cluster/shared"])
+
+
+def test_popen_that_cannot_start_leaves_no_secret_file(host_and_runner, monkeypatch):
+    h, r = host_and_runner
+    import paramiko
+
+    def refuse(self, *a, **kw):
+        raise paramiko.SSHException("pty request denied")
+
+    monkeypatch.setattr(paramiko.Channel, "get_pty", refuse)
+    with pytest.raises(RunnerError, match="could not start"):
+        r.popen(["true"], env={"HF_TOKEN": "hf_x"})
+    assert h.run(["sh", "-c", "ls ~/.verl-cluster/env-* 2>/dev/null | wc -l"]).stdout.strip() == "0"

@@ -93,3 +93,10 @@ def test_local_timeout_kills_the_whole_process_group(tmp_path):
     while time.monotonic() < deadline and subprocess.run(["kill", "-0", str(child)]).returncode == 0:
         time.sleep(0.1)
     assert subprocess.run(["kill", "-0", str(child)], capture_output=True).returncode != 0
+
+
+def test_local_popen_of_a_non_executable_is_a_runner_error(tmp_path):
+    f = tmp_path / "script"
+    f.write_text("#!/bin/sh\necho hi\n")  # not chmod +x
+    with pytest.raises(RunnerError, match="not executable"):
+        LocalRunner().popen([str(f)])

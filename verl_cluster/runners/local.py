@@ -76,6 +76,8 @@ class LocalRunner:
                                     start_new_session=True)
         except FileNotFoundError:
             raise RunnerError(self.host, f"`{argv[0]}` not found", "check the executable path in the config")
+        except PermissionError:
+            raise RunnerError(self.host, f"`{argv[0]}` is not executable")
         return LocalProcess(proc)
 
     def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> str:

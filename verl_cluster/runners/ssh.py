@@ -225,14 +225,23 @@ class SshRunner:
     def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> SshProcess:
         """Start argv with a pty. The environment travels in a 0600 file that the remote shell reads and
         deletes before exec, so values (a job's secrets) never appear on a command line or in `ps`."""
-        full = list(argv)
+        full, path = list(argv), None
         if env:
             text = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in env.items())
             path = self.put_text(text, f"~/.verl-cluster/env-{secrets.token_hex(8)}.sh", 0o600)
             full = ["sh", "-c", '. "$1" && rm -f "$1" && shift && exec "$@"', "sh", path, *full]
         chan = self._channel()
-        chan.get_pty(width=250)
-        chan.exec_command(shlex.join(full))
+        try:
+            chan.get_pty(width=250)
+            chan.exec_command(shlex.join(full))
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            chan.close()
+            if path:  # the command never ran, so nothing read and removed the file with the secrets
+                try:
+                    self.run(["rm", "-f", path], timeout=10)
+                except RunnerError:
+                    pass
+            raise RunnerError(self.host, f"could not start `{argv[0]}` over SSH: {e}")
         return SshProcess(chan, self.host)
 
     # ---- files ----
