@@ -31,6 +31,17 @@ class BackendChoice:
                 "reasons": list(self.reasons)}
 
 
+def config_network_env(spec: ClusterSpec) -> dict[str, str]:
+    """What the config alone says (no facts): an explicitly named interface, and no InfiniBand for tcp.
+    The base under `select_backend`'s per-node env, and the whole env when no node facts can be had."""
+    env: dict[str, str] = {}
+    if spec.network.interface != "auto":
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = spec.network.interface
+    if spec.network.backend == "tcp":
+        env["NCCL_IB_DISABLE"] = "1"
+    return env
+
+
 def _skippable(i: Interface) -> bool:
     return i.kind in SKIP_KINDS or i.name.startswith(SKIP_PREFIXES)
 

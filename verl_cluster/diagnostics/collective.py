@@ -34,14 +34,14 @@ class CollectiveResult:
 
 def ray_env(spec: ClusterSpec, runner: CommandRunner) -> dict[str, str]:
     """What a driver on the head needs to join the cluster (token auth: the token file `up` put there)."""
-    from verl_cluster.lifecycle.auth import ray_auth_env, remote_token_path
+    from verl_cluster.lifecycle.auth import node_token_path, ray_auth_env
 
     if spec.security.auth == "none":
         return ray_auth_env(spec)
     if spec.head.is_local:
         return ray_auth_env(spec)
     home = runner.run(["printenv", "HOME"], timeout=10).stdout.strip() or "/root"
-    return ray_auth_env(spec, remote_token_path(spec).replace("~", home, 1))
+    return ray_auth_env(spec, node_token_path(spec, home))
 
 
 def collective_port(spec: ClusterSpec) -> int:

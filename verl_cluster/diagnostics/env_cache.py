@@ -43,11 +43,10 @@ class BackendEnv:
 
 
 def config_interface_env(spec: ClusterSpec) -> dict[str, str]:
-    """Fallback when diagnostics are not available: the interface named in the config, if any."""
-    iface = spec.network.interface
-    if not iface or iface == "auto":
-        return {}
-    return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+    """Fallback when node facts cannot be had: what the config says."""
+    from verl_cluster.diagnostics.backend import config_network_env
+
+    return config_network_env(spec)
 
 
 CACHE_TTL_S = 3600.0

@@ -15,6 +15,11 @@ def remote_token_path(spec: ClusterSpec) -> str:
     return f"~/.verl-cluster/{spec.cluster_name}/auth_token"
 
 
+def node_token_path(spec: ClusterSpec, home: str) -> str:
+    """The token's absolute path on a node whose home directory is `home`."""
+    return remote_token_path(spec).replace("~", home, 1)
+
+
 def ensure_token(spec: ClusterSpec) -> Path | None:
     """Create the cluster's token file once (0600 in a 0700 dir); None when auth is off."""
     if spec.security.auth == "none":

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 from verl_cluster.config.cluster import ClusterSpec, NodeSpec
+from verl_cluster.diagnostics.backend import config_network_env
 from verl_cluster.lifecycle.auth import ray_auth_env, remote_token_path
 
 SECRET_KEYS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
@@ -77,23 +78,10 @@ def start_command(spec: ClusterSpec, role: str, node: NodeSpec, *, token_path: s
     return NodeCommand(node.host, role, ip, tuple(argv), env, node.gpus)
 
 
-def network_env(spec: ClusterSpec) -> dict[str, str]:
-    """Pass-through of an explicitly named interface (selection itself is `check`'s job)."""
-    if spec.network.interface != "auto":
-        iface = spec.network.interface
-        env = {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
-        if spec.network.backend == "tcp":
-            env["NCCL_IB_DISABLE"] = "1"
-        return env
-    if spec.network.backend == "tcp":
-        return {"NCCL_IB_DISABLE": "1"}
-    return {}
-
-
 def plan_start(spec: ClusterSpec, node_env: dict[str, dict[str, str]] | None = None,
                token_paths: dict[str, str] | None = None) -> list[NodeCommand]:
     """Start commands for every node, head first."""
-    base = network_env(spec)
+    base = config_network_env(spec)
     return [start_command(spec, role, node, token_path=(token_paths or {}).get(node.host),
                           extra_env={**base, **(node_env or {}).get(node.host, {})})
             for role, node in spec.nodes()]

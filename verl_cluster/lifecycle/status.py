@@ -7,7 +7,7 @@ from typing import Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ConnectError, RunnerError
-from verl_cluster.lifecycle.auth import remote_token_path
+from verl_cluster.lifecycle.auth import node_token_path
 from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners import fan_out
 
@@ -71,8 +71,7 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
         table: dict | None = None
         hp = probes[head.host]
         if hp.ok and hp.value.gcs:
-            token = (remote_token_path(spec).replace("~", hp.value.home, 1)
-                     if spec.security.auth == "token" else None)
+            token = node_token_path(spec, hp.value.home) if spec.security.auth == "token" else None
             try:
                 table = head.gcs(with_jobs=with_jobs, token_path=token)
             except RunnerError as e:

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ConnectError, RunnerError
-from verl_cluster.lifecycle.auth import ensure_token, remote_token_path
+from verl_cluster.lifecycle.auth import ensure_token, node_token_path, remote_token_path
 from verl_cluster.lifecycle.commands import NodeCommand, plan_start
 from verl_cluster.lifecycle.nodes import Node, Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners import fan_out
@@ -58,10 +58,6 @@ class UpReport:
     def to_json(self) -> dict:
         return {"cluster": self.cluster, "healthy": self.healthy, "seconds": round(self.seconds, 2),
                 "nodes": [n.to_json() for n in self.nodes]}
-
-
-def node_token_path(spec: ClusterSpec, home: str) -> str:
-    return remote_token_path(spec).replace("~", home, 1)
 
 
 def _expected_gpus(node: Node, probe: Probe) -> int:
