@@ -1,13 +1,12 @@
 """`check` on namespace hosts with real sshd (and, for the collective, a real Ray cluster from `up`)."""
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.harness.cli import run_cli
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.diagnostics.check import CheckOptions, run_check
 
@@ -17,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def cli(*args: str, timeout: float = 120) -> tuple[int, dict, float]:
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "verl_cluster", *args], capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT)
+    p = run_cli(*args, timeout=timeout)
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip().startswith("{") else {"stderr": p.stderr}), \
         time.monotonic() - t0
 

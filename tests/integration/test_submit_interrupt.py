@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.cli import run_cli
 from verl_cluster.config.cluster import load_cluster
 
 pytestmark = pytest.mark.integration
@@ -37,9 +38,7 @@ def cluster(module_lab):
         down(spec)
 
 
-def cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "verl_cluster", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+cli = run_cli
 
 
 def follow_then_interrupt(path, job, *flags):

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.cli import run_cli
 from verl_cluster.config.cluster import load_cluster
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args, env=None, timeout=180):
-    return subprocess.run([sys.executable, "-m", "verl_cluster", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+cli = run_cli
 
 
 @pytest.fixture(scope="module")
