@@ -30,7 +30,9 @@ def common_flags() -> argparse.ArgumentParser:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only` (a module name of COMMANDS), just that subcommand's module is imported — each
+    pulls in its own part of the library, and a command's start-up time is the user's wait."""
     parser = argparse.ArgumentParser(
         prog="verl-cluster",
         description="Start, check, plan and launch multi-node verl RL runs on Ray.",
@@ -40,14 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     loaded = set()
     for name, module in COMMANDS.items():
-        if module in loaded:
+        if module in loaded or (only and module != only):
             continue
-        try:
-            mod = importlib.import_module(f"verl_cluster.cli.{module}")
-        except ModuleNotFoundError as e:
-            if e.name == f"verl_cluster.cli.{module}":
-                continue  # subcommand not built yet
-            raise
+        mod = importlib.import_module(f"verl_cluster.cli.{module}")
         mod.add_parsers(sub, common_flags())
         loaded.add(module)
     return parser
@@ -57,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        parser = build_parser()
+        first = next((a for a in argv if not a.startswith("-")), None)
+        parser = build_parser(COMMANDS.get(first))
         args, extra = parser.parse_known_args(argv)
         # key=value overrides may also follow the options (`submit JOB -c FILE a.b=1`)
         items = [a for a in extra if "=" in a and not a.startswith("-")]
