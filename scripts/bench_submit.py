@@ -34,7 +34,6 @@ def main() -> int:
     from ray.job_submission import JobSubmissionClient
 
     from tests.harness import NetnsLab, integration_ready
-    from tests.integration.test_submit_ray import clear_stale_links
     from verl_cluster.config.cluster import load_cluster
     from verl_cluster.launch.ray_jobs import auth_headers
     from verl_cluster.lifecycle.down import down
@@ -48,7 +47,6 @@ def main() -> int:
     ray_bin = str(Path(sys.executable).with_name("ray"))
     ours, theirs = [], []
     with NetnsLab() as lab:
-        clear_stale_links(lab)
         head, worker = lab.add_host("head"), lab.add_host("w1")
         path = lab.cluster_yaml(head, [worker], name="bench", extra="network:\n  interface: eth0\n")
         spec = load_cluster(path)
@@ -98,7 +96,6 @@ def main() -> int:
             tunnel.close()
             runner.close()
             down(spec)
-    clear_stale_links(lab)
     mo, mt = statistics.median(ours), statistics.median(theirs)
     result = {"rounds": args.rounds, "ours_s": ours, "ray_s": theirs, "ours_median_s": round(mo, 3),
               "ray_median_s": round(mt, 3), "ratio": round(mo / mt, 3)}
