@@ -289,7 +289,10 @@ class SshRunner:
             try:
                 sftp.stat(cur)
             except FileNotFoundError:
-                sftp.mkdir(cur, 0o700)
+                try:
+                    sftp.mkdir(cur, 0o700)
+                except OSError:
+                    sftp.stat(cur)  # another writer made it meanwhile (nodes sharing a home); else re-raise
 
     # ---- port forwarding ----
     def open_tunnel(self, remote_host: str, remote_port: int) -> "Tunnel":
