@@ -14,15 +14,10 @@ import json
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-if "tests" not in sys.modules:  # a site-packages `tests` package must not shadow ours
-    _t = types.ModuleType("tests")
-    _t.__path__ = [str(ROOT / "tests")]
-    sys.modules["tests"] = _t
+sys.path.insert(0, str(ROOT))  # tests/ is a regular package, so it wins over a site-packages `tests`
 
 from tests.harness import NetnsLab  # noqa: E402
 from verl_cluster.config.cluster import load_cluster  # noqa: E402

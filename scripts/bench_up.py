@@ -35,27 +35,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_harness():
-    """tests/harness/netns.py by file: a package in the venv ships its own top-level `tests`."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vc_bench_netns", ROOT / "tests" / "harness" / "netns.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look the module up while building the class
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_netns = _load_harness()
-Host, NetnsLab, integration_ready = _netns.Host, _netns.NetnsLab, _netns.integration_ready
+sys.path.insert(0, str(ROOT))  # tests/ is a regular package, so it wins over a site-packages `tests`
+from tests.harness import Host, NetnsLab, integration_ready  # noqa: E402
 
 BIN = Path(sys.executable).parent
 VERL_CLUSTER = str(BIN / "verl-cluster")

@@ -253,11 +253,13 @@ class Evaluator:
         param_off, opt_off = OFFLOAD_LEVELS[c.offload]
         if "rollout" in pool.roles:
             self._rollout(c, pool, tp)
+        # actor and ref run the same model with the same settings
+        actor_base = dict(shape=shape, params=shape.params, n=n, seq=s.seq_len, c=prec.c,
+                          m=s.master_dtype_bytes_actor, attn=prec.attn, vocab_out=shape.vocab)
         if "actor" in pool.roles:
             p, g, o = mem.fsdp_states(shape.params, n, s.master_dtype_bytes_actor, trainable=True)
             extra = tuple(x for x, off in ((g, param_off), (o, opt_off)) if not off)
-            base = dict(shape=shape, params=shape.params, n=n, seq=s.seq_len, c=prec.c, m=s.master_dtype_bytes_actor,
-                        attn=prec.attn, vocab_out=shape.vocab)
+            base = actor_base
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_actor // n)
             self._search(c, pool, "actor", "actor update", s.actor_micro, _divisors_desc(mb_gpu),
                          lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_actor,
@@ -268,8 +270,7 @@ class Evaluator:
                                                          params_on_gpu=True, extra=extra),
                          rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
         if "ref" in pool.roles:
-            base = dict(shape=shape, params=shape.params, n=n, seq=s.seq_len, c=prec.c, m=s.master_dtype_bytes_actor,
-                        attn=prec.attn, vocab_out=shape.vocab)
+            base = actor_base
             self._search(c, pool, "ref", "ref log-prob", s.ref_micro, _pow2_desc(per_gpu_batch),
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
                                                          params_on_gpu=False),
