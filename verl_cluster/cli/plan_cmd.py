@@ -35,14 +35,6 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
-    def parse_known(args=None, namespace=None):  # key=value items may also follow the options
-        ns, extra = argparse.ArgumentParser.parse_known_args(p, args, namespace)
-        items = [a for a in extra if "=" in a and not a.startswith("-")]
-        ns.overrides = list(ns.overrides or []) + items
-        return ns, [a for a in extra if a not in items]
-
-    p.parse_known_args = parse_known  # type: ignore[method-assign]
-
 
 def read_facts_file(path: str) -> list[NodeFacts]:
     try:
