@@ -284,7 +284,9 @@ def main() -> int:
         ray.init(address="auto", logging_level="ERROR")
         # the spec travels in working_dir; submit appends the effective verl overrides as argv
         job = load_job(os.environ.get("GPU_SMOKE_SPEC", "gpu_smoke.yaml"), [a for a in sys.argv[1:] if "=" in a])
-        strategy = os.environ.get("GPU_SMOKE_STRATEGY") or None  # env.GPU_SMOKE_STRATEGY=colocate on submit
+        # env.GPU_SMOKE_STRATEGY=split on submit forces one; unset: the spec's placement.strategy (auto: the plan's
+        # choice). submit's preflight (launch/preflight.check_strategy) rejects one these GPUs cannot realise.
+        strategy = os.environ.get("GPU_SMOKE_STRATEGY", "").strip() or None
         nodes = sorted((n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0),
                        key=lambda n: n["NodeManagerAddress"])
         if not nodes:
@@ -302,7 +304,8 @@ def main() -> int:
         facts = [from_dict(NodeFacts, {**f, "host": n["NodeManagerAddress"]}) for f, n in zip(facts_raw, nodes)]
         p = plan_job(job, facts, strategy=strategy)
         plan = p.to_dict()
-        report["plan"] = {"feasible": plan["feasible"], "strategy": plan["strategy"], "settings": plan["settings"],
+        report["plan"] = {"feasible": plan["feasible"], "strategy": plan["strategy"],
+                          "strategy_asked": strategy or job.placement.strategy, "settings": plan["settings"],
                           "roles": {r: {"gpus": v["gpus"], "memory_gib_per_gpu": v["memory_gib_per_gpu"]}
                                     for r, v in plan["roles"].items()}, "gpus": plan["gpus"]}
         if not plan["feasible"]:

@@ -1,7 +1,9 @@
 #!/bin/bash
-# End to end on the GPU machine (2x H200): facts, up/status/check/plan/submit gpu_smoke/down, NCCL bench,
-# memory calibration. Run from the repo root there (device `run`, after `../shared/tools/gpu-bundle.sh` here):
+# End to end on the GPU machine: facts, up/status/check/plan/submit gpu_smoke/down, NCCL bench, memory
+# calibration, and real verl runs. Run from the repo root there (device `run`, after `../shared/tools/gpu-bundle.sh`
+# here, or after staging verl's wheels with scripts/gpu_stage_verl.sh, which brings Ray too):
 #   bash scripts/gpu_e2e.sh [STEP ...]      # steps: env facts cluster calib (default: all, in that order)
+#   bash scripts/gpu_e2e.sh verlenv verldata up ppo grpo ppo05 reject down     # verl for real (see below)
 # Every step logs to $LOGS/<n>-<name>.log (time, exit code in $LOGS/steps.log) and failures do not stop the run;
 # after each step $OUT/e2e.tgz is refreshed, so whatever ran comes back even when the call is cut short.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...): the host's GPUs are shared.
@@ -11,15 +13,17 @@ LOGS=/tmp/e2e
 BUDGET_S=${BUDGET_S:-500}   # stop starting new steps after this many seconds
 mkdir -p "$OUT" "$LOGS"
 T0=$(date +%s)
-if [ -f .gpubundle/site.tar.xz ] && [ ! -d /tmp/site ]; then tar xJf .gpubundle/site.tar.xz -C /tmp; fi
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+SITE=/tmp/site
+if [ -d /root/stage/verl/site ]; then SITE=/root/stage/verl/site   # staged verl + vLLM + Ray wheels
+elif [ -f .gpubundle/site.tar.xz ] && [ ! -d /tmp/site ]; then tar xJf .gpubundle/site.tar.xz -C /tmp; fi
+export PYTHONPATH=$SITE:$PWD PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RAY_USAGE_STATS_ENABLED=0
 ulimit -n 65536 2>/dev/null || true   # doctor's fix hint for Ray (the machine starts at 20000)
 # The product starts `ray` from beside the node's Python (ray.ray_executable defaults to <python's bin>/ray);
 # the bundle's `ray` lives in /tmp/site/bin, so link it there the way a real install would have it.
 PYBIN=$(dirname "$(python3 -c 'import sys; print(sys.executable)')")
-[ -e "$PYBIN/ray" ] || ln -s /tmp/site/bin/ray "$PYBIN/ray" 2>/dev/null || echo "cannot link ray into $PYBIN"
+[ -e "$PYBIN/ray" ] || ln -s $SITE/bin/ray "$PYBIN/ray" 2>/dev/null || echo "cannot link ray into $PYBIN"
 N=0
 pack() { tar czf "$OUT/e2e.tgz" -C /tmp e2e 2>/dev/null; cp "$LOGS/steps.log" "$OUT/steps.log" 2>/dev/null; }
 # step NAME TIMEOUT_S CMD...   (stdout+stderr -> log; a JSON-ish stdout also kept as NAME.out)
@@ -42,6 +46,7 @@ step() {
 }
 want() { [ ${#STEPS[@]} -eq 0 ] && return 0; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 STEPS=("$@")
+named() { for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }  # only when asked for
 
 if want env; then
   step nvidia-smi 20 nvidia-smi
@@ -75,7 +80,7 @@ if want cluster; then
   step plan-gsm8k-table 60 python3 -m verl_cluster plan launch/gsm8k.yaml
   step plan-gpu-smoke 60 python3 -m verl_cluster plan launch/gpu_smoke.yaml
   step bench-nccl 180 python3 scripts/bench_nccl.py cluster_configs/local.yaml --rounds 2 --out "$LOGS/bench_nccl.json"
-  step submit-gpu-smoke 300 python3 -m verl_cluster submit launch/gpu_smoke.yaml "env.VC_REPO=$PWD"
+  step submit-gpu-smoke 300 python3 -m verl_cluster submit launch/gpu_smoke.yaml "env.VC_REPO=$PWD" env.GPU_SMOKE_STRATEGY=split
   step submit-smoke 120 python3 -m verl_cluster submit launch/smoke.yaml
   step down 120 python3 -m verl_cluster down cluster_configs/local.yaml
 fi
@@ -86,6 +91,53 @@ if want calib; then
   step calib-1.5b 200 python3 scripts/calibrate_memory.py --model qwen2.5-1.5b --worlds 1,2 \
        --cases 1x1024,4x1024,2x4096 --out "$LOGS/calib_1.5b.json"
 fi
+
+# ---- verl for real: tiny and full-size random-init Qwen2.5 models, synthetic GSM8K, vLLM rollout ----
+MODELS=/root/models DATA=/root/data/gsm8k CKPT=/root/ckpt
+VC="python3 -m verl_cluster"
+# run_verl NAME JOB.yaml [key=value ...]: plan, then submit --json (logs on stderr) while NVML is sampled per
+# process and each log line is stamped with the time it appeared (to line memory up with verl's phases)
+run_verl() {
+  local name=$1 job=$2; shift 2
+  step "plan-$name" 90 $VC plan "$job" "$@" --json
+  cp "$LOGS/$(printf %02d $N)-plan-$name.out" "$LOGS/plan-$name.json" 2>/dev/null
+  python3 scripts/gpu_mem_sampler.py "$LOGS/nvml-$name.jsonl" --stop-file "$LOGS/stop-$name" \
+    --log "$LOGS/$(printf %02d $((N + 1)))-submit-$name.log" --log-out "$LOGS/log-$name.txt" &
+  step "submit-$name" "${RUN_LIMIT:-480}" $VC submit "$job" "$@" --json
+  touch "$LOGS/stop-$name"; wait
+  ls -R "$CKPT/$name" 2>/dev/null | head -40 > "$LOGS/ckpt-$name.txt"
+  pack
+}
+COMMON=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" env.VLLM_LOGGING_LEVEL=INFO
+        trainer.total_training_steps=3 trainer.test_freq=3 trainer.save_freq=3 trainer.val_before_train=false)
+if named verlenv; then
+  step imports 240 python3 -c "
+import importlib, time
+for m in ('ray', 'transformers', 'vllm', 'verl', 'verl.trainer.main_ppo', 'transfer_queue', 'vllm.entrypoints.openai.api_server',
+          'vllm.v1.engine.async_llm', 'verl.workers.rollout.vllm_rollout.vllm_async_server', 'verl.workers.engine_workers'):
+    t = time.time()
+    try:
+        mod = importlib.import_module(m); print('ok', m, getattr(mod, '__version__', ''), round(time.time() - t, 1))
+    except Exception as e:
+        print('FAIL', m, type(e).__name__, str(e)[:300])
+"
+fi
+if named verldata; then
+  step model-tiny 120 python3 scripts/make_tiny_model.py -o $MODELS/tiny
+  step model-0.5b 300 python3 scripts/make_tiny_model.py --shape qwen2.5-0.5b -o $MODELS/qwen2.5-0.5b
+  step data 120 python3 scripts/prepare_gsm8k.py --synthetic 2000 --test-rows 64 -o $DATA
+fi
+named up && step up 180 $VC up cluster_configs/local.yaml && step check 240 $VC check cluster_configs/local.yaml
+named ppo && run_verl ppo launch/gsm8k.yaml model.path=$MODELS/tiny "${COMMON[@]}" data.train_batch_size=16 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.default_local_dir=$CKPT/ppo
+named grpo && run_verl grpo launch/gsm8k_grpo.yaml model.path=$MODELS/tiny "${COMMON[@]}" data.train_batch_size=16 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.default_local_dir=$CKPT/grpo
+named ppo05 && run_verl ppo05 launch/gsm8k.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" data.train_batch_size=64 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 trainer.default_local_dir=$CKPT/ppo05
+# a configuration the plan rejects, run anyway (--skip-preflight) to see verl fail or the margin: REJECT="k=v ..."
+named reject && run_verl reject launch/gsm8k.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" \
+  trainer.default_local_dir=$CKPT/reject ${REJECT:-} --skip-preflight
+named down && step down 120 $VC down cluster_configs/local.yaml
 
 if [ -n "${EXTRA:-}" ]; then step extra 300 bash -c "$EXTRA"; fi
 echo "total $(( $(date +%s) - T0 ))s" | tee -a "$LOGS/steps.log"

@@ -40,9 +40,21 @@ def test_spec_is_a_ray_command_job_with_every_role():
     job = load_job(ROOT / "launch" / "gpu_smoke.yaml")
     assert job.launcher == "ray" and job.command == ["python", "gpu_smoke_job.py"]
     assert job.env["NCCL_NVLS_ENABLE"] == "0"
+    assert job.placement.strategy == "auto"  # the plan picks; env.GPU_SMOKE_STRATEGY forces one
     plan = _plan()
-    assert plan["feasible"] and plan["strategy"] == "split"
+    assert plan["feasible"] and plan["strategy"] == "colocate"  # auto on the 2x H200 recording
     assert set(plan["roles"]) == {"actor", "rollout", "ref", "critic", "reward"}
+
+
+def test_auto_on_one_gpu_plans_colocate_and_every_role_shares_it():
+    """The 1-GPU variant of the recording (h200x2_recorded.json less GPU 1): what failed on an H100 with split."""
+    plan = _plan(facts=[from_dict(NodeFacts, json.loads((FACTS / "h200x1_recorded.json").read_text()))])
+    assert plan["feasible"] and plan["strategy"] == "colocate"
+    assert plan["hardware"]["gpus_per_node"] == 1
+    lay = smoke.layout(plan)
+    assert [(g["pool"], g["gpus"]) for g in lay["groups"]] == [("global_pool", [0])]
+    assert {(a["role"], a["gpu"], a["world"], a["num_gpus"]) for a in lay["actors"]} == {
+        (r, 0, 1, 0.25) for r in ("actor", "critic", "ref", "reward")}
 
 
 def test_split_on_two_gpus_gives_one_group_per_pool_and_separate_gpus():

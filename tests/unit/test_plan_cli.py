@@ -131,7 +131,7 @@ def test_plan_for_job_on_localhost_cluster_is_a_clean_error_without_gpus():
 
 
 def test_plan_for_job_matches_what_submit_calls(monkeypatch):
-    """launch/integrations.placement_plan imports plan_for_job and calls it as (job, spec)."""
+    """launch/integrations.placement_plan does what plan_for_job(job, spec) does: gather every node, then plan."""
     import inspect
 
     from verl_cluster.config.job import load_job

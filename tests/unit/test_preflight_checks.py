@@ -1,5 +1,8 @@
 """Preflight judgements on recorded probe results and schemas (no cluster needed)."""
 
+import json
+from pathlib import Path
+
 import pyarrow as pa
 
 from verl_cluster.config.job import JobSpec
@@ -123,3 +126,99 @@ def test_check_files_on_this_machine_never_says_both_missing_and_found(tmp_path,
     (d / "tokenizer.json").write_text("{}")
     found = check_files(spec, hub, {"actor_rollout_ref.model.path": str(d)})
     assert [f.level for f in found if f.check == "model"] == ["ok"]
+
+
+# ---- placement strategy on recorded GPU facts (tests/fixtures/facts: the 2x H200 recording, and its 1-GPU variant) ----
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE, GSM8K = ROOT / "launch/gpu_smoke.yaml", ROOT / "launch/gsm8k.yaml"
+ONE_GPU, TWO_GPUS = "h200x1_recorded.json", "h200x2_recorded.json"
+SPLIT_ON_ONE = ("placement.strategy is `split`, but split needs >= 2 GPUs: one pool for actor+rollout(+ref), one "
+                "for critic/reward; this cluster has 1. Fix: use strategy: auto (the plan picks colocate here)")
+
+
+def _recorded(name, host=None):
+    from verl_cluster.facts.model import NodeFacts, from_dict
+
+    raw = json.loads((ROOT / "tests/fixtures/facts" / name).read_text())
+    return [from_dict(NodeFacts, {**raw, "host": host or raw["host"]})]
+
+
+def _smoke(*cli):
+    from verl_cluster.config.job import load_job
+
+    return load_job(SMOKE, list(cli))
+
+
+def test_strategy_auto_on_one_gpu_is_no_finding():
+    from verl_cluster.launch.preflight import check_strategy
+
+    assert _smoke().placement.strategy == "auto"
+    assert check_strategy(_smoke(), _recorded(ONE_GPU)) == []
+
+
+def test_strategy_split_on_one_gpu_is_a_placement_error_naming_field_file_why_and_fix():
+    from verl_cluster.launch.preflight import PreflightReport, check_strategy
+    from verl_cluster.launch.submit import preflight_exit_code
+
+    found = check_strategy(_smoke("placement.strategy=split"), _recorded(ONE_GPU))
+    assert [(f.level, f.check, f.message) for f in found] == [("error", "placement", f"{SMOKE}: {SPLIT_ON_ONE}")]
+    assert preflight_exit_code(PreflightReport(found)) == 1  # the cluster cannot run it (not bad input)
+
+
+def test_strategy_split_on_two_gpus_is_fine():
+    from verl_cluster.launch.preflight import check_strategy
+
+    found = check_strategy(_smoke("placement.strategy=split"), _recorded(TWO_GPUS))
+    assert [(f.level, f.message) for f in found] == [("ok", "placement.strategy split: fits on 1x2x NVIDIA H200")]
+
+
+def test_gpu_smoke_env_strategy_is_checked_and_wins_over_the_file():
+    from verl_cluster.launch.preflight import check_strategy
+
+    (f,) = check_strategy(_smoke("env.GPU_SMOKE_STRATEGY=split"), _recorded(ONE_GPU))
+    assert f.level == "error" and f.message.startswith(f"{SMOKE}: env.GPU_SMOKE_STRATEGY is `split`, but split needs >= 2 GPUs")
+    assert f.message.endswith("Fix: unset env.GPU_SMOKE_STRATEGY or set it to auto (the plan picks colocate here)")
+    assert check_strategy(_smoke("placement.strategy=split", "env.GPU_SMOKE_STRATEGY=auto"), _recorded(ONE_GPU)) == []
+    (bad,) = check_strategy(_smoke("env.GPU_SMOKE_STRATEGY=splt"), _recorded(TWO_GPUS))
+    assert bad.level == "error" and "`splt`, not a strategy" in bad.message
+
+
+def test_strategy_that_does_not_fit_while_auto_does_is_an_error():
+    """qwen2.5-7b on the 2x H200 recording: split puts the actor's AdamW states on one GPU; colocate shards them."""
+    from verl_cluster.launch.preflight import check_strategy
+
+    (f,) = check_strategy(_smoke("placement.strategy=split", "model.catalog=qwen2.5-7b"), _recorded(TWO_GPUS))
+    assert f.level == "error" and "placement.strategy is `split`, but split does not fit: actor update" in f.message
+    assert f.message.endswith("Fix: use strategy: auto (the plan picks colocate here)")
+
+
+def test_submit_preflight_runs_the_strategy_check_on_gathered_facts(monkeypatch):
+    """run_preflight (what submit calls) gathers the nodes' facts for a self-planning command job."""
+    from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.diagnostics import gather
+    from verl_cluster.launch.preflight import run_preflight
+
+    spec = load_cluster(ROOT / "cluster_configs/local.yaml")
+    monkeypatch.setattr(gather, "gather_facts", lambda spec, runners=None, timeout=90.0: {
+        spec.head.host: _recorded(ONE_GPU, spec.head.host)[0]})
+    report = run_preflight(spec, _smoke("env.GPU_SMOKE_STRATEGY=colocate"), {}, None)
+    assert report.ok and [f.message for f in report.findings if f.check == "placement"] == [
+        "env.GPU_SMOKE_STRATEGY colocate: fits on 1x1x NVIDIA H200"]
+    report = run_preflight(spec, _smoke("placement.strategy=split"), {}, None)
+    assert [f.message for f in report.errors] == [f"{SMOKE}: {SPLIT_ON_ONE}"]
+
+
+def test_verl_trainer_split_on_one_gpu_gets_the_same_message_from_submits_plan(monkeypatch):
+    """verl trainers are planned by submit (integrations.placement_plan): its infeasible note is the same line."""
+    from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.config.job import load_job
+    from verl_cluster.diagnostics import gather
+    from verl_cluster.launch import integrations
+
+    spec = load_cluster(ROOT / "cluster_configs/local.yaml")
+    monkeypatch.setattr(gather, "gather_facts", lambda spec, runners=None, timeout=90.0: {
+        spec.head.host: _recorded(ONE_GPU, spec.head.host)[0]})
+    info = integrations.placement_plan(load_job(GSM8K, ["placement.strategy=split"]), spec)
+    assert info.feasible is False
+    assert info.note == f"{GSM8K}: {SPLIT_ON_ONE}"
+    assert integrations.placement_plan(load_job(GSM8K), spec).feasible is True

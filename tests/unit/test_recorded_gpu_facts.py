@@ -76,7 +76,7 @@ def test_planner_allows_flash_attention_when_it_imports():
 
 
 def test_gpu_smoke_split_plan_on_the_recording_uses_both_gpus():
-    p = plan_job(load_job(ROOT / "launch" / "gpu_smoke.yaml"), [recorded()])
+    p = plan_job(load_job(ROOT / "launch" / "gpu_smoke.yaml"), [recorded()], strategy="split")
     assert p.feasible and p.strategy == "split"
     assert p.role("actor").gpus == ((0, 0),) and p.role("critic").gpus == ((0, 1),)
     assert all(g.peak_gib < 143771 / 1024 for g in p.gpus)

@@ -78,7 +78,9 @@ def run_logs(args) -> int:
             return EXIT_OK
         from verl_cluster.cli.submit_cmd import follow_job
 
-        return follow_job(api, args.job_id, False, f"verl-cluster logs {args.job_id} {args.cluster} --follow")
+        verl = "verl." in ray_jobs.job_info(api, args.job_id).entrypoint
+        return follow_job(api, args.job_id, False, f"verl-cluster logs {args.job_id} {args.cluster} --follow",
+                          verl=verl)
 
 
 def run_stop(args) -> int:

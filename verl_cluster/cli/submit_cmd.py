@@ -109,12 +109,22 @@ def _apply_ray(sub: Submission, args) -> int:
             return EXIT_UNHEALTHY if status in ("FAILED", "STOPPED") else EXIT_OK
         err.print(f"submitted [bold]{sid}[/] to {escape(api.where)}; Ctrl-C detaches "
                   f"({'stops the job' if args.stop_on_interrupt else 'the job keeps running'})")
-        return follow_job(api, sid, args.stop_on_interrupt, reattach, args.json)
+        return follow_job(api, sid, args.stop_on_interrupt, reattach, args.json, verl=is_verl_job(sub.job))
 
 
-def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: bool = False) -> int:
+def is_verl_job(job) -> bool:
+    """Jobs whose logs are verl's (its trainers as entrypoint or `python -m verl...` as command)."""
+    argv = [job.entrypoint or ""] + list(job.command)
+    return any(a.startswith("verl.") for a in argv)
+
+
+def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: bool = False,
+               verl: bool = False) -> int:
+    from verl_cluster.launch.verl_log import VerlProgress, describe
+
+    progress = VerlProgress() if verl else None
     try:
-        res = ray_jobs.follow(api, sid, out=sys.stderr if as_json else sys.stdout)
+        res = ray_jobs.follow(api, sid, out=sys.stderr if as_json else sys.stdout, progress=progress)
     except KeyboardInterrupt:
         if stop_on_interrupt:
             row = ray_jobs.stop(api, sid)
@@ -123,11 +133,22 @@ def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: b
         err.print(f"detached; {sid} keeps running. Re-attach: {escape(reattach)}")
         return 130
     if as_json:
-        print_json({"submission_id": sid, "status": res.status, "message": res.message, "last_lines": res.tail})
+        doc = {"submission_id": sid, "status": res.status, "message": res.message, "last_lines": res.tail}
+        if res.verl is not None:
+            doc["verl"] = res.verl
+        if res.failure is not None:
+            doc["failure"] = res.failure
+        print_json(doc)
+    for line in describe(res.verl or {}):
+        err.print(escape(line))
     if res.status == "SUCCEEDED":
         err.print(f"[green]{sid} SUCCEEDED[/]")
         return EXIT_OK
     err.print(f"[bold red]{sid} {res.status}[/]" + (f": {escape(res.message)}" if res.message else ""))
+    if res.failure:
+        f = res.failure
+        err.print(f"[bold red]cause ({f['class']}):[/] {escape(f['what'])}: {escape(f['evidence'])}")
+        err.print(f"[yellow]hint:[/] {escape(f['fix'])}")
     if res.tail and not as_json:
         err.print("last lines:")
         for line in res.tail:

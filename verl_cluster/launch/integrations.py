@@ -33,19 +33,35 @@ def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
     if not (job.entrypoint or "").startswith("verl.trainer.main_"):
         return PlanInfo({}, None, {}, "no placement plan: not a verl Ray trainer")
     try:
-        from verl_cluster.placement import plan_for_job
+        from verl_cluster.placement import gather_node_facts, plan_job
     except ImportError:
         return PlanInfo({}, None, {}, "placement planner not available: the job's own overrides are used")
+    facts = None
     try:
-        plan = plan_for_job(job, spec)  # every node's facts; an unreachable node is a finding, not a smaller plan
+        facts = gather_node_facts(spec)  # every node's facts; an unreachable node is a finding, not a smaller plan
+        plan = plan_job(job, facts)
     except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding, not a crash
         msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
-        return PlanInfo({}, False, {}, f"placement planner: {msg}")
+        return PlanInfo({}, False, {}, _strategy_note(job, facts) or f"placement planner: {msg}")
     summary = plan.to_dict() if hasattr(plan, "to_dict") else {}
     note = "placement planned" + (f" ({plan.strategy})" if getattr(plan, "strategy", None) else "")
     if not plan.feasible:
-        note = "; ".join(list(getattr(plan, "problems", []) or [])[:3]) or "infeasible"
+        note = _strategy_note(job, facts) or "; ".join(list(getattr(plan, "problems", []) or [])[:3]) or "infeasible"
     return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note)
+
+
+def _strategy_note(job: JobSpec, facts) -> str:
+    """When the job's placement.strategy is what makes the plan fail (another strategy fits, or the hardware has
+    no pools for it), preflight's one-line message for it (field, file, why, fix); else ""."""
+    if facts is None or job.placement.strategy in (None, "", "auto"):
+        return ""
+    from verl_cluster.launch.preflight import check_strategy
+
+    try:
+        found = check_strategy(job, facts)
+    except Exception:  # noqa: BLE001 - the planner's own message stands
+        return ""
+    return next((f.message for f in found if f.level == "error"), "")
 
 
 def plan_metadata(plan: PlanInfo, limit: int = 4000) -> str:

@@ -252,11 +252,94 @@ def check_resources(job: JobSpec, overrides: Mapping[str, Any], status: Any) -> 
     return gpu_fit(nodes_from_status(status), per_node, nnodes)
 
 
+# ---- placement strategy: one the hardware cannot realise fails here, not after submission ----
+# Env vars through which a job that plans itself takes its strategy (launch/gpu_smoke_job.py); they win over
+# placement.strategy there, as they do in the job.
+STRATEGY_ENV = ("GPU_SMOKE_STRATEGY",)
+
+
+def requested_strategy(job: JobSpec) -> tuple[str, str]:
+    """(field, strategy) the job runs with: a self-planning job's strategy env var when set, else
+    placement.strategy (file or command line). verl trainers are planned by submit: only placement.strategy."""
+    if not job.is_ray_only:
+        for name in STRATEGY_ENV:
+            value = str(job.env.get(name) or "").strip()
+            if value:
+                return f"env.{name}", value
+    return "placement.strategy", job.placement.strategy or "auto"
+
+
+def _why_no_pools(want: str, critic: bool, reward: bool, g: int, nnodes: int) -> str:
+    have = f"this cluster has {g}" + (" per node" if nnodes > 1 else "")
+    if want == "split":
+        if not (critic or reward):
+            return "split needs a critic or a reward model for its second pool; this job has neither"
+        if g < 2:
+            return f"split needs >= 2 GPUs: one pool for actor+rollout(+ref), one for critic/reward; {have}"
+        return (f"split needs an even GPU count per node: half for actor+rollout(+ref), half for critic/reward; "
+                f"{have}")
+    if not reward:
+        return "separate-reward needs a reward model (reward_model.enable: true); this job has none"
+    return f"separate-reward needs >= 2 GPUs: one pool for the reward model, one for the other roles; {have}"
+
+
+def check_strategy(job: JobSpec, facts: Sequence[Any]) -> list[Finding]:
+    """Can these nodes (NodeFacts) realise the strategy the job asks for? An error names the field, the job file,
+    why not and the fix (check `placement`: the cluster cannot run it, exit 1). Nothing for `auto`."""
+    from verl_cluster.errors import ConfigError, VerlClusterError
+    from verl_cluster.placement import plan_job
+    from verl_cluster.placement.hardware import hardware_from_facts
+    from verl_cluster.placement.planner import STRATEGIES
+    from verl_cluster.placement.settings import read_settings
+
+    field_, want = requested_strategy(job)
+    if want == "auto":
+        return []
+    head = f"{job.source}: {field_} is `{want}`"
+    if want not in STRATEGIES:
+        return [Finding("error", "placement", f"{head}, not a strategy; use one of {', '.join(STRATEGIES)}, auto")]
+    try:
+        asked = plan_job(job, list(facts), strategy=want)
+        why = "" if asked.feasible else f"{want} does not fit: " + ("; ".join(asked.problems[:1]) or "infeasible")
+    except ConfigError as e:
+        if not e.message.startswith(f"strategy `{want}` needs"):  # not make_pools finding no pools for it
+            raise
+        s = read_settings(job)
+        hw = hardware_from_facts(list(facts), nnodes=s.nnodes, n_gpus_per_node=s.n_gpus_per_node)
+        why = _why_no_pools(want, s.critic, s.reward_model, hw.gpus_per_node, hw.nnodes)
+    if not why:
+        return [Finding("ok", "placement", f"{field_} {want}: fits on {asked.hardware}")]
+    try:
+        auto = plan_job(job, list(facts), strategy="auto")
+    except VerlClusterError:
+        auto = None
+    if auto is None or not auto.feasible:
+        fix = f"no strategy fits here: `verl-cluster plan {job.source}` shows why"
+    else:
+        fix = "use strategy: auto" if field_ == "placement.strategy" else f"unset {field_} or set it to auto"
+        fix += f" (the plan picks {auto.strategy} here)"
+    return [Finding("error", "placement", f"{head}, but {why}. Fix: {fix}")]
+
+
+def check_placement_strategy(spec: ClusterSpec, job: JobSpec) -> list[Finding]:
+    """check_strategy on the nodes' gathered facts, for jobs that plan themselves (a `command` with a model,
+    e.g. launch/gpu_smoke.yaml). verl trainers are planned by submit itself (integrations.placement_plan)."""
+    if job.is_ray_only or not (job.model.catalog or job.model.path) or requested_strategy(job)[1] == "auto":
+        return []
+    from verl_cluster.errors import VerlClusterError
+    from verl_cluster.placement import gather_node_facts
+
+    try:
+        return check_strategy(job, gather_node_facts(spec))
+    except VerlClusterError as e:  # an unreachable node, no GPUs, a model the planner does not know
+        return [Finding("error", "placement", f"cannot check {requested_strategy(job)[0]}: {e.message}", e.hint)]
+
+
 def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any], status: Any,
                   extra: Sequence[Finding] = ()) -> PreflightReport:
     findings = list(extra)
     for check in (lambda: check_files(spec, job, overrides), lambda: check_verl(job, overrides),
-                  lambda: check_resources(job, overrides, status)):
+                  lambda: check_resources(job, overrides, status), lambda: check_placement_strategy(spec, job)):
         try:
             findings += check()
         except Exception as e:  # noqa: BLE001 - one broken check must not hide the others

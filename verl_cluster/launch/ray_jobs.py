@@ -213,12 +213,14 @@ class FollowResult:
     status: str  # a terminal status, or "DETACHED"
     message: str
     tail: list[str]
+    verl: Optional[dict] = None  # verl_log.VerlProgress.summary() when the job is a verl trainer
+    failure: Optional[dict] = None  # verl_log.Failure.to_json() when the job did not succeed
 
 
 def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: TextIO = sys.stderr,
-           poll_s: float = 1.0, tail_lines: int = 20) -> FollowResult:
+           poll_s: float = 1.0, tail_lines: int = 20, progress: Optional[Any] = None) -> FollowResult:
     """Stream the job's logs until it ends; status changes go to `status_out`. Ctrl-C raises KeyboardInterrupt
-    (the caller decides: detach or stop)."""
+    (the caller decides: detach or stop). `progress` (a verl_log.VerlProgress) is fed every chunk."""
     t0 = time.monotonic()
     seen = {"status": ""}
     recent: list[str] = []
@@ -243,6 +245,8 @@ def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: Text
             async for chunk in api.client.tail_job_logs(job_id):
                 out.write(chunk)
                 out.flush()
+                if progress is not None:
+                    progress.feed(chunk)
                 recent.extend(chunk.splitlines())
                 del recent[:-tail_lines]
         except RuntimeError:
@@ -265,7 +269,14 @@ def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: Text
         raise
     row = job_info(api, job_id)
     show_status(row.status)
+    failure = None
     if row.status in TERMINAL and row.status != "SUCCEEDED":
         text = logs(api, job_id)
         recent = text.splitlines()[-tail_lines:]
-    return FollowResult(row.status, row.message, recent)
+        if progress is not None:
+            from verl_cluster.launch.verl_log import classify
+
+            found = classify(text.splitlines()[-2000:])
+            failure = found.to_json() if found else None
+    summary = progress.summary() if progress is not None else None
+    return FollowResult(row.status, row.message, recent, summary, failure)

@@ -1,0 +1,79 @@
+"""verl's log lines -> per-step metrics, checkpoints and a classified failure (what `submit` prints at the end)."""
+
+from __future__ import annotations
+
+import numbers
+
+from verl_cluster.launch.verl_log import VerlProgress, classify, describe, parse_metrics
+
+
+def verl_line(step: int, metrics: dict) -> str:
+    """The line verl 0.9's console logger prints (aggregate_logger.concat_dict_to_str), as Ray forwards it."""
+    parts = [f"step:{step}"] + [f"{k}:{v!r}" for k, v in metrics.items() if isinstance(v, numbers.Number)]
+    return "(TaskRunner pid=4711) " + " - ".join(parts)
+
+
+def test_metrics_line_parsed_with_ray_prefix_and_odd_values():
+    line = verl_line(3, {"timing_s/step": 12.5, "perf/throughput": 1234.5, "actor/pg_loss": -1.5e-05,
+                         "critic/vf_loss": float("nan"), "perf/max_memory_reserved_gb": 20.25})
+    step, m = parse_metrics(line)
+    assert step == 3
+    assert m["timing_s/step"] == 12.5 and m["perf/throughput"] == 1234.5
+    assert m["actor/pg_loss"] == -1.5e-05 and m["perf/max_memory_reserved_gb"] == 20.25
+    assert m["critic/vf_loss"] != m["critic/vf_loss"]  # nan kept as nan
+    assert parse_metrics("(TaskRunner pid=1) step 3 of 10 started") is None
+    assert parse_metrics("\x1b[36m(TaskRunner pid=1)\x1b[0m step:2 - perf/throughput:5.0")[0] == 2
+
+
+def test_summary_takes_last_step_peak_memory_validation_and_checkpoint():
+    p = VerlProgress()
+    p.feed("\n".join([
+        verl_line(1, {"timing_s/step": 20.0, "perf/throughput": 100.0, "perf/max_memory_allocated_gb": 5.0,
+                      "perf/max_memory_reserved_gb": 7.0}),
+        "(TaskRunner pid=4711) INFO:2026-11-24 19:00:00,000:Saving checkpoint to /ckpt/ppo/global_step_2",
+        verl_line(2, {"timing_s/step": 10.0, "perf/throughput": 200.0, "perf/max_memory_allocated_gb": 6.0,
+                      "perf/max_memory_reserved_gb": 6.5}),
+    ]) + "\n")
+    p.feed(verl_line(2, {"val-core/openai/gsm8k/reward/mean@1": 0.0}) + "\n")
+    s = p.summary()
+    assert s["steps"] == 2 and s["last_step"] == 2
+    assert s["step_time_s"] == 10.0 and s["mean_step_time_s"] == 15.0
+    assert s["throughput_tokens_per_gpu_s"] == 200.0
+    assert s["max_memory_allocated_gb"] == 6.0 and s["max_memory_reserved_gb"] == 7.0
+    assert s["validation"] == {"val-core/openai/gsm8k/reward/mean@1": 0.0}
+    assert s["checkpoints"] == ["/ckpt/ppo/global_step_2"]
+    text = "\n".join(describe(s))
+    assert "2 step(s)" in text and "reserved 7.0 GB" in text and "global_step_2" in text and "val-core" in text
+
+
+def test_no_steps_is_said():
+    assert describe(VerlProgress().summary()) == ["verl: no training step was logged"]
+
+
+def test_chunks_split_mid_line_still_parse():
+    p = VerlProgress()
+    line = verl_line(1, {"timing_s/step": 3.0})
+    p.feed(line[:20])
+    assert p.steps == {}  # nothing parsed from half a line
+    p.feed(line[20:] + "\nstep:2 - timing_s/step:4.0")
+    assert p.summary()["steps"] == 2  # the unterminated last line counts once the stream ends
+
+
+def test_failures_classified_specific_before_generic():
+    oom = ["Traceback (most recent call last):", "  File x.py", "torch.OutOfMemoryError: CUDA out of memory. "
+           "Tried to allocate 2.00 GiB"]
+    assert classify(oom).kind == "oom"
+    kv = ["ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`"]
+    f = classify(kv)
+    assert f.kind == "oom" and "gpu_memory_utilization" in f.fix
+    nccl = ["[rank0]:[E] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE)"]
+    assert classify(nccl).kind == "nccl-timeout"
+    missing = ["ModuleNotFoundError: No module named 'vllm'"]
+    assert classify(missing).kind == "missing-package"
+    override = ["Could not override 'trainer.totl_epochs'.", "Key 'totl_epochs' is not in struct"]
+    assert classify(override).kind == "bad-override"
+    user = ["Traceback (most recent call last):", '  File "my_reward.py", line 3, in score',
+            "(TaskRunner pid=9) KeyError: 'ground_truth'"]
+    f = classify(user)
+    assert f.kind == "user-code" and "KeyError" in f.line
+    assert classify(["step:1 - a:1.0", "all fine"]) is None

@@ -1,0 +1,164 @@
+"""Read a verl run from its log lines: the metrics its console logger prints each step, the checkpoints it saves,
+and the failure it dies of (classified, with the fix), so `submit` can end with a summary instead of a scroll.
+
+verl's console logger prints `step:N - key:value - key:value ...` once per training step (Ray prefixes the
+actor's lines with `(TaskRunner pid=...)`); validation metrics are keys starting with `val-`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+_STEP = re.compile(r"step:(\d+) - (.*)$")
+_KV = re.compile(r"^([^\s:][^:]*):(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf|-inf|True|False)$")
+_SAVED = re.compile(r"local_global_step_folder:\s*(\S+)|Saving checkpoint to:?\s*(\S+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+# (class, pattern, what it means, the fix); the first match in the log wins, so specific before generic.
+FAILURES: tuple[tuple[str, re.Pattern, str, str], ...] = tuple((c, re.compile(p), w, f) for c, p, w, f in (
+    ("oom", r"No available memory for the cache blocks|insufficient.*KV cache|max_model_len.*larger than the maximum "
+     r"number of tokens that can be stored in KV cache",
+     "vLLM has no room for the KV cache of one sequence",
+     "raise actor_rollout_ref.rollout.gpu_memory_utilization or offload the trainer's states (verl-cluster plan)"),
+    ("oom", r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|CUDA error: out of memory",
+     "a GPU ran out of memory",
+     "run `verl-cluster plan JOB` and use its micro batches / offload / gpu_memory_utilization"),
+    ("oom", r"oom-kill|Killed process|OutOfMemoryError: Task was killed due to the node running low on memory",
+     "a node ran out of host memory", "offload less, or use nodes with more RAM (plan shows host memory)"),
+    ("nccl-timeout", r"Watchdog caught collective operation timeout|NCCL watchdog timeout|ProcessGroupNCCL.*[Tt]imeout",
+     "an NCCL collective timed out", "verl-cluster check CLUSTER (NCCL interface, blocked ports)"),
+    ("gpu-fault", r"CUDA error: (?!out of memory)|Xid|uncorrectable ECC|GPU is lost|an illegal memory access",
+     "a GPU or CUDA error", "verl-cluster doctor on the node; a GPU that fell off the bus needs a reboot"),
+    ("node-lost", r"ActorDiedError|The actor died unexpectedly|node .* (?:has been marked dead|died)|RaySystemError",
+     "a Ray worker or node died", "verl-cluster status CLUSTER; verl-cluster up CLUSTER restarts dead nodes"),
+    ("missing-package", r"ModuleNotFoundError: No module named '([^']+)'",
+     "a Python package is missing where the job ran", "install it in the nodes' environment (same on every node)"),
+    ("bad-override", r"Could not override '[^']+'|Key '[^']+' is not in struct|Could not append to config|"
+     r"mismatched input .* expected",
+     "verl rejected an override", "check the key against verl's config (verl-cluster submit JOB --dry-run)"),
+    ("config", r"AssertionError: .*(?:divisible|must be|should be)|ValueError: .*(?:divisible|must be)",
+     "verl's config checks refused the settings", "verl-cluster plan JOB shows batch sizes that divide"),
+))
+
+
+def parse_metrics(line: str) -> Optional[tuple[int, dict[str, float]]]:
+    """(step, metrics) from one console-logger line, else None."""
+    m = _STEP.search(_ANSI.sub("", line))
+    if not m:
+        return None
+    metrics: dict[str, float] = {}
+    for item in m.group(2).split(" - "):
+        kv = _KV.match(item.strip())
+        if kv:
+            v = kv.group(2)
+            metrics[kv.group(1)] = float(v == "True") if v in ("True", "False") else float(v)
+    return (int(m.group(1)), metrics) if metrics else None
+
+
+@dataclass
+class Failure:
+    kind: str
+    what: str
+    fix: str
+    line: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"class": self.kind, "what": self.what, "fix": self.fix, "evidence": self.line}
+
+
+def classify(lines: list[str]) -> Optional[Failure]:
+    """The failure the log shows, by the first pattern (in FAILURES order) any line matches; a Python traceback
+    that matches none is a user code error; None when neither is there."""
+    for kind, pat, what, fix in FAILURES:
+        for line in lines:
+            if pat.search(line):
+                return Failure(kind, what, fix, line.strip()[:300])
+    tb = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    if tb:
+        after = [x.strip() for x in lines[tb[-1] + 1:] if x.strip()]
+        err = next((x for x in reversed(after) if re.match(r"^(\(\S+ pid=\d+\)\s*)?[\w.]+(Error|Exception)\b", x)),
+                   after[-1] if after else "")
+        return Failure("user-code", "the job raised an exception", "read the traceback (verl-cluster logs JOB)",
+                       err[:300])
+    return None
+
+
+@dataclass
+class VerlProgress:
+    """Fed log lines as they arrive; keeps per-step metrics, checkpoints and a bounded window for classify()."""
+    steps: dict[int, dict[str, float]] = field(default_factory=dict)
+    checkpoints: list[str] = field(default_factory=list)
+    window: list[str] = field(default_factory=list)
+    window_lines: int = 400
+    partial: str = ""  # a line not yet ended by a newline
+
+    def feed(self, text: str) -> None:
+        lines = (self.partial + text).split("\n")
+        self.partial = lines.pop()
+        self._lines(lines)
+
+    def flush(self) -> None:
+        if self.partial:
+            self._lines([self.partial])
+            self.partial = ""
+
+    def _lines(self, lines: list[str]) -> None:
+        for line in lines:
+            got = parse_metrics(line)
+            if got:
+                step, metrics = got
+                self.steps.setdefault(step, {}).update(metrics)
+            saved = _SAVED.search(line)
+            if saved:
+                path = saved.group(1) or saved.group(2)
+                if path and path not in self.checkpoints:
+                    self.checkpoints.append(path)
+            self.window.append(line)
+        del self.window[:-self.window_lines]
+
+    def summary(self) -> dict[str, Any]:
+        self.flush()
+        if not self.steps:
+            return {"steps": 0, "checkpoints": list(self.checkpoints)}
+        train = {s: m for s, m in self.steps.items() if any(not k.startswith("val-") for k in m)}
+        last = max(train) if train else max(self.steps)
+        lm = self.steps[last]
+        val = {k: v for m in self.steps.values() for k, v in m.items() if k.startswith("val-")}
+
+        def peak(key: str) -> Optional[float]:
+            vals = [v for m in self.steps.values() for k, v in m.items() if k.endswith(key)]
+            return round(max(vals), 3) if vals else None
+
+        times = [m["timing_s/step"] for m in train.values() if "timing_s/step" in m]
+        return {
+            "steps": len(train), "last_step": last,
+            "step_time_s": round(lm["timing_s/step"], 2) if "timing_s/step" in lm else None,
+            "mean_step_time_s": round(sum(times) / len(times), 2) if times else None,
+            "throughput_tokens_per_gpu_s": round(lm["perf/throughput"], 1) if "perf/throughput" in lm else None,
+            "max_memory_allocated_gb": peak("perf/max_memory_allocated_gb"),
+            "max_memory_reserved_gb": peak("perf/max_memory_reserved_gb"),
+            "validation": val, "checkpoints": list(self.checkpoints),
+        }
+
+    def failure(self) -> Optional[Failure]:
+        return classify(self.window)
+
+
+def describe(summary: dict[str, Any]) -> list[str]:
+    """A few human lines for the end of `submit`."""
+    if not summary.get("steps"):
+        return ["verl: no training step was logged"] if summary else []
+    out = [f"verl: {summary['steps']} step(s), last {summary['last_step']}"
+           + (f", step time {summary['step_time_s']} s" if summary.get("step_time_s") is not None else "")
+           + (f", {summary['throughput_tokens_per_gpu_s']} tokens/s/GPU"
+              if summary.get("throughput_tokens_per_gpu_s") is not None else "")]
+    if summary.get("max_memory_reserved_gb") is not None:
+        out.append(f"verl: peak GPU memory (torch, trainer) allocated {summary['max_memory_allocated_gb']} GB, "
+                   f"reserved {summary['max_memory_reserved_gb']} GB")
+    if summary.get("validation"):
+        out.append("verl: validation " + ", ".join(f"{k}={v:g}" for k, v in sorted(summary["validation"].items())))
+    for ck in summary.get("checkpoints", []):
+        out.append(f"verl: checkpoint {ck}")
+    return out
