@@ -18,7 +18,7 @@ if [ -d /root/stage/verl/site ]; then SITE=/root/stage/verl/site   # staged verl
 elif [ -f .gpubundle/site.tar.xz ] && [ ! -d /tmp/site ]; then tar xJf .gpubundle/site.tar.xz -C /tmp; fi
 export PYTHONPATH=$SITE:$PWD PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export RAY_USAGE_STATS_ENABLED=0
+export RAY_USAGE_STATS_ENABLED=0 VLLM_USE_FLASHINFER_SAMPLER=0   # flashinfer is not staged
 ulimit -n 65536 2>/dev/null || true   # doctor's fix hint for Ray (the machine starts at 20000)
 # The product starts `ray` from beside the node's Python (ray.ray_executable defaults to <python's bin>/ray);
 # the bundle's `ray` lives in /tmp/site/bin, so link it there the way a real install would have it.
@@ -108,7 +108,7 @@ run_verl() {
   ls -R "$CKPT/$name" 2>/dev/null | head -40 > "$LOGS/ckpt-$name.txt"
   pack
 }
-COMMON=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" env.VLLM_LOGGING_LEVEL=INFO
+COMMON=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" env.VLLM_LOGGING_LEVEL=INFO env.VLLM_USE_FLASHINFER_SAMPLER=0
         trainer.total_training_steps=3 trainer.test_freq=3 trainer.save_freq=3 trainer.val_before_train=false)
 if named verlenv; then
   step imports 240 python3 -c "
