@@ -99,7 +99,8 @@ VC="python3 -m verl_cluster"
 # process and each log line is stamped with the time it appeared (to line memory up with verl's phases)
 run_verl() {
   local name=$1 job=$2; shift 2
-  step "plan-$name" 90 $VC plan "$job" "$@" --json
+  local a planargs=(); for a in "$@"; do [ "$a" = --skip-preflight ] || planargs+=("$a"); done
+  step "plan-$name" 90 $VC plan "$job" "${planargs[@]}" --json
   cp "$LOGS/$(printf %02d $N)-plan-$name.out" "$LOGS/plan-$name.json" 2>/dev/null
   python3 scripts/gpu_mem_sampler.py "$LOGS/nvml-$name.jsonl" --stop-file "$LOGS/stop-$name" \
     --log "$LOGS/$(printf %02d $((N + 1)))-submit-$name.log" --log-out "$LOGS/log-$name.txt" &
@@ -134,8 +135,10 @@ named grpo && run_verl grpo launch/gsm8k_grpo.yaml model.path=$MODELS/tiny "${CO
   actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.default_local_dir=$CKPT/grpo
 named ppo05 && run_verl ppo05 launch/gsm8k.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" data.train_batch_size=64 \
   actor_rollout_ref.actor.ppo_mini_batch_size=32 trainer.default_local_dir=$CKPT/ppo05
+named grpo05 && run_verl grpo05 launch/gsm8k_grpo.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" data.train_batch_size=64 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 trainer.default_local_dir=$CKPT/grpo05
 # a configuration the plan rejects, run anyway (--skip-preflight) to see verl fail or the margin: REJECT="k=v ..."
-named reject && run_verl reject launch/gsm8k.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" \
+named reject && run_verl reject launch/gsm8k_grpo.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" \
   trainer.default_local_dir=$CKPT/reject ${REJECT:-} --skip-preflight
 named down && step down 120 $VC down cluster_configs/local.yaml
 

@@ -85,4 +85,8 @@ def test_rollout_kv_cache_hand_computed():
 def test_peaks_add_context_and_resident_margin():
     # the phase's own working set is already what the allocator reserves; other roles' residents get the margin
     assert mem.gpu_peak(10 * GIB, 2 * GIB) == pytest.approx(mem.CUDA_CONTEXT_BYTES + 10 * GIB + 2 * GIB * 1.1)
-    assert mem.rollout_peak(40 * GIB, 10 * GIB) == pytest.approx(mem.CUDA_CONTEXT_BYTES + 40 * GIB + 11 * GIB)
+    r = mem.RolloutMemory(40 * GIB, 1 * GIB, 1 * GIB, 0.5 * GIB, 37.5 * GIB, 1.0, 37, workspace=2 * GIB)
+    # colocated: vLLM's process (context + budget + sampler workspace) beside the trainer's (context + residents)
+    assert mem.rollout_peak(r, 10 * GIB, colocated=True) == pytest.approx(
+        mem.VLLM_CONTEXT_BYTES + 42 * GIB + mem.CUDA_CONTEXT_BYTES + 11 * GIB)
+    assert mem.rollout_peak(r, 0.0, colocated=False) == pytest.approx(mem.VLLM_CONTEXT_BYTES + 42 * GIB)

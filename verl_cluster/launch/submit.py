@@ -153,7 +153,8 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
             gpus = _nodes_gpu_count(spec)  # "default: the nodes' GPU count", not 1
         req = build_torchrun_request(job, spec, overrides, benv.by_host, secrets, gpus)
     report = run_preflight(spec, job, overrides, status if chosen == "ray" else None, extra) if run_checks \
-        else PreflightReport(extra + [Finding("skipped", "preflight", "--skip-preflight")])
+        else PreflightReport([Finding("warning" if f.level == "error" else f.level, f.check, f.message, f.hint)
+                              for f in extra] + [Finding("skipped", "preflight", "--skip-preflight")])
     return Submission(job, spec, cluster_file, chosen, req, report, notes)
 
 

@@ -28,6 +28,17 @@ CUDA_CONTEXT_BYTES = 1.2 * GIB
 # (the calibration ran one role per process): kept at the old 10% margin, applied to residents only.
 ALLOCATOR_MARGIN = 0.10
 VLLM_CUDA_GRAPHS_BYTES = 0.5 * GIB  # vLLM captured graphs unless enforce_eager
+# vLLM 0.24 under verl 0.9.1, measured on an H100 (docs/BENCHMARKS.md, "verl for real"; the fixture
+# tests/fixtures/verl_runs/h100_grpo_0.5b.json replays it):
+# - its worker process's own CUDA context, outside gpu_memory_utilization (the awake tiny model: 0.3 GiB over
+#   util x NVML's total, 0.53 GiB over util x torch's total, which vLLM uses)
+VLLM_CONTEXT_BYTES = 0.5 * GIB
+# - asleep between rollouts (weights and KV cache released): context, CUDA graph pool, torch's leftovers;
+#   0.95 GiB (tiny) and 1.23 GiB (0.5B) per GPU
+VLLM_ASLEEP_BYTES = 1.25 * GIB
+# - awake, the sampler's fp32 logits over a whole scheduled batch (max_num_batched_tokens x vocab) come on top of
+#   what vLLM's profiling reserved: 0.5B, 8192 tokens x 151936 x 4 B = 4.6 GiB, measured 5.0 GiB over budget
+VLLM_WORKSPACE_LOGITS_BYTES = 4
 ADAM_BYTES = 8  # AdamW: exp_avg + exp_avg_sq in the (fp32) parameter dtype
 REDUCE_BYTES = 4  # FSDP MixedPrecision(reduce_dtype=fp32): an unsharded gradient is cast to fp32 to be reduced
 LOGITS_BYTES = 4  # fp32 logits per token per vocab entry (vLLM's sampler)
@@ -93,14 +104,19 @@ def gathered_bytes(shape: ModelShape, c: int, *, root_params: Optional[int] = No
     return float(out)
 
 
-def loss_bytes(c: int, moment: str) -> int:
+def loss_bytes(c: int, moment: str, *, verl_engine: bool = False) -> int:
     """Bytes per token per logit the loss path holds at its peak, the c-byte logits included.
     forward: logits + their fp32 copy (none when c is already 4) + the fp32 log-softmax, all alive while
       log_softmax runs (ref/old log-probs: what verl computes under no_grad).
     backward: logits + the fp32 log-softmax (saved for backward) + two fp32 gradients in flight (gather's
       scattered gradient and the slice's zero-padded one, then the slice's and log_softmax's input gradient).
-    kept: the logits and fp32 log-probs the caller still references after backward, until the step."""
+    kept: the logits and fp32 log-probs the caller still references after backward, until the step.
+    verl_engine: verl 0.9's engine workers (log-probs row by row from c-byte logits, no fused kernels) hold
+      one fp32 gradient fewer in backward: c + 8, from its update on an H100 (0.5B, 30720 tokens: 10.4 B per
+      token per logit reserved); scripts/calibrate_memory.py's path (c + 12) is the legacy workers'."""
     copy = LOSS_FP32_BYTES if c < LOSS_FP32_BYTES else 0
+    if verl_engine and moment == "backward":
+        return c + 2 * LOSS_FP32_BYTES
     return {"forward": c + copy + LOSS_FP32_BYTES, "backward": c + 3 * LOSS_FP32_BYTES,
             "kept": c + LOSS_FP32_BYTES}[moment]
 
@@ -123,6 +139,7 @@ class TrainInputs:
     attn: str
     vocab_out: int  # logits width: vocab for the LM, 1 for value heads
     root_params: Optional[int] = None
+    verl_engine: bool = False  # verl >= 0.9's engine workers' loss path (see loss_bytes)
 
 
 @dataclass(frozen=True)
@@ -142,7 +159,7 @@ def update_step(x: TrainInputs) -> UpdateStep:
     update_actor/update_critic, so everything is on the GPU. See docs/placement.md for each term.
 
     Moments (optimizer.zero_grad(set_to_none) leaves no gradients at the start of backward):
-      loss backward   params + Adam + saved activations + logits x (c + 12) (+ the root unit, N > 1)
+      loss backward   params + Adam + saved activations + logits x (c + 12, verl engine c + 8) (+ root, N > 1)
       layer backward  params + Adam + grads + gathered units + one layer recomputed and back-propagated
                       (2 x A(T)) + the logits the caller keeps (c + 4)
       optimizer step  params + grads + Adam + foreach AdamW's sqrt(exp_avg_sq) temporary (P x m / N)
@@ -161,7 +178,7 @@ def update_step(x: TrainInputs) -> UpdateStep:
     saved = x.shape.layers * x.tokens * sh.hidden * c if x.grad_ckpt else sh.layers * (layer + scores)
     recompute = 2 * layer + scores if x.grad_ckpt else layer
     kept = tv * loss_bytes(c, "kept")
-    loss_tr = saved + tv * loss_bytes(c, "backward")
+    loss_tr = saved + tv * loss_bytes(c, "backward", verl_engine=x.verl_engine)
     layer_tr = saved + recompute + kept
     step_tr = x.params * m / n + kept
     # live tensors (allocated): at N = 1 FSDP runs NO_SHARD and frees the bf16 copies after each forward
@@ -171,7 +188,8 @@ def update_step(x: TrainInputs) -> UpdateStep:
     allocated = max(p.bytes + o.bytes + root_live + loss_tr,
                     p.bytes + o.bytes + g.bytes + gathered + reduce + layer_tr,
                     p.bytes + g.bytes + o.bytes + step_tr)
-    moments = {"loss backward": (Part("activations", saved), Part("logits", tv * loss_bytes(c, "backward"))),
+    moments = {"loss backward": (Part("activations", saved),
+                                 Part("logits", tv * loss_bytes(c, "backward", verl_engine=x.verl_engine))),
                "layer backward": (Part("activations", saved + recompute), Part("logits", kept)),
                "optimizer step": (Part("optimizer temp", x.params * m / n), Part("logits", kept))}
     moment = max(moments, key=lambda k: total(moments[k]))
@@ -222,11 +240,13 @@ class RolloutMemory:
     kv_cache: float  # what is left for KV blocks
     kv_per_seq: float
     seqs_fit: int  # sequences of full length the KV cache holds at once
+    workspace: float = 0.0  # what the awake process uses beyond the budget (sampler logits)
 
     @property
     def parts(self) -> tuple[Part, ...]:
         return (Part("weights", self.weights), Part("activations", self.activations),
-                Part("cuda graphs", self.graphs), Part("kv cache", max(0.0, self.kv_cache)))
+                Part("cuda graphs", self.graphs), Part("kv cache", max(0.0, self.kv_cache)),
+                Part("sampler workspace", self.workspace))
 
 
 def rollout_memory(shape: ModelShape, *, total_bytes: float, util: float, tp: int, dtype_bytes: int, seq: int,
@@ -241,7 +261,8 @@ def rollout_memory(shape: ModelShape, *, total_bytes: float, util: float, tp: in
     graphs = 0.0 if enforce_eager else VLLM_CUDA_GRAPHS_BYTES
     kv = budget - weights - acts - graphs
     per_seq = float(shape.kv_bytes_per_token(dtype_bytes, tp) * seq)
-    return RolloutMemory(budget, weights, acts, graphs, kv, per_seq, max(0, int(kv // per_seq)))
+    workspace = max_num_batched_tokens * shape.vocab * VLLM_WORKSPACE_LOGITS_BYTES / tp
+    return RolloutMemory(budget, weights, acts, graphs, kv, per_seq, max(0, int(kv // per_seq)), workspace)
 
 
 def gpu_peak(phase_working: float, others_resident: float) -> float:
@@ -249,6 +270,8 @@ def gpu_peak(phase_working: float, others_resident: float) -> float:
     return CUDA_CONTEXT_BYTES + phase_working + others_resident * (1 + ALLOCATOR_MARGIN)
 
 
-def rollout_peak(budget: float, others_resident: float) -> float:
-    """vLLM wakes into util x total; whatever other roles keep resident must fit beside it."""
-    return CUDA_CONTEXT_BYTES + budget + others_resident * (1 + ALLOCATOR_MARGIN)
+def rollout_peak(r: RolloutMemory, others_resident: float, *, colocated: bool) -> float:
+    """vLLM's worker process wakes into util x total plus its own context and the sampler's workspace; a
+    colocated trainer process keeps its context and whatever its roles hold resident beside it."""
+    trainer = CUDA_CONTEXT_BYTES + others_resident * (1 + ALLOCATOR_MARGIN) if colocated else 0.0
+    return VLLM_CONTEXT_BYTES + r.budget + r.workspace + trainer

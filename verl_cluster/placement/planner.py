@@ -176,14 +176,6 @@ def _divisors_desc(n: int, cap: int = MICRO_CAP) -> list[int]:
     return [d for d in range(min(n, cap), 0, -1) if n % d == 0]
 
 
-def _pow2_desc(n: int) -> list[int]:
-    out, v = [], 1
-    while v <= max(1, min(n, MICRO_CAP)):
-        out.append(v)
-        v *= 2
-    return out[::-1]
-
-
 class Evaluator:
     """Evaluates candidates for one (job, model, hardware, fill)."""
 
@@ -234,8 +226,8 @@ class Evaluator:
                     gpu, host = (), (Part("params", shape.params * s.master_dtype_bytes_actor / n),)
                 elif role == "reward":  # same for the FSDP reward model (bf16 weights)
                     gpu, host = (), (Part("params", self.rm_shape.value_model_params * 2 / n),)
-                else:  # rollout sleeps between generations: weights to host, KV cache freed
-                    gpu = ()
+                else:  # rollout sleeps between generations: weights and KV cache released, a residue stays
+                    gpu = (Part("vLLM asleep", mem.VLLM_ASLEEP_BYTES),)
                     host = (Part("weights (asleep)", shape.params * prec.c / tp),)
                 c.resident[role] = gpu
                 c.host[role] = host
@@ -255,7 +247,7 @@ class Evaluator:
             self._rollout(c, pool, tp)
         # actor and ref run the same model with the same settings
         actor_base = dict(shape=shape, params=shape.params, n=n, seq=s.seq_len, c=prec.c,
-                          m=s.master_dtype_bytes_actor, attn=prec.attn, vocab_out=shape.vocab)
+                          m=s.master_dtype_bytes_actor, attn=prec.attn, vocab_out=shape.vocab, verl_engine=True)
         if "actor" in pool.roles:
             p, g, o = mem.fsdp_states(shape.params, n, s.master_dtype_bytes_actor, trainable=True)
             extra = tuple(x for x, off in ((g, param_off), (o, opt_off)) if not off)
@@ -265,13 +257,13 @@ class Evaluator:
                          lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_actor,
                                                                    **base)),
                          rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
-            self._search(c, pool, "actor", "actor log-prob", s.logprob_micro, _pow2_desc(per_gpu_batch),
+            self._search(c, pool, "actor", "actor log-prob", s.logprob_micro, _divisors_desc(per_gpu_batch),
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
                                                          params_on_gpu=True, extra=extra),
                          rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
         if "ref" in pool.roles:
             base = actor_base
-            self._search(c, pool, "ref", "ref log-prob", s.ref_micro, _pow2_desc(per_gpu_batch),
+            self._search(c, pool, "ref", "ref log-prob", s.ref_micro, _divisors_desc(per_gpu_batch),
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
                                                          params_on_gpu=False),
                          rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
@@ -280,13 +272,14 @@ class Evaluator:
             p, g, o = mem.fsdp_states(shape.value_model_params, n, s.master_dtype_bytes_critic, trainable=True)
             extra = tuple(x for x, off in ((g, param_off), (o, opt_off)) if not off)
             base = dict(shape=shape, params=shape.value_model_params, n=n, seq=s.seq_len, c=prec.c,
-                        m=s.master_dtype_bytes_critic, attn=prec.attn, vocab_out=1, root_params=root)
+                        m=s.master_dtype_bytes_critic, attn=prec.attn, vocab_out=1, root_params=root,
+                        verl_engine=True)
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // n)
             self._search(c, pool, "critic", "critic update", s.critic_micro, _divisors_desc(mb_gpu),
                          lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic,
                                                                    **base)),
                          rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens)
-            self._search(c, pool, "critic", "critic values", s.critic_fwd_micro, _pow2_desc(per_gpu_batch),
+            self._search(c, pool, "critic", "critic values", s.critic_fwd_micro, _divisors_desc(per_gpu_batch),
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
                                                          params_on_gpu=True, extra=extra),
                          rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens)
@@ -294,7 +287,7 @@ class Evaluator:
             rm = self.rm_shape
             base = dict(shape=rm, params=rm.value_model_params, n=n, seq=s.seq_len, c=prec.c, m=2, attn=prec.attn,
                         vocab_out=1, root_params=rm.embed_params + 2 * rm.hidden)
-            self._search(c, pool, "reward", "reward", s.reward_micro, _pow2_desc(per_gpu_batch),
+            self._search(c, pool, "reward", "reward", s.reward_micro, _divisors_desc(per_gpu_batch),
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
                                                          params_on_gpu=False),
                          rmpad=False, sp=1, budget=None)
@@ -328,7 +321,10 @@ class Evaluator:
         s, shape = self.s, self.shape
         others = self._others(c, pool, "rollout")
         total = self.hw.capacity_bytes
-        room = (self.cap - mem.CUDA_CONTEXT_BYTES - others * (1 + mem.ALLOCATOR_MARGIN)) / total
+        colocated = any(r != "rollout" for r in pool.roles)
+        workspace = s.max_num_batched_tokens * shape.vocab * mem.VLLM_WORKSPACE_LOGITS_BYTES / tp
+        room = (self.cap - mem.VLLM_CONTEXT_BYTES - workspace - (mem.CUDA_CONTEXT_BYTES if colocated else 0.0)
+                - others * (1 + mem.ALLOCATOR_MARGIN)) / total
         if s.gpu_memory_utilization is not None:
             util = s.gpu_memory_utilization
         else:
@@ -341,7 +337,7 @@ class Evaluator:
                                dtype_bytes=self.prec.c, seq=s.seq_len, max_num_seqs=s.max_num_seqs,
                                max_num_batched_tokens=s.max_num_batched_tokens, enforce_eager=s.enforce_eager)
         c.rollout = r
-        peak = mem.rollout_peak(r.budget, others)
+        peak = mem.rollout_peak(r, others, colocated=colocated)
         fits = peak <= self.cap and util >= UTIL_MIN - 1e-9 and r.seqs_fit >= 1
         note = ""
         if r.seqs_fit < 1:
