@@ -77,3 +77,37 @@ def test_failures_classified_specific_before_generic():
     f = classify(user)
     assert f.kind == "user-code" and "KeyError" in f.line
     assert classify(["step:1 - a:1.0", "all fine"]) is None
+
+
+# ---- real logs: verl 0.9.1 + vLLM 0.24 under `submit` on an H100 (tests/fixtures/verl_logs, docs/BENCHMARKS.md) ----
+LOGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "verl_logs"
+
+
+def fed(name: str) -> VerlProgress:
+    p = VerlProgress()
+    text = (LOGS / name).read_text()
+    for i in range(0, len(text), 1000):  # in pieces, as the Jobs API streams it
+        p.feed(text[i:i + 1000])
+    return p
+
+
+def test_real_grpo_run_summary():
+    s = fed("h100_grpo_0.5b_succeeded.log").summary()
+    assert s["steps"] == 3 and s["last_step"] == 3
+    assert s["step_time_s"] == 82.79 and s["throughput_tokens_per_gpu_s"] == 2013.0
+    assert s["max_memory_allocated_gb"] == 40.613 and s["max_memory_reserved_gb"] == 55.551
+    # validation metrics come as np.float64(...) in that line
+    assert s["validation"]["val-core/openai/gsm8k/acc/mean@1"] == 0.0
+    assert s["validation"]["val-aux/num_turns/mean"] == 2.0
+    assert s["checkpoints"] == ["/root/ckpt/grpo05/global_step_3"]
+    assert fed("h100_grpo_0.5b_succeeded.log").failure() is None
+
+
+def test_real_failures_are_classified_with_the_telling_line():
+    f = fed("h100_ppo_tiny_no_flash_attn.log").failure()
+    assert f.kind == "missing-package" and "flash-attn" in f.what and "adv_estimator=grpo" in f.fix
+    assert "FlashAttention2 has been toggled on" in f.line
+    f = fed("h100_grpo_0.5b_oom.log").failure()
+    assert f.kind == "oom" and f.line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
+    f = fed("h100_grpo_tiny_micro_not_dividing.log").failure()
+    assert f.kind == "config" and "divisible by force_group_size * micro_batch_size_per_gpu" in f.line

@@ -25,6 +25,8 @@ class PlanInfo:
     feasible: Optional[bool]
     summary: dict[str, Any]
     note: str
+    flash_attn: Optional[bool] = None  # the nodes' flash-attn: False missing/broken somewhere, None unknown
+    flash_attn_note: str = ""
 
 
 def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
@@ -47,7 +49,10 @@ def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
     note = "placement planned" + (f" ({plan.strategy})" if getattr(plan, "strategy", None) else "")
     if not plan.feasible:
         note = _strategy_note(job, facts) or "; ".join(list(getattr(plan, "problems", []) or [])[:3]) or "infeasible"
-    return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note)
+    from verl_cluster.placement.hardware import flash_status
+
+    flash, flash_note = flash_status(facts)
+    return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note, flash, flash_note)
 
 
 def _strategy_note(job: JobSpec, facts) -> str:

@@ -335,6 +335,59 @@ def check_placement_strategy(spec: ClusterSpec, job: JobSpec) -> list[Finding]:
         return [Finding("error", "placement", f"cannot check {requested_strategy(job)[0]}: {e.message}", e.hint)]
 
 
+FLASH_KEYS = ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
+              "+actor_rollout_ref.model.override_config.attn_implementation",
+              "+critic.model.override_config.attn_implementation")
+
+
+def key_origin(job: JobSpec, key: str) -> str:
+    """'file:line' of a verl key in the job file's `overrides`, else 'the command line'."""
+    from verl_cluster.config.loader import read_yaml
+
+    try:
+        _, lines = read_yaml(job.source)
+    except Exception:  # noqa: BLE001 - a job built in memory, or a file gone since: no line to name
+        return job.source
+    bare = key.lstrip("+")
+    for path in (("overrides", *bare.split(".")), ("overrides", bare), ("overrides", key)):
+        if path in lines:
+            return f"{job.source}:{lines[path]}"
+    return "the command line"
+
+
+def check_flash_attn_needs(job: JobSpec, flash: Optional[bool], note: str) -> list[Finding]:
+    """What verl cannot do without flash-attn, on nodes that lack it (`flash` False; None: unknown, silent).
+    verl (0.9.1 read) loads a critic's value model with attn_implementation="flash_attention_2" whatever
+    critic.model.override_config says, so a GAE job fails at the critic's init an hour's setup in; and a job
+    that pins use_remove_padding or a flash attention keeps what the plan would have switched off."""
+    if flash is not False or not job.is_ray_only:  # verl trainers only
+        return []
+    from verl_cluster.placement.settings import read_settings
+
+    out = []
+    s = read_settings(job)
+    if s.critic:
+        out.append(Finding(
+            "error", "verl-config",
+            f"{job.source}: algorithm.adv_estimator={s.adv_estimator} trains a critic, and verl loads the critic's "
+            f"value model with attn_implementation=flash_attention_2 whatever critic.model.override_config says; "
+            f"{note}",
+            "install flash-attn on every node (built for the nodes' torch and CUDA), or train without a critic: "
+            "algorithm.adv_estimator=grpo (launch/gsm8k_grpo.yaml)"))
+    own = job.verl_overrides()
+    for key in FLASH_KEYS:
+        if key.startswith(("critic", "+critic")) and not s.critic or key not in own:
+            continue
+        v = own[key]
+        if "attn_implementation" in key and str(v).startswith("flash") or v is True or str(v).lower() == "true":
+            why = "verl's padding-free path needs flash-attn's varlen kernels" if "padding" in key else \
+                "transformers cannot load it"
+            out.append(Finding("error", "verl-config", f"{key_origin(job, key)}: {key} is {v}, but {note} ({why})",
+                               f"remove {key}: without flash-attn the plan sets sdpa attention and turns "
+                               "use_remove_padding off; or install flash-attn on every node"))
+    return out
+
+
 def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any], status: Any,
                   extra: Sequence[Finding] = ()) -> PreflightReport:
     findings = list(extra)

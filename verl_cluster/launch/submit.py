@@ -17,7 +17,7 @@ from verl_cluster.config.cluster import ClusterSpec, load_cluster
 from verl_cluster.config.job import JobSpec, job_cluster_path
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launch.integrations import cached_backend_env, placement_plan, plan_metadata
-from verl_cluster.launch.preflight import Finding, PreflightReport, run_preflight
+from verl_cluster.launch.preflight import Finding, PreflightReport, check_flash_attn_needs, run_preflight
 from verl_cluster.launch.request import (RayJobRequest, TorchrunRequest, build_ray_request, build_torchrun_request,
                                          effective_overrides, secret_values)
 
@@ -137,6 +137,7 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
     if plan.feasible is False:
         extra.append(Finding("error", "placement", f"the placement planner finds no feasible plan: {plan.note}",
                              f"verl-cluster plan {job.source}"))
+    extra += check_flash_attn_needs(job, plan.flash_attn, plan.flash_attn_note)
     overrides = effective_overrides(job, plan.overrides)
     secrets = secret_values(job, os.environ if environ is None else environ)
     if chosen == "ray":

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 _STEP = re.compile(r"step:(\d+) - (.*)$")
-_KV = re.compile(r"^([^\s:][^:]*):(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf|-inf|True|False)$")
+# verl prints numpy scalars as np.float64(0.0) in validation metrics
+_KV = re.compile(r"^([^\s:][^:]*):(?:np\.\w+\()?(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf|-inf|True|False)\)?$")
 _SAVED = re.compile(r"local_global_step_folder:\s*(\S+)|Saving checkpoint to:?\s*(\S+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -22,6 +23,9 @@ FAILURES: tuple[tuple[str, re.Pattern, str, str], ...] = tuple((c, re.compile(p)
      r"number of tokens that can be stored in KV cache",
      "vLLM has no room for the KV cache of one sequence",
      "raise actor_rollout_ref.rollout.gpu_memory_utilization or offload the trainer's states (verl-cluster plan)"),
+    ("oom", r"CUDA out of memory\. Tried to allocate",  # the line with the numbers, before the wrappers
+     "a GPU ran out of memory",
+     "run `verl-cluster plan JOB` and use its micro batches / offload / gpu_memory_utilization"),
     ("oom", r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|CUDA error: out of memory",
      "a GPU ran out of memory",
      "run `verl-cluster plan JOB` and use its micro batches / offload / gpu_memory_utilization"),
@@ -33,6 +37,9 @@ FAILURES: tuple[tuple[str, re.Pattern, str, str], ...] = tuple((c, re.compile(p)
      "a GPU or CUDA error", "verl-cluster doctor on the node; a GPU that fell off the bus needs a reboot"),
     ("node-lost", r"ActorDiedError|The actor died unexpectedly|node .* (?:has been marked dead|died)|RaySystemError",
      "a Ray worker or node died", "verl-cluster status CLUSTER; verl-cluster up CLUSTER restarts dead nodes"),
+    ("missing-package", r"FlashAttention2 has been toggled on, but it cannot be used",
+     "flash-attn is not installed where the job ran (verl loads a critic with flash_attention_2 regardless)",
+     "install flash-attn on every node, or train without a critic (algorithm.adv_estimator=grpo)"),
     ("missing-package", r"ModuleNotFoundError: No module named '([^']+)'",
      "a Python package is missing where the job ran", "install it in the nodes' environment (same on every node)"),
     ("bad-override", r"Could not override '[^']+'|Key '[^']+' is not in struct|Could not append to config|"

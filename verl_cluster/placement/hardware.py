@@ -48,7 +48,7 @@ class Hardware:
         return False
 
 
-def _flash_status(nodes: list[NodeFacts]) -> tuple[Optional[bool], str]:
+def flash_status(nodes: list[NodeFacts]) -> tuple[Optional[bool], str]:
     for nf in nodes:
         err = nf.import_errors.get("flash_attn") or nf.import_errors.get("flash-attn")
         if err:
@@ -118,7 +118,7 @@ def hardware_from_facts(facts: list[NodeFacts], *, nnodes: Optional[int] = None,
         key = (len(nf.gpus), tuple((p.a, p.b, p.p2p) for p in nf.gpu_pairs))
         if key not in layouts:
             layouts[key] = tuple(tuple(i) for i in nf.p2p_islands())
-    flash, note = _flash_status(used)
+    flash, note = flash_status(used)
     mems = [nf.mem_total_mib for nf in used]
     host_mem = min(mems) * 2**20 if mems and all(m for m in mems) else None
     return Hardware(

@@ -200,6 +200,21 @@ class Evaluator:
         if (s.ppo_mini_batch_size * s.n) % (n // sp if n % sp == 0 else n):
             out.append(f"ppo_mini_batch_size x n = {s.ppo_mini_batch_size * s.n} is not divisible by the {n // sp} "
                        f"data-parallel ranks of {pool.name} (verl's per-GPU mini batch must be whole)")
+        if s.dynamic_bsz or out:
+            return out
+        # verl 0.9's engine splits a GPU's batch into equal micro batches (it asserts the division)
+        per_gpu = s.sequences // n
+        mini = s.ppo_mini_batch_size * s.n // n
+        for role, key, pinned, whole in (
+                ("actor", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", s.actor_micro, mini),
+                ("actor", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", s.logprob_micro, per_gpu),
+                ("ref", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", s.ref_micro, per_gpu),
+                ("critic", "critic.ppo_micro_batch_size_per_gpu", s.critic_micro, mini),
+                ("critic", "critic.forward_micro_batch_size_per_gpu", s.critic_fwd_micro, per_gpu)):
+            if role in roles and pinned and whole and whole % pinned:
+                fits = [d for d in range(min(pinned, whole), 0, -1) if whole % d == 0][0]
+                out.append(f"{key}={pinned} does not divide the {whole} sequences each GPU of {pool.name} gets "
+                           f"(verl asserts it does): use {fits} or unset it and let the plan choose")
         return out
 
     def evaluate(self, strategy: str, pools: tuple[Pool, ...], tp: int, offload: int) -> Candidate:
