@@ -148,7 +148,7 @@ python3 "$kit/patch_fa.py" "$fa" "$FA_HDIMS" "$FA_DISABLE"
 mkdir -p "$kit/flash_attn-$FA_VERSION/csrc/cutlass" "$kit/flash_attn-$FA_VERSION/csrc/flash_attn/src"
 cp -a "$fa"/{setup.py,README.md,LICENSE,AUTHORS,flash_attn} "$kit/flash_attn-$FA_VERSION/"
 cp -a "$fa/csrc/cutlass/include" "$kit/flash_attn-$FA_VERSION/csrc/cutlass/"
-cp -a "$fa"/csrc/flash_attn/*.cpp "$fa"/csrc/flash_attn/*.h "$kit/flash_attn-$FA_VERSION/csrc/flash_attn/" 2>/dev/null || true
+cp -a "$fa/csrc/flash_attn/flash_api.cpp" "$kit/flash_attn-$FA_VERSION/csrc/flash_attn/"
 cp -a "$fa"/csrc/flash_attn/src/*.h "$kit/flash_attn-$FA_VERSION/csrc/flash_attn/src/"
 for f in $(grep -o 'csrc/flash_attn/src/flash_[a-z0-9_]*\.cu' "$fa/setup.py"); do cp -a "$fa/$f" "$kit/flash_attn-$FA_VERSION/$f"; done
 # 2b. CUDA_HOME: the wheels all unpack into nvidia/cu13/{bin,nvvm,include,lib}, a tree nvcc.profile already

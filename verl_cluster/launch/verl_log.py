@@ -164,8 +164,10 @@ def describe(summary: dict[str, Any]) -> list[str]:
     if summary.get("max_memory_reserved_gb") is not None:
         out.append(f"verl: peak GPU memory (torch, trainer) allocated {summary['max_memory_allocated_gb']} GB, "
                    f"reserved {summary['max_memory_reserved_gb']} GB")
-    if summary.get("validation"):
-        out.append("verl: validation " + ", ".join(f"{k}={v:g}" for k, v in sorted(summary["validation"].items())))
+    val = summary.get("validation") or {}
+    core = {k: v for k, v in val.items() if k.startswith("val-core/")} or val  # verl's headline metrics
+    if core:
+        out.append("verl: validation " + ", ".join(f"{k}={v:g}" for k, v in sorted(core.items())))
     for ck in summary.get("checkpoints", []):
         out.append(f"verl: checkpoint {ck}")
     return out
