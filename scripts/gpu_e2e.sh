@@ -3,7 +3,8 @@
 # calibration, and real verl runs. Run from the repo root there (device `run`, after `../shared/tools/gpu-bundle.sh`
 # here, or after staging verl's wheels with scripts/gpu_stage_verl.sh, which brings Ray too):
 #   bash scripts/gpu_e2e.sh [STEP ...]      # steps: env facts cluster calib (default: all, in that order)
-#   bash scripts/gpu_e2e.sh verlenv verldata up ppo grpo ppo05 reject down     # verl for real (see below)
+#   bash scripts/gpu_e2e.sh fa verlenv verldata up ppo grpo ppo05 reject down  # verl for real (see below)
+#   bash scripts/gpu_e2e.sh fa verlenv verldata up ppo2 ppo052 down            # on 2 GPUs
 # Every step logs to $LOGS/<n>-<name>.log (time, exit code in $LOGS/steps.log) and failures do not stop the run;
 # after each step $OUT/e2e.tgz is refreshed, so whatever ran comes back even when the call is cut short.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...): the host's GPUs are shared.
@@ -67,7 +68,7 @@ fi
 
 if want facts; then
   step doctor 120 python3 -m verl_cluster doctor --json
-  step record-facts 120 python3 scripts/record_facts.py --note "2x H200 device machine (nvidia-h200-x2), doctor run by scripts/gpu_e2e.sh"
+  step record-facts 120 python3 scripts/record_facts.py --note "${FACTS_NOTE:-device machine, recorded by scripts/gpu_e2e.sh}"
 fi
 
 if want cluster; then
@@ -114,7 +115,7 @@ COMMON=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.par
 if named verlenv; then
   step imports 240 python3 -c "
 import importlib, time
-for m in ('ray', 'transformers', 'vllm', 'verl', 'verl.trainer.main_ppo', 'transfer_queue', 'vllm.entrypoints.openai.api_server',
+for m in ('ray', 'transformers', 'flash_attn', 'vllm', 'verl', 'verl.trainer.main_ppo', 'transfer_queue', 'vllm.entrypoints.openai.api_server',
           'vllm.v1.engine.async_llm', 'verl.workers.rollout.vllm_rollout.vllm_async_server', 'verl.workers.engine_workers'):
     t = time.time()
     try:
@@ -123,6 +124,9 @@ for m in ('ray', 'transformers', 'vllm', 'verl', 'verl.trainer.main_ppo', 'trans
         print('FAIL', m, type(e).__name__, str(e)[:300])
 "
 fi
+# flash-attn (verl 0.9.1 loads the critic with flash_attention_2): the wheel built here by
+# `scripts/gpu_flash_attn_kit.sh --wheel-here` and carried in .stage/flashattn-wheel; installed beside verl, checked
+named fa && step flash-attn 180 env FA_SITE=$SITE bash .stage/flashattn-wheel/install.sh
 if named verldata; then
   step model-tiny 120 python3 scripts/make_tiny_model.py -o $MODELS/tiny
   step model-0.5b 300 python3 scripts/make_tiny_model.py --shape qwen2.5-0.5b -o $MODELS/qwen2.5-0.5b
@@ -137,6 +141,11 @@ named ppo05 && run_verl ppo05 launch/gsm8k.yaml model.path=$MODELS/qwen2.5-0.5b 
   actor_rollout_ref.actor.ppo_mini_batch_size=32 trainer.default_local_dir=$CKPT/ppo05
 named grpo05 && run_verl grpo05 launch/gsm8k_grpo.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" data.train_batch_size=64 \
   actor_rollout_ref.actor.ppo_mini_batch_size=32 trainer.default_local_dir=$CKPT/grpo05
+# 2 GPUs: every role on both GPUs (verl.trainer.main_ppo has one resource pool, so the plan never splits it)
+named ppo2 && run_verl ppo2 launch/gsm8k.yaml model.path=$MODELS/tiny "${COMMON[@]}" data.train_batch_size=16 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.default_local_dir=$CKPT/ppo2
+named ppo052 && run_verl ppo052 launch/gsm8k.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" data.train_batch_size=64 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 trainer.default_local_dir=$CKPT/ppo052
 # a configuration the plan rejects, run anyway (--skip-preflight) to see verl fail or the margin: REJECT="k=v ..."
 named reject && run_verl reject launch/gsm8k_grpo.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" \
   trainer.default_local_dir=$CKPT/reject ${REJECT:-} --skip-preflight

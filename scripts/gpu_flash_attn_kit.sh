@@ -9,13 +9,14 @@
 # in verl_cluster/launch/tiny_model.py has 128/4 = 32, Qwen2.5-0.5B has 896/14 = 64), sm_90 only.
 #
 # Here, from the repo root (networked, any CPU; needs curl, pip, apt-get, xz):
-#   scripts/gpu_flash_attn_kit.sh
+#   scripts/gpu_flash_attn_kit.sh [--wheel-here]
 #   1. downloads into .stage-src/flashattn/dl/ (kept: reruns are cheap): the flash-attn sdist, CUDA 13.0 nvcc
 #      + headers as NVIDIA's pip wheels (the versions torch 2.11.0+cu130 pins: cuda-toolkit 13.0.2), ninja,
 #      and Ubuntu noble's libpython3.12-dev (for Python.h, in case the machine lacks python3.12-dev)
 #   2. assembles .stage-src/flashattn/kit/: the patched, trimmed source; a pruned CUDA_HOME (nvcc, cicc,
 #      ptxas, cudafe++, fatbinary, headers, libcudart); CPython 3.12 headers; ninja; check.py
-#   3. packs kit/ as flashattn-kit.tar.xz + build.sh with ../shared/tools/gpu-stage.sh (parts <= 56 MiB)
+#   3. --wheel-here: compiles the wheel on this machine (python3.12 needed; ~25 min on 2 cores) and stages only the
+#      wheel (~10 MiB) with install.sh; otherwise packs kit/ as flashattn-kit.tar.xz + build.sh with ../shared/tools/gpu-stage.sh (parts <= 56 MiB)
 #      and prints the device calls
 # Env: FA_HDIMS="32 64" (among 32 64 96 128 192 256), FA_DISABLE="ALIBI SOFTCAP UNEVEN_K" (flash-attn's own
 #      FLASHATTENTION_DISABLE_* switches; each off-feature halves the template instances per kernel file).
@@ -149,7 +150,7 @@ mkdir -p "$kit/flash_attn-$FA_VERSION/csrc/cutlass" "$kit/flash_attn-$FA_VERSION
 cp -a "$fa"/{setup.py,README.md,LICENSE,AUTHORS,flash_attn} "$kit/flash_attn-$FA_VERSION/"
 cp -a "$fa/csrc/cutlass/include" "$kit/flash_attn-$FA_VERSION/csrc/cutlass/"
 cp -a "$fa/csrc/flash_attn/flash_api.cpp" "$kit/flash_attn-$FA_VERSION/csrc/flash_attn/"
-cp -a "$fa"/csrc/flash_attn/src/*.h "$kit/flash_attn-$FA_VERSION/csrc/flash_attn/src/"
+cp -a "$fa"/csrc/flash_attn/src/*.h "$fa"/csrc/flash_attn/src/*.cuh "$kit/flash_attn-$FA_VERSION/csrc/flash_attn/src/"
 for f in $(grep -o 'csrc/flash_attn/src/flash_[a-z0-9_]*\.cu' "$fa/setup.py"); do cp -a "$fa/$f" "$kit/flash_attn-$FA_VERSION/$f"; done
 # 2b. CUDA_HOME: the wheels all unpack into nvidia/cu13/{bin,nvvm,include,lib}, a tree nvcc.profile already
 # describes (TOP = bin/..). Kept: what `nvcc -c` for sm_90 runs (nvcc --dryrun: cicc, cudafe++, ptxas,
@@ -374,8 +375,11 @@ say "host compiler: $CXX_BIN ($("$CXX_BIN" -dumpfullversion 2>/dev/null || echo 
 
 say "unpacking the kit into $WORK"
 rm -rf "$WORK"; mkdir -p "$WORK"
-tar -xJf "$here/flashattn-kit.tar.xz" -C "$WORK" 2>/dev/null ||
-  "$PY" -c 'import sys,tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$here/flashattn-kit.tar.xz" "$WORK"
+if [ -n "${FA_KIT_DIR:-}" ]; then cp -a "$FA_KIT_DIR/." "$WORK/"   # --wheel-here: the kit tree as assembled
+else
+  tar -xJf "$here/flashattn-kit.tar.xz" -C "$WORK" 2>/dev/null ||
+    "$PY" -c 'import sys,tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$here/flashattn-kit.tar.xz" "$WORK"
+fi
 # shellcheck disable=SC1091
 . "$WORK/kit.env"
 
@@ -415,7 +419,7 @@ set +e
 "$PY" -m pip wheel --no-build-isolation --no-deps --no-index -v -w "$WORK/dist" . > "$WORK/build.log" 2>&1 &
 pid=$!
 while kill -0 $pid 2>/dev/null; do   # progress: ninja's "[k/N]" lines, once a minute
-  sleep 60; p=$(grep -o '^\[[0-9]*/[0-9]*\]' "$WORK/build.log" | tail -1); say "compiling ${p:-(starting)}"
+  sleep 60; p=$(grep -o '^ *\[[0-9]*/[0-9]*\]' "$WORK/build.log" | tail -1 | tr -d ' '); say "compiling ${p:-(starting)}"
 done
 wait $pid; rc=$?
 set -e
@@ -440,6 +444,40 @@ fi
 say "done: build $(( $(date +%s) - tb )) s of $(( $(date +%s) - t0 )) s in all"
 EOF
 chmod +x "$src/build.sh"
+
+# --- 3a. --wheel-here: build the wheel on this machine and stage only it (no device time spent compiling) -------
+# Needs a CPython 3.12 here (python3.12 on PATH) and ~25 min of 2 cores; torch 2.11.0 (PyPI's build is +cu130, the
+# GPU machine's) goes into a private venv: the extension links against torch's ABI, not a GPU. The wheel, check.py
+# and install.sh land in .stage/flashattn-wheel/ (one call carries it); there:
+#   bash .stage/flashattn-wheel/install.sh      (installs into /root/stage/verl/site, then checks it on the GPU)
+if [ "${1:-}" = --wheel-here ]; then
+  py312=$(command -v python3.12) || { echo "--wheel-here needs python3.12 on PATH" >&2; exit 2; }
+  venv=$src/venv312
+  if ! "$venv/bin/python" -c 'import torch, setuptools, wheel' 2>/dev/null; then
+    "$py312" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q torch==2.11.0 setuptools wheel
+  fi
+  out=$root/.stage/$name-wheel; rm -rf "$out"; mkdir -p "$out"
+  FA_KIT_DIR=$kit FA_PYTHON=$venv/bin/python FA_WORK=$root/$src/build FA_SITE=$root/$src/site FA_SKIP_CHECK=1 \
+    OUT=$out bash "$src/build.sh"
+  ls "$out"/flash_attn-*.whl >/dev/null || { echo "the wheel is over 16 MiB; stage the kit instead" >&2; exit 1; }
+  rm -f "$out/flash_attn_build.log"; cp "$kit/check.py" "$kit/kit.env" "$out/"
+  cat > "$out/install.sh" <<'EOS'
+#!/bin/bash
+# On the GPU machine: install the carried flash-attn wheel into /root/stage/verl/site (beside the staged verl) and
+# check it on the GPU (bf16 fwd/bwd vs torch SDPA, varlen, kv-cache, a Qwen2 critic with flash_attention_2).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd); SITE=${FA_SITE:-/root/stage/verl/site}
+PY=$(command -v "${FA_PYTHON:-python3}")
+"$PY" -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$SITE" "$here"/flash_attn-*.whl
+. "$here/kit.env"
+cd /tmp && FA_HDIMS="$FA_HDIMS" PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$here/check.py"
+EOS
+  chmod +x "$out/install.sh"
+  du -sh "$out"/* | sed 's/^/  /'
+  echo "carry .stage/$name-wheel in one device call:  bash .stage/$name-wheel/install.sh"
+  exit 0
+fi
 
 # --- 3. pack ------------------------------------------------------------------------------------------------------
 # xz -9e: the CUDA binaries are most of the bytes; this keeps the kit in one 56 MiB part.

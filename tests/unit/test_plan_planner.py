@@ -15,6 +15,8 @@ from verl_cluster.placement import parse_gpus, plan_job
 ROOT = Path(__file__).resolve().parents[2]
 PPO = load_job(ROOT / "launch/gsm8k.yaml")
 GRPO = load_job(ROOT / "launch/gsm8k_grpo.yaml")
+# verl's examples/split_placement program: the critic gets GPUs of its own (stock main_ppo has one pool)
+PPO_SPLIT = replace(PPO, entrypoint=None, command=["python3", "examples/split_placement/main_ppo_split.py"])
 
 
 def job(base, catalog=None, **overrides):
@@ -104,8 +106,10 @@ def test_batch_not_divisible_by_gpus_is_infeasible():
     j = job(PPO, **{"data.train_batch_size": 100, "actor_rollout_ref.actor.ppo_mini_batch_size": 20})
     p = plan_job(j, parse_gpus("1x8xH100-80GB"), strategy="colocate")
     assert not p.feasible and any("not divisible by the 8 GPUs" in x for x in p.problems)
-    # auto finds the split placement, whose pools of 4 GPUs divide the batch
-    assert plan_job(j, parse_gpus("1x8xH100-80GB")).strategy == "split"
+    # verl.trainer.main_ppo has one pool, so auto cannot split there; a split-placement program can, and auto
+    # finds it: pools of 4 GPUs divide the batch
+    assert not plan_job(j, parse_gpus("1x8xH100-80GB")).feasible
+    assert plan_job(replace(j, entrypoint=None, command=PPO_SPLIT.command), parse_gpus("1x8xH100-80GB")).strategy == "split"
 
 
 def test_flash_attn_missing_in_facts_falls_back_to_sdpa():
@@ -121,7 +125,9 @@ def test_sm75_uses_sdpa_and_fp32():
 
 
 def test_split_and_separate_reward_pools():
-    p = plan_job(PPO, parse_gpus("1x8xH100-80GB"), strategy="split")
+    with pytest.raises(ConfigError, match="verl.trainer.main_ppo puts every role in global_pool"):
+        plan_job(PPO, parse_gpus("1x8xH100-80GB"), strategy="split")
+    p = plan_job(PPO_SPLIT, parse_gpus("1x8xH100-80GB"), strategy="split")
     assert p.feasible and p.role("critic").pool == "critic_pool"
     assert {g for _, g in p.role("actor").gpus}.isdisjoint({g for _, g in p.role("critic").gpus})
     rm = job(GRPO, **{"reward.reward_model.enable": True})

@@ -214,11 +214,34 @@ def test_verl_trainer_split_on_one_gpu_gets_the_same_message_from_submits_plan(m
     from verl_cluster.config.job import load_job
     from verl_cluster.diagnostics import gather
     from verl_cluster.launch import integrations
+    from verl_cluster.launch.preflight import check_strategy
 
     spec = load_cluster(ROOT / "cluster_configs/local.yaml")
     monkeypatch.setattr(gather, "gather_facts", lambda spec, runners=None, timeout=90.0: {
         spec.head.host: _recorded(ONE_GPU, spec.head.host)[0]})
     info = integrations.placement_plan(load_job(GSM8K, ["placement.strategy=split"]), spec)
     assert info.feasible is False
-    assert info.note == f"{GSM8K}: {SPLIT_ON_ONE}"
+    assert info.note == check_strategy(load_job(GSM8K, ["placement.strategy=split"]), _recorded(ONE_GPU))[0].message
+    assert info.note.startswith(f"{GSM8K}: placement.strategy is `split`, but verl.trainer.main_ppo maps every role")
     assert integrations.placement_plan(load_job(GSM8K), spec).feasible is True
+
+
+def test_split_for_verl_main_ppo_is_refused_because_it_puts_every_role_in_one_pool():
+    """verl.trainer.main_ppo maps the critic to global_pool: a split plan would not be what verl runs."""
+    from dataclasses import replace
+
+    from verl_cluster.config.job import load_job
+    from verl_cluster.launch.preflight import check_strategy
+    from verl_cluster.placement import plan_job
+
+    job = load_job(GSM8K, ["placement.strategy=split"])
+    (f,) = check_strategy(job, _recorded(TWO_GPUS))
+    assert f.level == "error" and "maps every role to one resource pool (global_pool)" in f.message
+    assert f.message.endswith("Fix: use strategy: auto (the plan picks colocate here)")
+    # auto never offers it there, even where a split would be cheaper in memory
+    auto = plan_job(load_job(GSM8K, []), _recorded(TWO_GPUS), strategy="auto")
+    assert auto.strategy == "colocate" and "split" not in " ".join(auto.reasons)
+    # a program that builds two pools may split
+    two_pools = replace(load_job(GSM8K, ["placement.strategy=split"]), entrypoint=None,
+                        command=["python3", "examples/split_placement/main_ppo_split.py"])
+    assert [x.level for x in check_strategy(two_pools, _recorded(TWO_GPUS))] == ["ok"]

@@ -269,8 +269,13 @@ def requested_strategy(job: JobSpec) -> tuple[str, str]:
     return "placement.strategy", job.placement.strategy or "auto"
 
 
-def _why_no_pools(want: str, critic: bool, reward: bool, g: int, nnodes: int) -> str:
+def _why_no_pools(want: str, s: Any, g: int, nnodes: int) -> str:
+    critic, reward = s.critic, s.reward_model
     have = f"this cluster has {g}" + (" per node" if nnodes > 1 else "")
+    if want == "split" and not s.split_placement:
+        return ("verl.trainer.main_ppo maps every role to one resource pool (global_pool), so the critic would share "
+                "the actor's GPUs anyway; split needs a program that builds two pools (verl's "
+                "examples/split_placement/main_ppo_split.py as the job's command)")
     if want == "split":
         if not (critic or reward):
             return "split needs a critic or a reward model for its second pool; this job has neither"
@@ -306,7 +311,7 @@ def check_strategy(job: JobSpec, facts: Sequence[Any]) -> list[Finding]:
             raise
         s = read_settings(job)
         hw = hardware_from_facts(list(facts), nnodes=s.nnodes, n_gpus_per_node=s.n_gpus_per_node)
-        why = _why_no_pools(want, s.critic, s.reward_model, hw.gpus_per_node, hw.nnodes)
+        why = _why_no_pools(want, s, hw.gpus_per_node, hw.nnodes)
     if not why:
         return [Finding("ok", "placement", f"{field_} {want}: fits on {asked.hardware}")]
     try:

@@ -165,7 +165,8 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
         raise ConfigError(f"--strategy: unknown strategy `{want}`", f"use one of {', '.join(STRATEGIES)}, auto")
     strategies = STRATEGIES if want == "auto" else (want,)
     if want != "auto" and not make_pools(want, s, hw):
-        need = {"split": "a critic or reward model and an even GPU count per node",
+        need = {"split": "an entrypoint that builds two pools (verl.trainer.main_ppo puts every role in "
+                         "global_pool), a critic or reward model and an even GPU count per node",
                 "separate-reward": "a reward model and ≥ 2 GPUs per node"}[want]
         raise ConfigError(f"strategy `{want}` needs {need}", "use --strategy colocate or auto")
     ev = Evaluator(s, shape, rm_shape, hw, prec, fill)

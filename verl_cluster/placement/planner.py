@@ -146,7 +146,7 @@ def make_pools(strategy: str, s: Settings, hw: Hardware) -> list[tuple[Pool, ...
     if strategy == "colocate":
         return [(Pool("global_pool", tuple(range(g)), nn, everyone),)]
     if strategy == "split":  # verl examples/split_placement: half of every node each
-        if not (s.critic or s.reward_model) or g < 2 or g % 2:
+        if not s.split_placement or not (s.critic or s.reward_model) or g < 2 or g % 2:
             return []
         first = tuple(r for r in everyone if r in ("actor", "rollout", "ref"))
         second = tuple(r for r in everyone if r in ("critic", "reward"))

@@ -64,6 +64,9 @@ class Settings:
     attn_implementation: Optional[str]
     nnodes: Optional[int]
     n_gpus_per_node: Optional[int]
+    # verl.trainer.main_ppo maps every role to one pool (global_pool): a critic on its own GPUs ("split") needs an
+    # entrypoint that builds two pools, as verl's examples/split_placement/main_ppo_split.py does
+    split_placement: bool = True
 
     @property
     def seq_len(self) -> int:
@@ -126,6 +129,15 @@ def _dtype_bytes(key: str, value: str) -> int:
     if value.lower() not in _DTYPE_BYTES:
         raise ConfigError(f"overrides: `{key}`: unknown dtype {value!r}", "use fp32, bf16 or fp16")
     return _DTYPE_BYTES[value.lower()]
+
+
+ONE_POOL_ENTRYPOINTS = ("verl.trainer.main_ppo",)
+
+
+def splits_pools(job: JobSpec) -> bool:
+    """Can this job's program put the critic/reward model on GPUs of their own? Not verl's stock main_ppo."""
+    argv = [job.entrypoint] if job.entrypoint else [str(a) for a in (job.command or [])]
+    return not any(a in ONE_POOL_ENTRYPOINTS for a in argv)
 
 
 def read_settings(job: JobSpec) -> Settings:
@@ -191,6 +203,7 @@ def read_settings(job: JobSpec) -> Settings:
         attn_implementation=attn,
         nnodes=r.positive("trainer.nnodes", None),
         n_gpus_per_node=r.positive("trainer.n_gpus_per_node", None),
+        split_placement=splits_pools(job),
     )
     if s.ppo_mini_batch_size > s.train_batch_size:
         raise ConfigError(f"overrides: `{AR}.actor.ppo_mini_batch_size` ({mini}) exceeds data.train_batch_size "
