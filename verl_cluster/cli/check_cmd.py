@@ -7,8 +7,8 @@ import argparse
 from rich.markup import escape
 from rich.table import Table
 
+from verl_cluster.cli.cluster_args import add_cluster_args, load_cluster_args
 from verl_cluster.cli.output import err, out, print_json
-from verl_cluster.config.cluster import load_cluster
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
 
 
@@ -24,7 +24,7 @@ def _positive_seconds(text: str) -> float:
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("check", parents=[common], help="check nodes, ports, links and backend before a run")
-    p.add_argument("cluster", nargs="?", default="cluster_configs/local.yaml", help="cluster.yaml (default cluster_configs/local.yaml)")
+    add_cluster_args(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quick", action="store_true", help="skip bandwidth, UCX and collective tests")
     p.add_argument("--deep", action="store_true", help="also import verl on every node (slower)")
@@ -32,14 +32,19 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-collective", action="store_true", help="skip the gloo/NCCL all-reduce tests")
     p.add_argument("--connect-timeout", type=_positive_seconds, default=2.0, metavar="S", help="per TCP connect (2)")
     p.add_argument("--seconds", type=float, default=0.5, metavar="S", help="TCP stream per pair (0.5)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    # deprecated: overrides are positional key=value in every command
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from verl_cluster.diagnostics.check import CheckOptions, run_check
 
-    spec = load_cluster(args.cluster, args.set)
+    if args.set:
+        err.print(f"[yellow]warning:[/] `--set` is deprecated: write the override as a word of its own, "
+                  f"`verl-cluster check {' '.join(args.set)}`")
+        args.overrides = list(args.overrides or []) + args.set
+    spec = load_cluster_args(args)
     opts = CheckOptions(quick=args.quick, deep=args.deep, connect_timeout_s=args.connect_timeout,
                         stream_seconds=args.seconds, ucx=True if args.ucx_tcp else None,
                         collective=not args.no_collective)

@@ -1,4 +1,5 @@
-"""`jobs`, `logs JOB [--follow]`, `stop JOB`: the cluster's Ray jobs."""
+"""`jobs`, `logs JOB [--follow]`, `stop JOB`: the cluster's Ray jobs. Without `-c`, the cluster is the one the
+job was submitted to from this machine (its local record), else the default."""
 
 from __future__ import annotations
 
@@ -9,33 +10,45 @@ import time
 from rich.markup import escape
 from rich.table import Table
 
+from verl_cluster.cli.cluster_args import DEFAULT_CLUSTER, add_cluster_args, resolve_cluster
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
-from verl_cluster.launch import ray_jobs
+from verl_cluster.launch import job_records, ray_jobs
 
-DEFAULT_CLUSTER = "cluster_configs/local.yaml"
+_DEFAULT = f"the job's cluster when it was submitted from here, else {DEFAULT_CLUSTER}"
 
 
-def _cluster_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("cluster", nargs="?", default=DEFAULT_CLUSTER, help=f"cluster.yaml (default {DEFAULT_CLUSTER})")
+def job_id_arg(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument("job_id", metavar="JOB", help="submission id (see `verl-cluster jobs`)")
+    a.completer = lambda **_: job_records.recent_ids()  # read by argcomplete, when installed
+
+
+def load_for_job(args, job_id: str | None = None):
+    """The cluster spec for a job: -c/positional FILE, else the job's local record, else the default."""
+    if resolve_cluster(args, default=None) is None:
+        rec = job_records.lookup(job_id) if job_id else job_records.latest()
+        args.cluster = rec["cluster_file"] if rec else DEFAULT_CLUSTER
+        if rec and not job_id:
+            err.print(f"[dim]cluster {escape(args.cluster)} (of the last job submitted from here; -c to choose)[/]")
+    return load_cluster(args.cluster, args.overrides)
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("jobs", parents=[common], help="list the cluster's jobs")
-    _cluster_arg(p)
+    add_cluster_args(p, default=_DEFAULT)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_jobs)
 
     p = sub.add_parser("logs", parents=[common], help="a job's logs")
-    p.add_argument("job_id", metavar="JOB", help="submission id (see `verl-cluster jobs`)")
-    _cluster_arg(p)
+    job_id_arg(p)
+    add_cluster_args(p, default=_DEFAULT)
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the job ends")
     p.set_defaults(func=run_logs)
 
     p = sub.add_parser("stop", parents=[common], help="stop a job")
-    p.add_argument("job_id", metavar="JOB", help="submission id (see `verl-cluster jobs`)")
-    _cluster_arg(p)
+    job_id_arg(p)
+    add_cluster_args(p, default=_DEFAULT)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_stop)
 
@@ -48,7 +61,7 @@ def _age(ms) -> str:
 
 
 def run_jobs(args) -> int:
-    spec = load_cluster(args.cluster)
+    spec = load_for_job(args)
     with ray_jobs.connect(spec) as api:
         rows = ray_jobs.list_jobs(api)
     if args.json:
@@ -70,7 +83,7 @@ def run_jobs(args) -> int:
 
 
 def run_logs(args) -> int:
-    spec = load_cluster(args.cluster)
+    spec = load_for_job(args, args.job_id)
     with ray_jobs.connect(spec) as api:
         if not args.follow:
             sys.stdout.write(ray_jobs.logs(api, args.job_id))
@@ -79,12 +92,12 @@ def run_logs(args) -> int:
         from verl_cluster.cli.submit_cmd import follow_job
 
         verl = "verl." in ray_jobs.job_info(api, args.job_id).entrypoint
-        return follow_job(api, args.job_id, False, f"verl-cluster logs {args.job_id} {args.cluster} --follow",
+        return follow_job(api, args.job_id, False, f"verl-cluster logs {args.job_id} -c {args.cluster} --follow",
                           verl=verl)
 
 
 def run_stop(args) -> int:
-    spec = load_cluster(args.cluster)
+    spec = load_for_job(args, args.job_id)
     with ray_jobs.connect(spec) as api:
         row = ray_jobs.stop(api, args.job_id)
     if args.json:

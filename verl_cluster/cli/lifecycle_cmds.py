@@ -10,16 +10,14 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from verl_cluster.cli.cluster_args import add_cluster_args, load_cluster_args
 from verl_cluster.cli.output import err, out, print_json
-from verl_cluster.config.cluster import load_cluster
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
-
-DEFAULT_CLUSTER = "cluster_configs/local.yaml"
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("up", parents=[common], help="start or heal the Ray cluster")
-    _cluster_arg(p)
+    add_cluster_args(p)
     p.add_argument("--restart", action="store_true", help="restart every node (applies a changed config)")
     p.add_argument("--dry-run", action="store_true", help="print what would run on each node, then stop")
     p.add_argument("--no-check", action="store_true", help="skip the quick connectivity check at the end")
@@ -27,29 +25,16 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run_up)
 
     p = sub.add_parser("down", parents=[common], help="stop exactly what `up` started")
-    _cluster_arg(p)
+    add_cluster_args(p)
     p.add_argument("--force", action="store_true",
                    help="run `ray stop --force` on every node: kills ALL Ray processes there, other users' too")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_down)
 
     p = sub.add_parser("status", parents=[common], help="nodes, resources, versions, jobs")
-    _cluster_arg(p)
+    add_cluster_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_status)
-
-
-def _cluster_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("cluster", nargs="?", default=DEFAULT_CLUSTER, help=f"cluster.yaml (default {DEFAULT_CLUSTER})")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. ray.object_store_memory=2e8")
-
-
-def load(args):
-    if "=" in args.cluster and not args.cluster.endswith((".yaml", ".yml")):
-        # `up key=value` with no file: the override was taken for the file name
-        args.overrides = [args.cluster] + list(args.overrides)
-        args.cluster = DEFAULT_CLUSTER
-    return load_cluster(args.cluster, args.overrides)
 
 
 # ---------------- up ----------------
@@ -116,7 +101,7 @@ def run_up(args) -> int:
     from verl_cluster.lifecycle.commands import plan_start
     from verl_cluster.lifecycle.up import up
 
-    spec = load(args)
+    spec = load_cluster_args(args)
     if args.dry_run:
         cmds = plan_start(spec)
         if args.json:
@@ -157,7 +142,7 @@ def run_up(args) -> int:
     if args.json:
         print_json(report.to_json() | {"backend_reasons": reasons, "check": check_json})
     elif report.healthy:
-        out.print(f"next: verl-cluster status {escape(args.cluster)}   |   stop: verl-cluster down {escape(args.cluster)}")
+        out.print(f"next: verl-cluster status -c {escape(args.cluster)}   |   stop: verl-cluster down -c {escape(args.cluster)}")
     return EXIT_OK if report.healthy and check_ok else EXIT_UNHEALTHY
 
 
@@ -170,7 +155,7 @@ def _num(x) -> str:
 def run_down(args) -> int:
     from verl_cluster.lifecycle.down import down
 
-    spec = load(args)
+    spec = load_cluster_args(args)
     if args.force:
         err.print("[yellow]warning:[/] --force runs `ray stop --force`: every Ray process on these hosts dies, "
                   "including other users' and other clusters'.")
@@ -203,7 +188,7 @@ def run_down(args) -> int:
 def run_status(args) -> int:
     from verl_cluster.lifecycle.status import cluster_status
 
-    spec = load(args)
+    spec = load_cluster_args(args)
     st = cluster_status(spec)
     if args.json:
         print_json(st.to_json())

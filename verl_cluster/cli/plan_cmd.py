@@ -27,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("overrides", nargs="*", metavar="key=value", help="job fields or verl overrides")
     p.add_argument("--gpus", help=f"hypothetical hardware NODESxGPUSxMODEL, e.g. {GPU_EXAMPLE}, 1x2x48GB@8.9")
     p.add_argument("--facts", help="JSON list of NodeFacts (recorded by the diagnostics gatherer)")
-    p.add_argument("--cluster", metavar="CLUSTER.yaml",
+    p.add_argument("-c", "--cluster", metavar="CLUSTER.yaml",
                    help="gather the facts of every node of this cluster (SSH/local, as `doctor` does)")
     p.add_argument("--strategy", choices=STRATEGIES + ("auto",), help="default: the job's placement.strategy")
     p.add_argument("--fill", type=float, default=1.0,

@@ -10,7 +10,7 @@ from rich.markup import escape
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.config.job import load_job
 from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
-from verl_cluster.launch import ray_jobs
+from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.launch.preflight import PreflightReport
 from verl_cluster.launch.submit import (Submission, check_cluster_file, plan_submission, preflight_exit_code,
                                         resolve_cluster_file, warm_imports)
@@ -97,9 +97,10 @@ def _print_request(sub: Submission) -> None:
 
 def _apply_ray(sub: Submission, args) -> int:
     req = sub.request
-    reattach = f"verl-cluster logs {req.submission_id} {sub.cluster_file} --follow"
+    reattach = f"verl-cluster logs {req.submission_id} -c {sub.cluster_file} --follow"
     with ray_jobs.connect(sub.spec) as api:
         sid = ray_jobs.submit(api, req)
+        job_records.record(sid, sub.cluster_file, sub.spec.cluster_name, sub.job.name)
         if args.no_follow:
             status = ray_jobs.wait_running(api, sid)
             if args.json:
