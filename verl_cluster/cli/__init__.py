@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from verl_cluster import __version__
-from verl_cluster.cli.output import report_error
+from verl_cluster.cli.output import quiet_ray_logs, report_error
 
 # subcommand name -> module under verl_cluster.cli (each has add_parser(sub) and run(args) -> int)
 COMMANDS = {
@@ -21,6 +22,8 @@ COMMANDS = {
     "jobs": "jobs_cmds",
     "logs": "jobs_cmds",
     "stop": "jobs_cmds",
+    "dashboard": "dashboard_cmd",
+    "completion": "completion_cmd",
 }
 
 
@@ -50,9 +53,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _argcomplete_hook() -> None:
+    """argcomplete's shell hook runs us with _ARGCOMPLETE set; answer it when argcomplete is installed
+    (an optional extra: `verl-cluster completion bash` needs nothing)."""
+    try:
+        import argcomplete
+    except ImportError:
+        return
+    argcomplete.autocomplete(build_parser())  # prints the candidates and exits
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and "_ARGCOMPLETE" in os.environ:
+        _argcomplete_hook()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    if not debug:
+        quiet_ray_logs()
     try:
         first = next((a for a in argv if not a.startswith("-")), None)
         parser = build_parser(COMMANDS.get(first))

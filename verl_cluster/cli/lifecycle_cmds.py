@@ -190,14 +190,15 @@ def run_status(args) -> int:
 
     spec = load_cluster_args(args)
     st = cluster_status(spec)
+    command = f"verl-cluster dashboard -c {args.cluster}"
     if args.json:
-        print_json(st.to_json())
+        print_json(st.to_json() | {"dashboard_command": command})
     else:
-        render_status(st)
+        render_status(st, command)
     return EXIT_OK if st.healthy else EXIT_UNHEALTHY
 
 
-def render_status(st) -> None:
+def render_status(st, dashboard_command: str) -> None:
     t = Table(title=f"cluster {st.cluster} (GCS {st.head_address}): {'healthy' if st.healthy else 'NOT healthy'}")
     for c in ("node", "role", "address", "state", "CPUs", "GPUs", "GPU model", "free GPUs", "Ray", "Python", "reason"):
         t.add_column(c)
@@ -222,4 +223,7 @@ def render_status(st) -> None:
         out.print(f"[yellow]note:[/] node {x['ip']} is in the cluster but not in the config")
     for p in st.problems:
         out.print(f"[yellow]problem:[/] {escape(p)}")
-    out.print(f"dashboard: {st.dashboard}")
+    if st.dashboard_on_head_only:  # an address on the head's loopback: only a tunnel reaches it from here
+        out.print(f"dashboard: {escape(dashboard_command)}  (SSH tunnel to the head's loopback)")
+    else:
+        out.print(f"dashboard: {st.dashboard}  (with the token: {escape(dashboard_command)})")

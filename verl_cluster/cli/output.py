@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -17,6 +18,17 @@ from verl_cluster.errors import EXIT_UNHEALTHY, VerlClusterError
 _width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "200"))
 out = Console(highlight=False, width=_width)  # data
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # progress, messages
+
+
+# Ray's client-side INFO lines ("dashboard_sdk.py:371 -- Uploading package ...", "sdk.py:520 -- WebSocket closed")
+# would interleave with the job's own output; --debug keeps them
+RAY_CLIENT_LOGGERS = ("ray.dashboard", "ray._private.runtime_env")
+
+
+def quiet_ray_logs() -> None:
+    # a child's level survives `import ray`, which sets only the "ray" logger to INFO
+    for name in RAY_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def print_json(data: Any) -> None:

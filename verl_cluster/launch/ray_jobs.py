@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import json
 import sys
 import threading
 import time
@@ -122,20 +123,53 @@ def client_class() -> type:
     return TimedJobSubmissionClient
 
 
+@dataclass(frozen=True)
+class DashboardLink:
+    url: str  # as this machine reaches it
+    where: str  # for messages
+    tunnel: Optional[Any] = None  # the runners.ssh.Tunnel, when the dashboard is on a remote head's loopback
+
+
+def open_dashboard(spec: ClusterSpec, stack: contextlib.ExitStack, local_port: int = 0) -> DashboardLink:
+    """The head's dashboard/Jobs API from this machine; a tunnel opened for it is closed with `stack`.
+    OSError when `local_port` is taken."""
+    host, port, tunnel_needed = dashboard_target(spec)
+    if not tunnel_needed:
+        return DashboardLink(f"http://{host}:{port}", f"http://{host}:{port}")
+    runner = runner_for(spec, spec.head)
+    stack.callback(runner.close)
+    tunnel = runner.open_tunnel(host, port, local_port)
+    stack.callback(tunnel.close)
+    return DashboardLink(tunnel.url, f"{spec.head.host} 127.0.0.1:{port} (SSH tunnel)", tunnel)
+
+
+def probe_dashboard(link: DashboardLink, headers: dict[str, str], timeout_s: float = 10.0) -> tuple[str, bool]:
+    """(Ray version, whether our token was accepted) from the Jobs API's /api/version, which needs the token
+    when auth is on. ClusterError when nothing answers within timeout_s."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"{link.url}/api/version", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.loads(r.read() or b"{}").get("ray_version", "?"), True
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            return "?", False
+        raise ClusterError(f"the dashboard at {link.where} answered HTTP {e.code} to /api/version")
+    except (OSError, ValueError, http.client.HTTPException) as e:  # refused, reset (nothing listens behind the tunnel), timeout, not JSON
+        why = getattr(e, "reason", None) or e
+        raise ClusterError(f"the Ray dashboard at {link.where} is not answering: {str(why)[:200] or type(e).__name__}",
+                           "is the cluster up? check with `verl-cluster status -c CLUSTER.yaml`")
+
+
 def _open(spec: ClusterSpec) -> tuple[JobsApi, contextlib.ExitStack]:
     headers = auth_headers(spec)
-    host, port, tunnel_needed = dashboard_target(spec)
     stack = contextlib.ExitStack()
     try:
-        if tunnel_needed:
-            runner = runner_for(spec, spec.head)
-            stack.callback(runner.close)
-            tunnel = runner.open_tunnel(host, port)
-            stack.callback(tunnel.close)
-            url, where = tunnel.url, f"{spec.head.host} 127.0.0.1:{port} (SSH tunnel)"
-        else:
-            url = f"http://{host}:{port}"
-            where = url
+        link = open_dashboard(spec, stack)
+        url, where = link.url, link.where
         try:
             client = client_class()(url, headers=dict(headers))
         except _api_errors() as e:

@@ -44,7 +44,8 @@ class NodeStatus:
 class ClusterStatus:
     cluster: str
     head_address: str
-    dashboard: str
+    dashboard: str  # as seen from the head
+    dashboard_on_head_only: bool = False  # on a remote head's loopback: reach it with `verl-cluster dashboard`
     nodes: list[NodeStatus] = field(default_factory=list)
     jobs: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -56,15 +57,16 @@ class ClusterStatus:
 
     def to_json(self) -> dict:
         return {"cluster": self.cluster, "healthy": self.healthy, "head": self.head_address,
-                "dashboard": self.dashboard, "nodes": [n.to_json() for n in self.nodes], "jobs": self.jobs,
+                "dashboard": self.dashboard, "dashboard_on_head_only": self.dashboard_on_head_only,
+                "nodes": [n.to_json() for n in self.nodes], "jobs": self.jobs,
                 "problems": self.problems, "extra_nodes": self.extra_nodes}
 
 
 def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
     nodes = cluster_nodes(spec)
     dash_host = "127.0.0.1" if spec.security.dashboard_host == "loopback" else spec.head_ip
-    st = ClusterStatus(spec.cluster_name, spec.gcs_address, f"http://{dash_host}:{spec.head.dashboard_port}"
-                       + (" (on the head)" if dash_host == "127.0.0.1" and not spec.head.is_local else ""))
+    st = ClusterStatus(spec.cluster_name, spec.gcs_address, f"http://{dash_host}:{spec.head.dashboard_port}",
+                       dashboard_on_head_only=dash_host == "127.0.0.1" and not spec.head.is_local)
     try:
         probes = {r.host: r for r in fan_out(nodes, lambda n: n.probe(), key=lambda n: n.host)}
         head = nodes[0]

@@ -295,8 +295,10 @@ class SshRunner:
                     sftp.stat(cur)  # another writer made it meanwhile (nodes sharing a home); else re-raise
 
     # ---- port forwarding ----
-    def open_tunnel(self, remote_host: str, remote_port: int) -> "Tunnel":
-        return Tunnel(self._connect().get_transport(), remote_host, remote_port, self.target.connect_timeout_s)
+    def open_tunnel(self, remote_host: str, remote_port: int, local_port: int = 0) -> "Tunnel":
+        """local_port 0: any free one. OSError when the local port is taken."""
+        return Tunnel(self._connect().get_transport(), remote_host, remote_port, self.target.connect_timeout_s,
+                      local_port)
 
     def close(self) -> None:
         with self._lock:
@@ -318,10 +320,15 @@ class _BytesReader:
 class Tunnel:
     """127.0.0.1:local_port on this machine -> remote_host:remote_port as seen from the SSH host."""
 
-    def __init__(self, transport: paramiko.Transport, remote_host: str, remote_port: int, timeout: float):
+    def __init__(self, transport: paramiko.Transport, remote_host: str, remote_port: int, timeout: float,
+                 local_port: int = 0):
         self._transport, self._dest, self._timeout = transport, (remote_host, remote_port), timeout
         self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._server.bind(("127.0.0.1", 0))
+        try:
+            self._server.bind(("127.0.0.1", local_port))
+        except OSError:
+            self._server.close()
+            raise
         self._server.listen(16)
         self._server.settimeout(0.5)
         self.local_port = self._server.getsockname()[1]
@@ -364,6 +371,11 @@ class Tunnel:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.local_port}"
+
+    @property
+    def alive(self) -> bool:
+        """False once closed or once the SSH connection under it is gone."""
+        return not self._closed.is_set() and self._transport.is_active()
 
     def close(self) -> None:
         self._closed.set()
