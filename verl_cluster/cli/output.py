@@ -22,13 +22,18 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)  # progress, message
 
 # Ray's client-side INFO lines ("dashboard_sdk.py:371 -- Uploading package ...", "sdk.py:520 -- WebSocket closed")
 # would interleave with the job's own output; --debug keeps them
-RAY_CLIENT_LOGGERS = ("ray.dashboard", "ray._private.runtime_env")
+RAY_CLIENT_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
+                      "ray._private.runtime_env.packaging")
+
+
+def _warnings_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
 
 
 def quiet_ray_logs() -> None:
-    # a child's level survives `import ray`, which sets only the "ray" logger to INFO
+    # a filter, not a level: these modules set their loggers to INFO when Ray imports them, after us
     for name in RAY_CLIENT_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).addFilter(_warnings_only)
 
 
 def print_json(data: Any) -> None:
