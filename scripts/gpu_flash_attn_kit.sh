@@ -304,7 +304,8 @@ else:
         torch.set_default_dtype(bf16)  # created in bf16 (FA2 refuses/warns on fp32), across transformers 4.x/5.x
         try:
             for impl in ("flash_attention_2", "sdpa"):
-                models[impl] = AutoModelForTokenClassification.from_config(cfg, attn_implementation=impl).to(dev)
+                # eval(): the token-classification head has dropout (0.1 by default), random per model in train mode
+                models[impl] = AutoModelForTokenClassification.from_config(cfg, attn_implementation=impl).to(dev).eval()
         finally:
             torch.set_default_dtype(torch.float32)
         models["sdpa"].load_state_dict(models["flash_attention_2"].state_dict())
