@@ -137,15 +137,19 @@ def test_bash_completion(bash_script, home):
         "cluster_configs/local.yaml"]
 
 
-def test_zsh_script_loads_bash_completion_in_zsh():
+def test_zsh_script_completes_job_ids_in_zsh(home):
     text = run_cli("completion", "zsh").stdout
     assert text.startswith("autoload -U +X bashcompinit && bashcompinit")
     assert "complete -F _verl_cluster verl-cluster" in text
-    if shutil.which("zsh"):
-        r = subprocess.run(["zsh", "-c", "autoload -U compinit && compinit -u; eval \"$1\"; "
-                            "(( $+functions[_verl_cluster] )) && echo loaded", "_", text],
-                           capture_output=True, text=True, timeout=30)
-        assert "loaded" in r.stdout, r.stderr
+    if not shutil.which("zsh"):
+        return
+    job_records.record("smoke-20261125-3", LOCAL, "local", "smoke")
+    # as zsh's bashcompinit calls it: COMP_WORDS/COMP_CWORD set, the function run through its compgen -F
+    code = ('autoload -U compinit && compinit -u -d "$HOME/zcd"; eval "$1"; '
+            'COMP_WORDS=(verl-cluster logs ""); COMP_CWORD=2; _verl_cluster; print -l -- "${COMPREPLY[@]}"')
+    r = subprocess.run(["zsh", "-c", code, "_", text], capture_output=True, text=True, timeout=30,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(home)})
+    assert "smoke-20261125-3" in r.stdout.split(), r.stdout + r.stderr
 
 
 def test_completion_rejects_other_shells():
