@@ -77,7 +77,7 @@ def _describe(args, spec, link, version: str, token_ok: bool, headers: dict) -> 
         sys.stdout.write(json.dumps(doc) + "\n")
         sys.stdout.flush()
         return
-    out.print(f"dashboard: {link.url}  ({escape(link.where)}, Ray {version})")
+    out.print(f"dashboard: {link.url}  Ray {version}, via {escape(link.where)}")
     if not headers:
         out.print("auth: none (security.auth: none) — anyone who reaches the port can run code on the cluster")
         return
