@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from tests.harness.cli import run_cli
+from tests.harness.ray_cluster import running_cluster
 from verl_cluster.config.cluster import load_cluster
 
 pytestmark = pytest.mark.integration
@@ -25,17 +26,9 @@ cli = run_cli
 
 @pytest.fixture(scope="module")
 def cluster(module_lab):
-    from verl_cluster.lifecycle.down import down
-    from verl_cluster.lifecycle.up import up
-
     head = module_lab.add_host("head")
-    path = module_lab.cluster_yaml(head, [], name=f"dash{module_lab.n}")
-    spec = load_cluster(path)
-    assert up(spec).healthy
-    try:
-        yield module_lab, path, spec.token_file.read_text().strip()
-    finally:
-        down(spec)
+    with running_cluster(module_lab, head, name=f"dash{module_lab.n}") as path:
+        yield module_lab, path, load_cluster(path).token_file.read_text().strip()
 
 
 class Dashboard:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.cli import run_cli
-from verl_cluster.config.cluster import load_cluster
+from tests.harness.ray_cluster import running_cluster
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,19 +23,11 @@ SLEEPER = ("name: nap\nlauncher: ray\ncommand: [python, -u, -c, "
 
 @pytest.fixture(scope="module")
 def cluster(module_lab):
-    from verl_cluster.lifecycle.down import down
-    from verl_cluster.lifecycle.up import up
-
     head = module_lab.add_host("head")
-    path = module_lab.cluster_yaml(head, [], name=f"int{module_lab.n}")
-    spec = load_cluster(path)
-    assert up(spec).healthy
     job = module_lab.dir / "nap.yaml"
     job.write_text(SLEEPER)
-    try:
+    with running_cluster(module_lab, head, name=f"int{module_lab.n}") as path:
         yield path, job
-    finally:
-        down(spec)
 
 
 cli = run_cli

@@ -1,0 +1,27 @@
+"""A real Ray cluster on lab hosts for a test module: `up` on entry, `down` on exit."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from tests.harness.netns import Host, NetnsLab
+
+
+@contextlib.contextmanager
+def running_cluster(lab: NetnsLab, head: Host, workers: Sequence[Host] = (), name: str | None = None,
+                    extra: str = "") -> Iterator[Path]:
+    """Yields the cluster file of a healthy cluster (head + workers)."""
+    from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.lifecycle.down import down
+    from verl_cluster.lifecycle.up import up
+
+    path = lab.cluster_yaml(head, list(workers), name=name, extra=extra)
+    spec = load_cluster(path)
+    report = up(spec)
+    assert report.healthy, report.to_json()
+    try:
+        yield path
+    finally:
+        down(spec)
