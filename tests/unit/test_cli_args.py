@@ -71,6 +71,8 @@ def test_check_set_is_a_deprecated_alias_that_still_applies():
     assert r.returncode == 2, r.stderr
     assert "`--set` is deprecated" in r.stderr and "check ssh.conect_timeout_s=3" in r.stderr
     assert "conect_timeout_s" in r.stderr.split("deprecated", 1)[1] and "Traceback" not in r.stderr
+    r = run_cli("check", "--set", "foo")
+    assert r.returncode == 2 and "--set foo: expected key=value" in r.stderr
 
 
 def test_job_records_name_the_cluster(home):

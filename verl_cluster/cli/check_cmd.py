@@ -7,9 +7,9 @@ import argparse
 from rich.markup import escape
 from rich.table import Table
 
-from verl_cluster.cli.cluster_args import add_cluster_args, load_cluster_args
+from verl_cluster.cli.cluster_args import add_cluster_args, is_override, load_cluster_args
 from verl_cluster.cli.output import err, out, print_json
-from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
+from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY, ConfigError
 
 
 def _positive_seconds(text: str) -> float:
@@ -41,6 +41,9 @@ def run(args) -> int:
     from verl_cluster.diagnostics.check import CheckOptions, run_check
 
     if args.set:
+        bad = [w for w in args.set if not is_override(w)]
+        if bad:
+            raise ConfigError(f"--set {bad[0]}: expected key=value", "e.g. verl-cluster check ssh.user=me")
         err.print(f"[yellow]warning:[/] `--set` is deprecated: write the override as a word of its own, "
                   f"`verl-cluster check {' '.join(args.set)}`")
         args.overrides = list(args.overrides or []) + args.set
