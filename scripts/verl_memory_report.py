@@ -32,6 +32,8 @@ TASK_PHASE = {
     "compute_ref_log_prob": "ref log-prob",
     "update_critic": "critic update",
     "compute_values": "critic values",
+    "critic_train_mini_batch": "critic update",  # verl 0.9.1's critic (engine TrainingWorker)
+    "critic_infer_batch": "critic values",
 }
 AWAKE_MARGIN_MIB = 2048  # the vLLM process this far above its asleep level is serving the rollout
 VLLM_LINES = {
@@ -110,8 +112,13 @@ def read_log(path: Path) -> dict:
             if m:
                 vllm[k].append(float(m.group(1).replace(",", "")))
     s = prog.summary()
+    # the longest step's mean sequence (prompt + response tokens): with use_remove_padding, micro batches hold
+    # real tokens only, so the plan is compared at this length too (plan --fill)
+    lens = [m["prompt_length/mean"] + m["response_length/mean"] for m in prog.steps.values()
+            if "prompt_length/mean" in m and "response_length/mean" in m]
     return {"verl": {k: s.get(k) for k in ("steps", "max_memory_allocated_gb", "max_memory_reserved_gb",
-                                           "mean_step_time_s", "throughput_tokens_per_gpu_s")},
+                                           "mean_step_time_s", "throughput_tokens_per_gpu_s")}
+            | ({"seq_tokens_mean": round(max(lens), 1)} if lens else {}),
             "vllm": {k: (v[0] if k != "sleep_freed_cumem_gib" else max(v)) for k, v in vllm.items() if v}}
 
 

@@ -1,6 +1,7 @@
 """What verl 0.9 itself needs, learned from running it on a GPU machine (docs/BENCHMARKS.md, "verl for real"):
 flash-attn for a critic and for a pinned padding-free path, and micro batches that divide each GPU's batch."""
 
+from dataclasses import replace
 from pathlib import Path
 
 from verl_cluster.config.job import load_job
@@ -10,12 +11,17 @@ from verl_cluster.placement import parse_gpus, plan_job
 from verl_cluster.placement.hardware import flash_status
 
 ROOT = Path(__file__).resolve().parents[2]
-H100 = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h100x1.json").read_text())
+RECORDED = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h100x1.json").read_text())
+# the machine as the first verl runs found it, before the flash-attn kit was staged
+H100 = replace(RECORDED, versions={k: v for k, v in RECORDED.versions.items() if k != "flash_attn"})
 TINY_BATCH = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
 
 
-def test_recorded_h100_has_no_flash_attn():
+def test_recorded_h100_flash_attn_status():
     assert flash_status([H100]) == (False, "flash-attn is not installed on vm")
+    assert RECORDED.versions["flash_attn"] == "2.8.3" and flash_status([RECORDED])[0] is True
+    # with the kit's flash-attn the critic job passes the check that refused it before
+    assert check_flash_attn_needs(load_job(ROOT / "launch/gsm8k.yaml"), *flash_status([RECORDED])) == []
 
 
 def test_a_critic_without_flash_attn_is_refused_before_submission():

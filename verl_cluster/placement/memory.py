@@ -36,9 +36,10 @@ VLLM_CONTEXT_BYTES = 0.5 * GIB
 # - asleep between rollouts (weights and KV cache released): context, CUDA graph pool, torch's leftovers;
 #   0.95 GiB (tiny) and 1.23 GiB (0.5B) per GPU
 VLLM_ASLEEP_BYTES = 1.25 * GIB
-# - awake, the sampler's fp32 logits over a whole scheduled batch (max_num_batched_tokens x vocab) come on top of
-#   what vLLM's profiling reserved: 0.5B, 8192 tokens x 151936 x 4 B = 4.6 GiB, measured 5.0 GiB over budget
-VLLM_WORKSPACE_LOGITS_BYTES = 4
+# - awake, beyond what its profiling reserved: the sampler's per-sequence vocab-sized tensors (fp32 logits,
+#   logprobs, probabilities, ...) as the caching allocator holds them while the batch shrinks. Fitted on GRPO n=5
+#   (256 sequences in flight: 4.83 GiB over budget), checked on PPO n=1 (64 in flight: 0 measured, 1.2 predicted)
+VLLM_SAMPLER_BYTES = 133  # per sequence in flight, per vocab entry
 ADAM_BYTES = 8  # AdamW: exp_avg + exp_avg_sq in the (fp32) parameter dtype
 REDUCE_BYTES = 4  # FSDP MixedPrecision(reduce_dtype=fp32): an unsharded gradient is cast to fp32 to be reduced
 LOGITS_BYTES = 4  # fp32 logits per token per vocab entry (vLLM's sampler)
@@ -104,7 +105,7 @@ def gathered_bytes(shape: ModelShape, c: int, *, root_params: Optional[int] = No
     return float(out)
 
 
-def loss_bytes(c: int, moment: str, *, verl_engine: bool = False) -> int:
+def loss_bytes(c: int, moment: str, *, verl_engine: bool = False, fused_ce: bool = False) -> int:
     """Bytes per token per logit the loss path holds at its peak, the c-byte logits included.
     forward: logits + their fp32 copy (none when c is already 4) + the fp32 log-softmax, all alive while
       log_softmax runs (ref/old log-probs: what verl computes under no_grad).
@@ -113,7 +114,12 @@ def loss_bytes(c: int, moment: str, *, verl_engine: bool = False) -> int:
     kept: the logits and fp32 log-probs the caller still references after backward, until the step.
     verl_engine: verl 0.9's engine workers (log-probs row by row from c-byte logits, no fused kernels) hold
       one fp32 gradient fewer in backward: c + 8, from its update on an H100 (0.5B, 30720 tokens: 10.4 B per
-      token per logit reserved); scripts/calibrate_memory.py's path (c + 12) is the legacy workers'."""
+      token per logit reserved); scripts/calibrate_memory.py's path (c + 12) is the legacy workers'.
+    fused_ce: verl's log-probs through flash-attn's Triton cross-entropy (whenever flash_attn imports): no fp32
+      copy; the backward writes the logits' gradient in place. Measured on an H100 (0.5B PPO, flash-attn 2.8.3):
+      2.3 B per token per logit in the old log-probs, 3.9 B in the update: c and c + 2."""
+    if fused_ce:
+        return {"forward": c, "backward": c + 2, "kept": c}[moment]
     copy = LOSS_FP32_BYTES if c < LOSS_FP32_BYTES else 0
     if verl_engine and moment == "backward":
         return c + 2 * LOSS_FP32_BYTES
@@ -140,6 +146,7 @@ class TrainInputs:
     vocab_out: int  # logits width: vocab for the LM, 1 for value heads
     root_params: Optional[int] = None
     verl_engine: bool = False  # verl >= 0.9's engine workers' loss path (see loss_bytes)
+    fused_ce: bool = False  # verl computes log-probs with flash-attn's fused cross-entropy (see loss_bytes)
 
 
 @dataclass(frozen=True)
@@ -177,8 +184,8 @@ def update_step(x: TrainInputs) -> UpdateStep:
     scores = attention_scores_bytes(sh, x.micro, x.seq, c, x.attn)
     saved = x.shape.layers * x.tokens * sh.hidden * c if x.grad_ckpt else sh.layers * (layer + scores)
     recompute = 2 * layer + scores if x.grad_ckpt else layer
-    kept = tv * loss_bytes(c, "kept")
-    loss_tr = saved + tv * loss_bytes(c, "backward", verl_engine=x.verl_engine)
+    kept = tv * loss_bytes(c, "kept", fused_ce=x.fused_ce)
+    loss_tr = saved + tv * loss_bytes(c, "backward", verl_engine=x.verl_engine, fused_ce=x.fused_ce)
     layer_tr = saved + recompute + kept
     step_tr = x.params * m / n + kept
     # live tensors (allocated): at N = 1 FSDP runs NO_SHARD and frees the bf16 copies after each forward
@@ -189,7 +196,7 @@ def update_step(x: TrainInputs) -> UpdateStep:
                     p.bytes + o.bytes + g.bytes + gathered + reduce + layer_tr,
                     p.bytes + g.bytes + o.bytes + step_tr)
     moments = {"loss backward": (Part("activations", saved),
-                                 Part("logits", tv * loss_bytes(c, "backward", verl_engine=x.verl_engine))),
+                                 Part("logits", tv * loss_bytes(c, "backward", verl_engine=x.verl_engine, fused_ce=x.fused_ce))),
                "layer backward": (Part("activations", saved + recompute), Part("logits", kept)),
                "optimizer step": (Part("optimizer temp", x.params * m / n), Part("logits", kept))}
     moment = max(moments, key=lambda k: total(moments[k]))
@@ -216,17 +223,19 @@ def forward_phase(x: TrainInputs, *, params_on_gpu: bool, extra: tuple[Part, ...
         *extra,
         Part("gathered", gathered),
         Part("activations", acts),
-        Part("logits", x.tokens * x.vocab_out * loss_bytes(x.c, "forward")),
+        Part("logits", x.tokens * x.vocab_out * loss_bytes(x.c, "forward", fused_ce=x.fused_ce)),
     )
 
 
 def trainable_resident(params: int, n: int, m: int, *, param_offload: bool, optimizer_offload: bool) -> tuple[
         tuple[Part, ...], tuple[Part, ...]]:
     """(GPU, host) parts an actor/critic keeps between its phases. verl's param_offload moves the flat
-    params (and their grads) to the host after each phase; optimizer_offload moves AdamW's states."""
-    p, g, o = fsdp_states(params, n, m, trainable=True)
+    params to the host after each phase; optimizer_offload moves AdamW's states. Grads are freed after each
+    optimizer step (zero_grad(set_to_none)): measured on an H100, the trainer process between phases holds
+    params + Adam + 1.4 GiB, one model or two."""
+    p, _, o = fsdp_states(params, n, m, trainable=True)
     gpu, host = [], []
-    (host if param_offload else gpu).extend([p, g])
+    (host if param_offload else gpu).append(p)
     (host if optimizer_offload else gpu).append(o)
     return tuple(gpu), tuple(host)
 
@@ -249,8 +258,14 @@ class RolloutMemory:
                 Part("sampler workspace", self.workspace))
 
 
+def sampler_workspace(shape: ModelShape, in_flight: int) -> float:
+    """What the awake vLLM process holds beyond its budget for `in_flight` sequences sampled at once."""
+    return in_flight * shape.vocab * VLLM_SAMPLER_BYTES
+
+
 def rollout_memory(shape: ModelShape, *, total_bytes: float, util: float, tp: int, dtype_bytes: int, seq: int,
-                   max_num_seqs: int, max_num_batched_tokens: int, enforce_eager: bool) -> RolloutMemory:
+                   max_num_seqs: int, max_num_batched_tokens: int, enforce_eager: bool,
+                   in_flight: int = 0) -> RolloutMemory:
     """vLLM (≥ 0.7): weights / TP, a profiling forward of max_num_batched_tokens, the sampler's fp32 logits
     for max_num_seqs, CUDA graphs; the KV cache gets the rest of util x total.
     KV bytes per token = 2 x layers x kv_heads/TP x head_dim x dtype bytes."""
@@ -261,7 +276,7 @@ def rollout_memory(shape: ModelShape, *, total_bytes: float, util: float, tp: in
     graphs = 0.0 if enforce_eager else VLLM_CUDA_GRAPHS_BYTES
     kv = budget - weights - acts - graphs
     per_seq = float(shape.kv_bytes_per_token(dtype_bytes, tp) * seq)
-    workspace = max_num_batched_tokens * shape.vocab * VLLM_WORKSPACE_LOGITS_BYTES / tp
+    workspace = sampler_workspace(shape, min(max_num_seqs, in_flight or max_num_seqs))
     return RolloutMemory(budget, weights, acts, graphs, kv, per_seq, max(0, int(kv // per_seq)), workspace)
 
 
