@@ -111,3 +111,15 @@ def test_real_failures_are_classified_with_the_telling_line():
     assert f.kind == "oom" and f.line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
     f = fed("h100_grpo_tiny_micro_not_dividing.log").failure()
     assert f.kind == "config" and "divisible by force_group_size * micro_batch_size_per_gpu" in f.line
+
+
+def test_real_ppo_run_with_a_critic_summary():
+    # PPO (GAE critic, flash-attn 2.8.3) on the 0.5B shape, H100: verl ends with its own DataLoader-worker traceback
+    # at shutdown after the last step; the job SUCCEEDED and the summary is the run's
+    p = fed("h100_ppo_0.5b_succeeded.log")
+    s = p.summary()
+    assert s["steps"] == 3 and s["step_time_s"] == 30.86 and s["throughput_tokens_per_gpu_s"] == 769.6
+    assert s["max_memory_allocated_gb"] == 17.453 and s["max_memory_reserved_gb"] == 22.41
+    assert s["checkpoints"] == ["/root/ckpt/ppo05/global_step_3"]
+    assert "critic/vf_loss" in p.steps[3] and s["validation"]["val-core/openai/gsm8k/acc/mean@1"] == 0.0
+    assert describe(s)[0] == "verl: 3 step(s), last 3, step time 30.86 s, 769.6 tokens/s/GPU"
