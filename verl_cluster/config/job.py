@@ -41,6 +41,18 @@ class TorchrunSpec:
 
 
 @dataclass(frozen=True)
+class WatchSpec:
+    """`submit --watch` / `watch`: how a long run is kept up (verl_cluster/watch)."""
+    max_restarts: int = 3
+    backoff_s: float = 10.0  # first wait before a restart; doubles each time
+    backoff_max_s: float = 300.0
+    hang_after: str = "30m"  # no new log line for this long = hung: seconds (90) or 90s / 30m / 2h
+    allow_fewer_nodes: bool = False  # continue on the nodes left when a node cannot come back
+    node_wait_s: float = 1800.0  # how long to wait for a lost node before giving up
+    notify: list[str] = field(default_factory=list)  # argv; gets each event as JSON on stdin
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str = "???"
     entrypoint: Optional[str] = None  # a Python module run as `python -m`, e.g. verl.trainer.main_ppo
@@ -57,6 +69,7 @@ class JobSpec:
     working_dir: Optional[str] = None  # local code shipped with the job (Ray runtime_env working_dir)
     runtime_env: dict[str, Any] = field(default_factory=dict)  # extra runtime_env keys (pip, excludes, ...)
     torchrun: TorchrunSpec = field(default_factory=TorchrunSpec)
+    watch: WatchSpec = field(default_factory=WatchSpec)
     source: str = "<memory>"
 
     def verl_overrides(self) -> dict[str, Any]:
@@ -108,7 +121,8 @@ def is_spec_key(key: str) -> bool:
     if parts[0] in _FREE_FORM or len(parts) == 1:
         return True
     cls = JobSpec.__dataclass_fields__[parts[0]].type
-    sub = {"model": ModelSpec, "data": DataSpec, "placement": PlacementSpec, "torchrun": TorchrunSpec}.get(parts[0])
+    sub = {"model": ModelSpec, "data": DataSpec, "placement": PlacementSpec, "torchrun": TorchrunSpec,
+           "watch": WatchSpec}.get(parts[0])
     return sub is not None and len(parts) == 2 and parts[1] in sub.__dataclass_fields__ and bool(cls)
 
 
