@@ -22,6 +22,7 @@ COMMANDS = {
     "jobs": "jobs_cmds",
     "logs": "jobs_cmds",
     "stop": "jobs_cmds",
+    "watch": "watch_cmd",
     "dashboard": "dashboard_cmd",
     "completion": "completion_cmd",
 }

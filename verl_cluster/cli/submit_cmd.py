@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rich.markup import escape
 
@@ -32,6 +33,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-preflight", action="store_true", help="submit without the checks (not recommended)")
     p.add_argument("--refresh-backend", action="store_true",
                    help="re-detect the network backend env (otherwise remembered for an hour per cluster)")
+    p.add_argument("--watch", action="store_true",
+                   help="keep the run up: heal, resume from its checkpoint, report (job's `watch:` settings)")
+    p.add_argument("--detach", action="store_true", help="with --watch: the watcher runs in the background")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=run_submit)
 
@@ -46,6 +50,10 @@ def print_preflight(report: PreflightReport) -> None:
 
 def run_submit(args) -> int:
     job = load_job(args.job, args.overrides)
+    if args.watch:
+        from verl_cluster.watch.settings import check_watchable
+
+        check_watchable(job)  # bad watch settings stop here, before anything is submitted
     if not args.dry_run:
         warm_imports()
     cluster_file = resolve_cluster_file(job, args.cluster)
@@ -68,6 +76,9 @@ def run_submit(args) -> int:
         return preflight_exit_code(sub.preflight)
     if sub.launcher == "ray":
         return _apply_ray(sub, args)
+    if args.watch:
+        err.print("[bold red]error:[/] --watch needs a Ray job (torchrun runs are not watched yet)")
+        return EXIT_BAD_INPUT
     return _apply_torchrun(sub, args)
 
 
@@ -100,7 +111,12 @@ def _apply_ray(sub: Submission, args) -> int:
     reattach = f"verl-cluster logs {req.submission_id} -c {sub.cluster_file} --follow"
     with ray_jobs.connect(sub.spec) as api:
         sid = ray_jobs.submit(api, req)
-        job_records.record(sid, sub.cluster_file, sub.spec.cluster_name, sub.job.name)
+        job_records.record(sid, sub.cluster_file, sub.spec.cluster_name, sub.job.name,
+                           job_file=str(Path(args.job).resolve()), overrides=list(args.overrides or []))
+        if args.watch:
+            from verl_cluster.cli.watch_cmd import watch_submitted
+
+            return watch_submitted(sub, sid, args)
         if args.no_follow:
             status = ray_jobs.wait_running(api, sid)
             if args.json:

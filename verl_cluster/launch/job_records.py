@@ -21,12 +21,13 @@ def jobs_dir() -> Path:
     return Path(os.path.expanduser(JOBS_DIR))
 
 
-def record(submission_id: str, cluster_file: str, cluster_name: str, job_name: str) -> None:
-    """Remember where a job went. Best effort: a read-only home only costs `logs` its `-c`."""
+def record(submission_id: str, cluster_file: str, cluster_name: str, job_name: str, **extra) -> None:
+    """Remember where a job went. Best effort: a read-only home only costs `logs` its `-c`.
+    `extra`: what `watch` needs to resubmit it (job_file, overrides) and its run chain (run, previous)."""
     if not _SAFE_ID.match(submission_id):
         return
     doc = {"submission_id": submission_id, "cluster_file": str(Path(cluster_file).resolve()),
-           "cluster": cluster_name, "job": job_name, "submitted_at": time.time()}
+           "cluster": cluster_name, "job": job_name, "submitted_at": time.time(), **extra}
     try:
         jobs_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
         (jobs_dir() / f"{submission_id}.json").write_text(json.dumps(doc) + "\n")

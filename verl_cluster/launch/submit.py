@@ -107,8 +107,10 @@ def _jobs_api_up(spec: ClusterSpec):
 
 
 def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] = None,
-                    run_checks: bool = True, environ=None, refresh_backend: bool = False) -> Submission:
-    spec = load_cluster(cluster_file)
+                    run_checks: bool = True, environ=None, refresh_backend: bool = False,
+                    spec: Optional[ClusterSpec] = None) -> Submission:
+    """`spec`: the cluster as loaded (watch passes one with the nodes a run continues on), else cluster_file's."""
+    spec = spec or load_cluster(cluster_file)
     if launcher:
         from dataclasses import replace
 

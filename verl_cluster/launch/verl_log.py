@@ -33,9 +33,11 @@ FAILURES: tuple[tuple[str, re.Pattern, str, str], ...] = tuple((c, re.compile(p)
      "a node ran out of host memory", "offload less, or use nodes with more RAM (plan shows host memory)"),
     ("nccl-timeout", r"Watchdog caught collective operation timeout|NCCL watchdog timeout|ProcessGroupNCCL.*[Tt]imeout",
      "an NCCL collective timed out", "verl-cluster check CLUSTER (NCCL interface, blocked ports)"),
-    ("gpu-fault", r"CUDA error: (?!out of memory)|Xid|uncorrectable ECC|GPU is lost|an illegal memory access",
+    ("gpu-fault", r"CUDA error: (?!out of memory)|Xid|uncorrectable ECC|GPU is lost|an illegal memory access|"
+     r"fallen off the bus",
      "a GPU or CUDA error", "verl-cluster doctor on the node; a GPU that fell off the bus needs a reboot"),
-    ("node-lost", r"ActorDiedError|The actor died unexpectedly|node .* (?:has been marked dead|died)|RaySystemError",
+    ("node-lost", r"ActorDiedError|The actor died unexpectedly|node .* (?:has been marked dead|died)|RaySystemError|"
+     r"NodeDiedError|Owner's node has crashed",
      "a Ray worker or node died", "verl-cluster status CLUSTER; verl-cluster up CLUSTER restarts dead nodes"),
     ("missing-package", r"FlashAttention2 has been toggled on, but it cannot be used",
      "flash-attn is not installed where the job ran (verl loads a critic with flash_attention_2 regardless)",

@@ -1,0 +1,93 @@
+"""A CPU trainer that behaves like verl where `watch` cares: a Ray job that takes a step every ~1 s, runs a task on
+every node each step, saves `global_step_N` under `trainer.default_local_dir` every `trainer.save_freq` steps and,
+with `trainer.resume_mode=auto`, resumes after the newest one. Prints `step N` per step.
+
+Arguments are verl-style `key=value` words:
+  trainer.total_training_steps=10 trainer.save_freq=2 trainer.default_local_dir=/shared/ckpt
+  trainer.resume_mode=auto|disable  resumable.step_s=1.0
+Fault knobs (for tests): resumable.raise_at=N (ValueError at step N), resumable.hang_at=N (stops printing, once per
+checkpoint folder), resumable.die_at=N (the process exits 1 at step N, every attempt).
+Every finished step is appended to `<default_local_dir>/steps.log` as `<ray job id> <step>`.
+"""
+
+import os
+import re
+import sys
+import time
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+
+def parse_args(argv):
+    out = {}
+    for a in argv:
+        k, sep, v = a.partition("=")
+        if sep:
+            out[k.lstrip("+")] = v
+    return out
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def work(step):
+    return ray.util.get_node_ip_address(), step
+
+
+def newest_checkpoint(folder):
+    steps = [int(m.group(1)) for n in os.listdir(folder) if (m := re.fullmatch(r"global_step_(\d+)", n))]
+    return max(steps, default=0)
+
+
+def save(folder, step):
+    path = os.path.join(folder, f"global_step_{step}")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "state.txt"), "w") as f:
+        f.write(f"{step}\n")
+    with open(os.path.join(folder, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(f"{step}\n")
+    print(f"local_global_step_folder: {path}", flush=True)
+
+
+def main() -> int:
+    args = parse_args(sys.argv[1:])
+    total = int(args.get("trainer.total_training_steps", 10))
+    save_freq = int(args.get("trainer.save_freq", 2))
+    folder = args.get("trainer.default_local_dir", "checkpoints")
+    resume = args.get("trainer.resume_mode", "disable")
+    step_s = float(args.get("resumable.step_s", 1.0))
+    raise_at, hang_at, die_at = (int(args.get(f"resumable.{k}", 0)) for k in ("raise_at", "hang_at", "die_at"))
+    os.makedirs(folder, exist_ok=True)
+
+    ray.init(address="auto", logging_level="ERROR")
+    job_id = ray.get_runtime_context().get_job_id()
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    print(f"nodes {len(nodes)}", flush=True)
+    start = newest_checkpoint(folder) if resume == "auto" else 0
+    if start:
+        print(f"resuming from global_step_{start}", flush=True)
+    for step in range(start + 1, total + 1):
+        t0 = time.monotonic()
+        if step == raise_at:
+            raise ValueError(f"bad value at step {step}")
+        if step == die_at:
+            print(f"dying at step {step}", flush=True)
+            os._exit(1)
+        if step == hang_at and not os.path.exists(os.path.join(folder, ".hung")):
+            open(os.path.join(folder, ".hung"), "w").close()
+            print(f"hanging at step {step}", flush=True)
+            time.sleep(10**6)
+        refs = [work.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(step)
+                for n in nodes]
+        ray.get(refs, timeout=60)  # a node that died fails the step, as a lost rank fails verl's
+        with open(os.path.join(folder, "steps.log"), "a") as f:
+            f.write(f"{job_id} {step}\n")
+        print(f"step {step}", flush=True)
+        if step % save_freq == 0 or step == total:
+            save(folder, step)
+        time.sleep(max(0.0, step_s - (time.monotonic() - t0)))
+    print(f"done: {total} steps", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""A watched run on disk: ~/.verl-cluster/<cluster>/runs/<run>/ with run.json (the chain of submissions, the
+restart count, the state), events.jsonl, watcher.log (--detach) and watch.lock (one watcher per run)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from verl_cluster.errors import ClusterError, ConfigError
+from verl_cluster.launch import job_records
+
+RUNS_ROOT = "~/.verl-cluster"
+FINAL = ("succeeded", "failed", "gave-up", "stopped")
+
+
+def run_dir(cluster: str, run: str) -> Path:
+    return Path(os.path.expanduser(RUNS_ROOT)) / cluster / "runs" / run
+
+
+@dataclass
+class RunState:
+    run: str  # the first submission id
+    cluster: str
+    cluster_file: str
+    job_file: str
+    overrides: list[str] = field(default_factory=list)  # the CLI key=value words of the first submit
+    attempts: list[dict] = field(default_factory=list)  # {submission_id, started_at, status, class, evidence}
+    restarts: int = 0
+    state: str = "watching"  # watching | succeeded | failed | gave-up | stopped
+    pending: Optional[str] = None  # a resubmission being made (a killed watcher may leave it behind)
+    nodes: Optional[int] = None  # nodes the run continues on, when fewer than configured
+
+    @property
+    def dir(self) -> Path:
+        return run_dir(self.cluster, self.run)
+
+    @property
+    def current(self) -> str:
+        return self.attempts[-1]["submission_id"]
+
+    def save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / "run.json.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        tmp.replace(self.dir / "run.json")  # atomic: a killed watcher never leaves half a file
+
+    @classmethod
+    def load(cls, cluster: str, run: str) -> Optional["RunState"]:
+        try:
+            doc = json.loads((run_dir(cluster, run) / "run.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+
+
+def new_run(sid: str, cluster: str, cluster_file: str, job_file: str, overrides: list[str]) -> RunState:
+    st = RunState(sid, cluster, str(Path(cluster_file).resolve()), str(Path(job_file).resolve()), list(overrides),
+                  attempts=[{"submission_id": sid, "started_at": time.time()}])
+    st.save()
+    return st
+
+
+def find_run(job_id: str) -> RunState:
+    """The run a submission id belongs to (any id in its chain), or a new run for a job `submit` recorded."""
+    rec = job_records.lookup(job_id)
+    if rec is None:
+        raise ConfigError(f"job {job_id} was not submitted from this machine (no record under "
+                          f"{job_records.jobs_dir()})",
+                          "watch jobs submitted here: `verl-cluster submit JOB.yaml --watch`, or see `verl-cluster jobs`")
+    run = rec.get("run") or job_id
+    st = RunState.load(rec["cluster"], run)
+    if st is not None:
+        return st
+    if not rec.get("job_file"):
+        raise ConfigError(f"job {job_id} has no job file on record, so it could not be resubmitted",
+                          "submit it again with `verl-cluster submit JOB.yaml --watch`")
+    return new_run(job_id, rec["cluster"], rec["cluster_file"], rec["job_file"], rec.get("overrides") or [])
+
+
+class RunLock:
+    """An flock on watch.lock, held for the watcher's life; the kernel drops it when the process dies."""
+
+    def __init__(self, st: RunState):
+        self.path = st.dir / "watch.lock"
+        self.run = st.run
+        self.fh = None
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip()
+        except OSError:
+            return ""
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            who = self.holder() or "another process"
+            raise ClusterError(f"run {self.run} is already watched ({who})",
+                               f"one watcher per run: see its log {self.path.parent / 'watcher.log'} or "
+                               f"{self.path.parent / 'events.jsonl'}; stop that watcher first to take over")
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.flush()
+        self.fh = fh
+        return self
+
+    def is_held(self) -> bool:
+        if not self.path.exists():
+            return False
+        with open(self.path, "a+") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+    def release(self) -> None:
+        if self.fh:
+            self.fh.close()
+            self.fh = None

@@ -1,0 +1,258 @@
+"""The watch loop: follow one attempt until it ends or something is wrong; then classify, heal the cluster with
+`up`'s own path, and resubmit with verl's resume settings, within the restart budget.
+
+Everything goes through Ray: the Jobs API (status, logs, submit, stop) and the GCS node table. No `ray stop`:
+a lost node is brought back by `up`, which restarts only this cluster's processes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Optional, TextIO
+
+from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.config.job import JobSpec, load_job
+from verl_cluster.errors import ClusterError
+from verl_cluster.launch import job_records, ray_jobs
+from verl_cluster.watch.detect import LogTracker, NodeMonitor
+from verl_cluster.watch.events import Event, Reporter
+from verl_cluster.watch.failures import Diagnosis, diagnose
+from verl_cluster.watch.runs import RunState
+from verl_cluster.watch.settings import WatchSettings
+
+RESUME = ["trainer.resume_mode=auto"]
+API_FAILURES_BEFORE_LOST = 5  # consecutive Jobs API errors (one per poll) before the head counts as lost
+
+
+@dataclass
+class Outcome:
+    status: str  # SUCCEEDED | STOPPED (by someone else) | FAILED | LOST | HANG
+    diagnosis: Optional[Diagnosis] = None
+    node: str = ""
+    tail: list[str] = field(default_factory=list)
+
+
+class Watcher:
+    def __init__(self, st: RunState, spec: ClusterSpec, job: JobSpec, settings: WatchSettings, reporter: Reporter,
+                 stream: Optional[TextIO] = None):
+        self.st, self.spec, self.job, self.s, self.rep, self.stream = st, spec, job, settings, reporter, stream
+        self.monitor = NodeMonitor(spec)
+
+    def emit(self, cls: str, action: str, evidence: str = "", node: str = "", lines=(), sid: str = "") -> Event:
+        return self.rep.emit(Event(self.st.run, sid or self.st.current, cls, action, evidence, node, list(lines)))
+
+    def api(self):
+        with ray_jobs.connect(self.spec) as api:
+            return api
+
+    # ---- the loop ----
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.monitor.close()
+
+    def _run(self) -> int:
+        self._adopt_pending()
+        self.emit("info", "watching", f"restart budget {self.st.restarts}/{self.s.max_restarts} used")
+        while True:
+            sid = self.st.current
+            out = self.watch_attempt(sid)
+            self._record(out)
+            if out.status == "SUCCEEDED":
+                self.st.state = "succeeded"
+                self.st.save()
+                self.emit("info", "done: the run SUCCEEDED", f"{len(self.st.attempts)} attempt(s), "
+                          f"{self.st.restarts} restart(s)")
+                return 0
+            if out.status == "STOPPED":
+                self.st.state = "stopped"
+                self.st.save()
+                self.emit("info", "stopped watching: the job was stopped by someone else", "status STOPPED")
+                return 1
+            d = out.diagnosis or Diagnosis("unknown", "", "")
+            if out.status == "FAILED":
+                self.emit(d.cls, "classified", d.evidence, out.node, out.tail[-20:])
+            if not d.retry:
+                self.st.state = "failed"
+                self.st.save()
+                self.emit(d.cls, "not retried: the run stops (a restart would fail the same way)", d.evidence,
+                          lines=out.tail[-20:])
+                return 1
+            if self.st.restarts >= self.s.max_restarts:
+                self.st.state = "gave-up"
+                self.st.save()
+                self.emit(d.cls, f"restart budget spent ({self.st.restarts}/{self.s.max_restarts}): giving up",
+                          d.evidence, out.node)
+                return 1
+            spec = self.heal()
+            if spec is None:
+                self.st.state = "gave-up"
+                self.st.save()
+                return 1
+            wait = self.s.backoff(self.st.restarts + 1)
+            if wait > 0:
+                time.sleep(wait)
+            self.resubmit(spec, wait)
+
+    def _record(self, out: Outcome) -> None:
+        a = self.st.attempts[-1]
+        a.update(status=out.status, ended_at=time.time())
+        if out.diagnosis:
+            a.update({"class": out.diagnosis.cls, "evidence": out.diagnosis.evidence, "node": out.node})
+        self.st.save()
+
+    # ---- one attempt ----
+    def watch_attempt(self, sid: str) -> Outcome:
+        tracker, expected, next_check, api_errors = LogTracker(), None, 0.0, 0
+        while True:
+            try:
+                api = self.api()
+                row = ray_jobs.job_info(api, sid)
+                new = tracker.update(ray_jobs.logs(api, sid))
+                api_errors = 0
+            except ClusterError as e:
+                api_errors += 1
+                if api_errors < API_FAILURES_BEFORE_LOST:
+                    time.sleep(self.s.poll_s)
+                    continue
+                ray_jobs.close_all()  # the tunnel to the head is dead with it; `up` and a new connect follow
+                self.emit("node-lost", "heal the head, resume", f"the Jobs API does not answer: {e.message}",
+                          self.spec.head_ip)
+                return Outcome("LOST", Diagnosis("node-lost", "the head is gone", e.message), self.spec.head_ip,
+                               tracker.tail)
+            if new and self.stream is not None:
+                self.stream.write(new)
+                self.stream.flush()
+            if row.status in ray_jobs.TERMINAL:
+                return self._ended(api, sid, row, expected, tracker)
+            now = time.monotonic()
+            if row.status == "RUNNING":
+                if expected is None:
+                    expected = self._alive_configured()
+                if now >= next_check:
+                    next_check = now + self.s.node_check_s
+                    lost = self.monitor.lost(expected)
+                    if lost:
+                        self.emit("node-lost", "stop the job, heal the cluster, resume", lost[1], lost[0])
+                        self._stop(api, sid)
+                        return Outcome("LOST", Diagnosis("node-lost", "a node left the cluster", lost[1]), lost[0],
+                                       tracker.tail)
+                if tracker.quiet_for() > self.s.hang_after_s:
+                    ev = (f"no new log line for {tracker.quiet_for():.0f}s (hang_after {self.s.hang_after_s:g}s), "
+                          f"last step {tracker.last_step}")
+                    self.emit("hang", "stop the job (its last lines are kept), resume from its checkpoint", ev,
+                              lines=tracker.tail[-20:])
+                    self._stop(api, sid)
+                    return Outcome("HANG", Diagnosis("hang", "the job stopped making progress", ev), "", tracker.tail)
+            time.sleep(self.s.poll_s)
+
+    def _alive_configured(self) -> set[str]:
+        try:
+            alive = self.monitor.alive_ips()
+        except Exception:  # noqa: BLE001 - no table yet: judge later
+            return set()
+        return alive & {self.spec.node_ip(n) for _, n in self.spec.nodes()}
+
+    def _ended(self, api, sid: str, row, expected, tracker: LogTracker) -> Outcome:
+        if row.status == "SUCCEEDED":
+            return Outcome("SUCCEEDED")
+        if row.status == "STOPPED":
+            return Outcome("STOPPED")
+        lines = ray_jobs.logs(api, sid).splitlines()[-2000:]
+        lost = None
+        for _ in range(2):  # a refused raylet port counts on the second look
+            lost = self.monitor.lost(expected) if expected else None
+            if lost:
+                break
+        d = diagnose(lines, row.message, lost[1] if lost else None)
+        return Outcome("FAILED", d, lost[0] if lost else "", lines[-40:])
+
+    def _stop(self, api, sid: str) -> None:
+        try:
+            ray_jobs.stop(api, sid)
+        except ClusterError:
+            pass  # its node may be the one that is gone; the resubmission has a new id either way
+
+    # ---- heal ----
+    def heal(self) -> Optional[ClusterSpec]:
+        """The cluster spec to resume on: every node back (the heal path of `up`), or — allow_fewer_nodes and a
+        feasible plan — the nodes left; None when the wait for a lost node ran out."""
+        from verl_cluster.lifecycle.up import up
+
+        deadline, k = time.monotonic() + self.s.node_wait_s, 0
+        while True:
+            rep = up(self.spec)
+            bad = [o for o in rep.nodes if not (o.ok or o.action == "changed")]
+            restarted = [o.host for o in rep.nodes if o.action in ("started", "restarted")]
+            if not bad:
+                self.emit("info", "resume", "cluster healthy" + (f"; restarted {', '.join(restarted)}"
+                                                                 if restarted else ""))
+                return self.spec
+            names = ", ".join(o.host for o in bad)
+            why = "; ".join(f"{o.host}: {o.reason or o.action}" for o in bad)
+            if self.s.allow_fewer_nodes and all(o.role != "head" for o in bad):
+                fewer = replace(self.spec, workers=[w for w in self.spec.workers if w.host not in {o.host for o in bad}])
+                feasible, note = self._plan_fits(fewer)
+                if feasible:
+                    self.st.nodes = 1 + len(fewer.workers)
+                    self.emit("node-lost", f"continue on {self.st.nodes} node(s) without {names}", why, names)
+                    return fewer
+                self.emit("node-lost", f"no feasible plan without {names} ({note}); waiting for it", why, names)
+            if time.monotonic() >= deadline:
+                self.emit("node-lost", f"gave up: {names} did not come back within {self.s.node_wait_s:g}s", why,
+                          names)
+                return None
+            wait = min(self.s.backoff_max_s, max(self.s.backoff_s, 1.0) * 2 ** k,
+                       max(0.0, deadline - time.monotonic()))
+            self.emit("node-lost", f"waiting {wait:.0f}s for {names} to come back", why, names)
+            time.sleep(wait)
+            k += 1
+
+    def _plan_fits(self, spec: ClusterSpec) -> tuple[bool, str]:
+        from verl_cluster.launch.integrations import placement_plan
+
+        plan = placement_plan(self.job, spec)
+        return plan.feasible is not False, plan.note
+
+    # ---- resume ----
+    def resubmit(self, spec: ClusterSpec, waited: float) -> str:
+        from verl_cluster.launch.submit import plan_submission
+
+        prev = self.st.current
+        sid = f"{self.st.run}-r{len(self.st.attempts)}"
+        self.st.pending = sid
+        self.st.save()
+        job = load_job(self.st.job_file, list(self.st.overrides) + RESUME)
+        sub = plan_submission(job, self.st.cluster_file, launcher="ray", run_checks=False, spec=spec)
+        meta = {**sub.request.metadata, "verl_cluster.run": self.st.run, "verl_cluster.previous": prev,
+                "verl_cluster.attempt": str(len(self.st.attempts))}
+        req = replace(sub.request, submission_id=sid, metadata=meta)
+        ray_jobs.submit(self.api(), req)
+        job_records.record(sid, self.st.cluster_file, self.spec.cluster_name, job.name, job_file=self.st.job_file,
+                           overrides=list(self.st.overrides), run=self.st.run, previous=prev)
+        self.st.attempts.append({"submission_id": sid, "started_at": time.time(), "previous": prev})
+        self.st.restarts += 1
+        self.st.pending = None
+        self.st.save()
+        self.emit("info", "watching the new attempt",
+                  f"resubmitted after {waited:.1f}s back-off with trainer.resume_mode=auto "
+                  f"(restart {self.st.restarts}/{self.s.max_restarts}, previous {prev})", sid=sid)
+        return sid
+
+    def _adopt_pending(self) -> None:
+        """A watcher killed while resubmitting may have left a job running under st.pending: adopt it rather than
+        submit a second one."""
+        sid = self.st.pending
+        if not sid:
+            return
+        try:
+            ray_jobs.job_info(self.api(), sid)
+        except ClusterError:
+            sid = None  # it never reached Ray: the loop resubmits as usual
+        if sid:
+            self.st.attempts.append({"submission_id": sid, "started_at": time.time(), "previous": self.st.current})
+            self.st.restarts += 1
+        self.st.pending = None
+        self.st.save()
