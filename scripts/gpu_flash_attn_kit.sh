@@ -453,7 +453,7 @@ chmod +x "$src/build.sh"
 #   bash .stage/flashattn-wheel/install.sh      (installs into /root/stage/verl/site, then checks it on the GPU)
 if [ "${1:-}" = --wheel-here ]; then
   py312=$(command -v python3.12) || { echo "--wheel-here needs python3.12 on PATH" >&2; exit 2; }
-  venv=$src/venv312
+  venv=$root/$src/venv312
   if ! "$venv/bin/python" -c 'import torch, setuptools, wheel' 2>/dev/null; then
     "$py312" -m venv "$venv"
     "$venv/bin/python" -m pip install -q torch==2.11.0 setuptools wheel
