@@ -130,7 +130,11 @@ def load_job(path: str | os.PathLike, cli_overrides: list[str] | None = None) ->
     """Parse a job spec. CLI `key=value` items whose first part is a job field (e.g. `placement.strategy=split`)
     change the spec; all others are verl overrides (`data.train_batch_size=256`)."""
     data, lines = read_yaml(path)
-    src = str(path)
+    return job_from_data(data, str(path), cli_overrides, lines)
+
+
+def job_from_data(data: Any, src: str, cli_overrides: list[str] | None = None, lines: dict | None = None) -> JobSpec:
+    """A job spec from parsed YAML (or what `import` builds from a script), checked the same way."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -146,7 +150,7 @@ def load_job(path: str | os.PathLike, cli_overrides: list[str] | None = None) ->
     if verl_items:
         extra = flatten(apply_dotlist({}, verl_items, src))
         data = dict(data, overrides={**(data.get("overrides") or {}), **extra})
-    job = build(JobSpec, data, src, lines)
+    job = build(JobSpec, data, src, lines or {})
     job = replace(job, source=src)
     if bool(job.entrypoint) == bool(job.command):
         raise ConfigError(f"{src}: set exactly one of `entrypoint` (a Python module) or `command` (an argv list)",
