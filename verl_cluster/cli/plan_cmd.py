@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from verl_cluster.cli.output import err, out, print_json
@@ -32,6 +33,11 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--strategy", choices=STRATEGIES + ("auto",), help="default: the job's placement.strategy")
     p.add_argument("--fill", type=float, default=1.0,
                    help="average share of prompt+response a sequence uses (default 1.0: worst case)")
+    p.add_argument("--host-mem", type=float, metavar="GIB",
+                   help="host RAM per node in GiB (default: the nodes' facts; for --gpus the GPU catalog's typical "
+                        "server, never this machine's)")
+    p.add_argument("--brief", action="store_true", help="only the verdict, the binding constraint, the fix and "
+                                                        "the options (no tables)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -62,6 +68,15 @@ def local_node_facts() -> NodeFacts:
 
 
 def hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]:
+    """The nodes to plan for; --host-mem replaces every node's RAM (hypothetical or recorded)."""
+    ram = getattr(args, "host_mem", None)
+    if ram is not None and not ram > 0:
+        raise ConfigError(f"--host-mem: must be a positive number of GiB, got {ram}", "e.g. --host-mem 1024")
+    facts = _hardware(args, job_gpus)
+    return facts if ram is None else [replace(nf, mem_total_mib=int(ram * 1024)) for nf in facts]
+
+
+def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]:
     if args.gpus:
         return parse_gpus(args.gpus)
     if args.facts:
@@ -90,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         from verl_cluster.placement.render import render
 
-        render(result, out)
+        render(result, out, brief=args.brief)
         if not result.feasible:
-            err.print("[bold red]error:[/] the job does not fit this hardware (numbers above)")
+            err.print("[bold red]error:[/] the job does not fit this hardware as written"
+                      + (" (feasible changes above)" if result.options else " (numbers above)"))
     return EXIT_OK if result.feasible else EXIT_UNHEALTHY
 
 

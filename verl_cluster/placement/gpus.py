@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 from verl_cluster.errors import ConfigError
 from verl_cluster.facts.model import GpuInfo, GpuPair, NodeFacts
@@ -29,13 +30,15 @@ class GpuModel:
     sm: str
     p2p: bool
     nvlink: bool
+    host_gib_per_gpu: Optional[float] = None  # host RAM of the typical server, per GPU (None: unknown)
 
 
 @lru_cache(maxsize=1)
 def gpu_catalog() -> dict[str, GpuModel]:
     data = json.loads((CATALOG_DIR / "gpus.json").read_text())
     return {
-        k: GpuModel(k, v["name"], int(v["memory_mib"]), str(v["sm"]), bool(v["p2p"]), bool(v["nvlink"]))
+        k: GpuModel(k, v["name"], int(v["memory_mib"]), str(v["sm"]), bool(v["p2p"]), bool(v["nvlink"]),
+                    v.get("host_gib_per_gpu"))
         for k, v in data.items()
         if not k.startswith("_")
     }
@@ -74,8 +77,11 @@ def _parse_model(text: str) -> GpuModel:
     return GpuModel(text, f"GPU {mem:g} GiB sm_{sm}", mib, sm, bool(link), link == "+nvlink")
 
 
-def parse_gpus(spec: str) -> list[NodeFacts]:
-    """`2x8xH100-80GB` -> two NodeFacts with 8 GpuInfo each and all-pairs topology from the catalog."""
+def parse_gpus(spec: str, host_mem_gib: Optional[float] = None) -> list[NodeFacts]:
+    """`2x8xH100-80GB` -> two NodeFacts with 8 GpuInfo each and all-pairs topology from the catalog.
+    Host RAM per node: `host_mem_gib`, else the catalog's typical server for that GPU (never this machine's)."""
+    if host_mem_gib is not None and not host_mem_gib > 0:
+        raise ConfigError(f"--host-mem: must be a positive number of GiB, got {host_mem_gib}", "e.g. --host-mem 1024")
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError("--gpus: empty; expected NODESxGPUSxMODEL", f"e.g. {GPU_EXAMPLE}")
     nodes: list[NodeFacts] = []
@@ -94,7 +100,7 @@ def parse_gpus(spec: str) -> list[NodeFacts]:
         if model.memory_mib < 1024:
             raise ConfigError(f"--gpus: `{parts[2]}`: under 1 GiB of GPU memory")
         for _ in range(n_nodes):
-            nodes.append(node_facts(f"node{len(nodes)}", model, n_gpus))
+            nodes.append(node_facts(f"node{len(nodes)}", model, n_gpus, host_mem_gib))
     return nodes
 
 
@@ -104,10 +110,13 @@ def _pairs(n_gpus: int, p2p: bool, nvlink: bool) -> tuple[GpuPair, ...]:
     return tuple(GpuPair(a, b, anc, p2p, nvlink) for a, b in itertools.combinations(range(n_gpus), 2))
 
 
-def node_facts(host: str, model: GpuModel, n_gpus: int) -> NodeFacts:
+def node_facts(host: str, model: GpuModel, n_gpus: int, host_mem_gib: Optional[float] = None) -> NodeFacts:
     gpus = [
         GpuInfo(index=i, name=model.name, memory_total_mib=model.memory_mib, compute_capability=model.sm,
                 nvlink_links_active=18 if model.nvlink else 0)
         for i in range(n_gpus)
     ]
-    return NodeFacts(host=host, hostname=host, gpus=gpus, gpu_pairs=list(_pairs(n_gpus, model.p2p, model.nvlink)))
+    ram = host_mem_gib if host_mem_gib is not None else (
+        model.host_gib_per_gpu * n_gpus if model.host_gib_per_gpu else None)
+    return NodeFacts(host=host, hostname=host, gpus=gpus, gpu_pairs=list(_pairs(n_gpus, model.p2p, model.nvlink)),
+                     mem_total_mib=None if ram is None else int(ram * 1024))

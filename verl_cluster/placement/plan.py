@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,9 +13,10 @@ from verl_cluster.placement import memory as mem
 from verl_cluster.placement.hardware import Hardware, hardware_from_facts
 from verl_cluster.placement.memory import GIB
 from verl_cluster.placement.model_shape import ModelShape, resolve_shape, shape_from_dir
+from verl_cluster.placement.options import Option, batch_divides, find_options
 from verl_cluster.placement.overrides import build_overrides
 from verl_cluster.placement.planner import (OFFLOAD_NAMES, STRATEGIES, UTIL_DEFAULT, Candidate, Evaluator,
-                                            PhaseResult, choose_precision, closest, make_pools, relaxed, search,
+                                            PhaseResult, choose_precision, closest, host_per_node, make_pools, search,
                                             wanted_concurrency)
 from verl_cluster.placement.settings import Settings, read_settings
 
@@ -89,6 +90,9 @@ class Plan:
     host_gib_per_node: float = 0.0
     rollout_seqs_fit: int = 0
     rollout_seqs_wanted: int = 0
+    binding: str = ""  # the constraint that decides when it does not fit
+    options: tuple[Option, ...] = ()  # the best feasible changed jobs when it does not fit, best first
+    host_mem_gib: Optional[float] = None  # RAM per node the plan was checked against (None: unknown)
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -138,6 +142,9 @@ class Plan:
             "warnings": list(self.warnings),
             "problems": list(self.problems),
             "fixes": list(self.fixes),
+            "binding": self.binding,
+            "options": [o.to_dict() for o in self.options],
+            "host_mem_gib": None if self.host_mem_gib is None else round(self.host_mem_gib, 1),
         }
 
 
@@ -184,15 +191,24 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     else:
         reasons.append(f"sequence lengths: worst case, every sequence is prompt+response = {s.seq_len} tokens "
                        "(with use_remove_padding real batches use fewer tokens, so this is stricter than reality)")
+    if hw.host_mem_bytes is not None:
+        reasons.append(f"host RAM {_gib(hw.host_mem_bytes)} per node (the facts' RAM; for --gpus the GPU catalog's "
+                       "typical server, or --host-mem)")
+    options: list[Option] = []
     if best is not None:
         reasons += _explain(best, tried, s, hw, want)
         problems, fixes = _host_check(best, hw, warnings)
         shown = best
+        binding = problems[0] if problems else ""
     else:
         shown = closest(tried, hw.capacity_bytes)
         problems = _problems(shown, hw, s.seq_len)
-        fixes = _fixes(job, s, shape, hw, prec, fill, strategies, shown)
-    return _assemble(shown, s, shape, hw, fill, reasons, warnings, problems, fixes, best is not None and not problems)
+        binding = _binding(shown, hw, problems)
+    if problems:
+        options = find_options(ev, strategies, job.verl_overrides(), divisible=batch_divides(s, hw.total_gpus))
+        fixes = _fix_lines(options)
+    plan_ = _assemble(shown, s, shape, hw, fill, reasons, warnings, problems, fixes, best is not None and not problems)
+    return replace(plan_, binding=binding, options=tuple(options))
 
 
 def _hw_line(hw: Hardware) -> str:
@@ -267,16 +283,8 @@ def _explain(best: Candidate, tried: list[Candidate], s: Settings, hw: Hardware,
     return out
 
 
-def _host_per_node(c: Candidate, hw: Hardware) -> float:
-    total = 0.0
-    for pool in c.pools:
-        per_gpu = sum(mem.total(c.host.get(r, ())) for r in pool.roles) + mem.HOST_BASE_BYTES
-        total += per_gpu * len(pool.gpu_indices)
-    return total
-
-
 def _host_check(c: Candidate, hw: Hardware, warnings: list[str]) -> tuple[list[str], list[str]]:
-    need = _host_per_node(c, hw)
+    need = host_per_node(c)
     if hw.host_mem_bytes is None:
         return [], []
     if need > hw.host_mem_bytes:
@@ -326,41 +334,28 @@ def _problems(c: Candidate, hw: Hardware, seq_len: int) -> list[str]:
     return out
 
 
-def _fixes(job: JobSpec, s: Settings, shape: ModelShape, hw: Hardware, prec, fill: float,
-           strategies: tuple[str, ...], shown: Candidate) -> list[str]:
-    from verl_cluster.placement.overrides import build_overrides as _ov
+def _binding(c: Candidate, hw: Hardware, problems: list[str]) -> str:
+    """The one constraint that decides: divisibility first (no memory setting fixes it), then KV cache for one
+    sequence, then the phase that needs the most memory."""
+    if c.problems:
+        return "divisibility: " + c.problems[0]
+    bad = [p for p in c.phases if not p.fits]
+    rollout = next((p for p in bad if p.role == "rollout"), None)
+    if rollout is not None and c.rollout is not None and c.rollout.seqs_fit < 1 and c.rollout.kv_cache > 0:
+        return "KV cache for one sequence: " + next((x for x in problems if x.startswith("generate")), rollout.note)
+    if bad:
+        worst = max(bad, key=lambda p: _rollout_need(c, p))
+        return (f"{worst.phase} memory: {_rollout_need(c, worst) / GIB:.1f} GiB/GPU > {hw.capacity_bytes / GIB:.1f} "
+                f"GiB ({_top(worst)})")
+    return problems[0] if problems else ""
 
-    fixes = []
-    for what, label in (("offload", "offload"), ("micro", "micro batch sizes"), ("rollout", "rollout TP / "
-                                                                                 "gpu_memory_utilization")):
-        rs = relaxed(s, what)
-        if rs == s:
-            continue
-        best, _ = search(Evaluator(rs, shape, shape, hw, prec, fill), strategies)
-        if best is not None:
-            ov = _ov(best, rs)
-            keys = [k for k in ov if any(w in k for w in {"offload": ("offload",), "micro": ("micro", "token_len"),
-                                                          "rollout": ("tensor_model", "gpu_memory")}[what])]
-            peak = max(p.peak for p in best.phases)
-            fixes.append(f"let the planner choose {label} (→ {peak / GIB:.1f} GiB/GPU peak): "
-                         + ", ".join(f"{k}={ov[k]}" for k in keys))
-    if not any("offload" in f for f in fixes):
-        rs = relaxed(relaxed(s, "offload"), "micro")
-        best, _ = search(Evaluator(rs, shape, shape, hw, prec, fill), strategies)
-        if best is not None and best.offload > 0:
-            fixes.append(f"enable {OFFLOAD_NAMES[best.offload]} offload with planner-chosen micro batches "
-                         f"(→ {max(p.peak for p in best.phases) / GIB:.1f} GiB/GPU peak)")
-    for k in (2, 4, 8, 16, 32, 64, 128):
-        bigger = hw.with_nodes(hw.nnodes * k)
-        best, _ = search(Evaluator(s, shape, shape, bigger, prec, fill), strategies)
-        if best is not None:
-            fixes.append(f"use ≥ {bigger.total_gpus} GPUs ({bigger.nnodes} nodes x {hw.gpus_per_node}): fits with "
-                         f"{best.strategy}, {OFFLOAD_NAMES[best.offload]} offload, TP {best.tp}")
-            break
-    if not fixes:
-        fixes.append("no setting fits on up to 128x the nodes: use a smaller model, shorter prompt/response, or "
-                     "GPUs with more memory")
-    return fixes
+
+def _fix_lines(options: list[Option]) -> list[str]:
+    if not options:
+        return ["no setting verl exposes fits, even on 128x the nodes: use a smaller model, shorter "
+                "prompt/response, or GPUs with more memory"]
+    return [f"{'; '.join(o.changes) or 'as written'} → fits ({o.strategy}, TP {o.tp}, "
+            f"{'no' if o.offload == 'none' else o.offload} offload, {o.peak_gib:.1f} GiB/GPU peak)" for o in options]
 
 
 def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: float, reasons: list[str],
@@ -396,7 +391,8 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
         gpus_per_node=hw.gpus_per_node, tp=c.tp, gpu_memory_utilization=c.util, offload=OFFLOAD_NAMES[c.offload],
         dtype=c.prec.train_dtype, attn=c.prec.attn, fill=fill, roles=tuple(role_plans), gpus=tuple(slots),
         overrides=build_overrides(c, s), reasons=tuple(reasons), warnings=tuple(warnings),
-        problems=tuple(problems), fixes=tuple(fixes), host_gib_per_node=_host_per_node(c, hw) / GIB,
+        problems=tuple(problems), fixes=tuple(fixes), host_gib_per_node=host_per_node(c) / GIB,
         rollout_seqs_fit=r.seqs_fit if r else 0,
+        host_mem_gib=None if hw.host_mem_bytes is None else hw.host_mem_bytes / GIB,
         rollout_seqs_wanted=wanted_concurrency(s, c.pools[0].size, c.tp),
     )

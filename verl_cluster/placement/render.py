@@ -19,10 +19,13 @@ def _bar(used: float, cap: float) -> str:
     return f"[{colour}]{'█' * n}[/]{'░' * (BAR - n)} {used:5.1f}/{cap:.0f} GiB"
 
 
-def render(plan: Plan, con: Console) -> None:
-    verdict = "[bold green]fits[/]" if plan.feasible else "[bold red]does not fit[/]"
-    con.print(f"[bold]plan[/] {escape(plan.model)} ({plan.params / 1e9:.2f}B) on {escape(plan.hardware)}: {verdict}"
-              f" — strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}")
+def render(plan: Plan, con: Console, *, brief: bool = False) -> None:
+    """The answer first (verdict, binding constraint, fix, feasible options), the tables after."""
+    _verdict(plan, con)
+    if plan.feasible:
+        _overrides(plan, con)
+    if brief:
+        return
     for role in plan.roles:
         t = Table(title=f"{role.role} · {role.pool} · {len(role.gpus)} GPU(s)", title_justify="left")
         t.add_column("phase")
@@ -40,20 +43,46 @@ def render(plan: Plan, con: Console) -> None:
         t.caption_justify = "left"
         con.print(t)
     _gpu_map(plan, con)
-    con.print(f"host memory per node: {plan.host_gib_per_node:.1f} GiB")
+    ram = f" of {plan.host_mem_gib:.0f} GiB RAM" if plan.host_mem_gib is not None else " (node RAM unknown: --host-mem)"
+    con.print(f"host memory per node: needs {plan.host_gib_per_node:.1f} GiB{ram}")
     con.print("[bold]reasons[/]")
     for r in plan.reasons:
         con.print(f"  • {escape(r)}")
     for w in plan.warnings:
         con.print(f"  [yellow]warning:[/] {escape(w)}")
     if plan.problems:
-        con.print("[bold red]does not fit[/]")
+        con.print("[bold red]as written[/]")
         for p in plan.problems:
             con.print(f"  ✗ {escape(p)}")
-        con.print("[bold]what would fit[/]")
-        for f in plan.fixes:
-            con.print(f"  → {escape(f)}")
-    con.print("[bold]verl overrides[/]" + ("" if plan.feasible else " (of the closest setting shown above)"))
+        con.print("[bold]verl overrides[/] (of the closest setting shown above)")
+        for k, v in plan.overrides.items():
+            con.print(f"  {escape(k)}={escape(_fmt(v))}")
+
+
+def _verdict(plan: Plan, con: Console) -> None:
+    head = f"[bold]plan[/] {escape(plan.model)} ({plan.params / 1e9:.2f}B) on {escape(plan.hardware)}: "
+    if plan.feasible:
+        con.print(head + f"[bold green]fits[/] — peak {plan.peak_gib:.1f} of {plan.capacity_gib:.1f} GiB/GPU; "
+                  f"strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}")
+        return
+    con.print(head + "[bold red]does not fit as written[/]")
+    con.print(f"  [bold]binding constraint:[/] {escape(plan.binding or '; '.join(plan.problems))}")
+    con.print(f"  [bold]fix:[/] {escape(plan.fixes[0] if plan.fixes else 'none found')}")
+    if not plan.options:
+        return
+    con.print("[bold]feasible plans[/] (best first; `plan` with an option's overrides shows its tables)")
+    for i, o in enumerate(plan.options, 1):
+        con.print(f"  [bold]{i}.[/] {escape('; '.join(o.changes) or 'as written')} — {o.strategy}, TP {o.tp}, "
+                  f"{_offload(o.offload)}, peak {o.peak_gib:.1f} GiB/GPU")
+        con.print("     " + escape(" ".join(f"{k}={_fmt(v)}" for k, v in o.overrides.items())), soft_wrap=True)
+
+
+def _offload(name: str) -> str:
+    return "no offload" if name == "none" else f"{name} offload"
+
+
+def _overrides(plan: Plan, con: Console) -> None:
+    con.print("[bold]verl overrides[/]")
     for k, v in plan.overrides.items():
         con.print(f"  {escape(k)}={escape(_fmt(v))}")
 

@@ -1,0 +1,194 @@
+"""When a job does not fit as written: search what verl lets the user change and return the few best plans.
+
+Each option is a changed job (batch shapes that divide the data-parallel size, fewer nodes, the planner choosing
+what the job pinned, enforce_eager, Ulysses SP, dynamic batch size, more nodes as the last resort), planned by
+the same search as the job itself, with its exact verl overrides and what it changes from the user's job.
+Cheaper changes first: the batch the user asked for matters more than a knob verl only uses for speed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from verl_cluster.placement.hardware import Hardware
+from verl_cluster.placement.memory import GIB
+from verl_cluster.placement.overrides import build_overrides
+from verl_cluster.placement.planner import (OFFLOAD_NAMES, Candidate, Evaluator, host_per_node, relaxed,
+                                            search)
+from verl_cluster.placement.settings import AR, Settings
+
+MAX_OPTIONS = 3
+BATCH_KEY, MINI_KEY = "data.train_batch_size", f"{AR}.actor.ppo_mini_batch_size"
+
+
+@dataclass(frozen=True)
+class Option:
+    changes: tuple[str, ...]  # what differs from the user's job, in words
+    overrides: dict[str, Any]  # every verl override of this plan (the changed job keys included)
+    peak_gib: float
+    strategy: str
+    tp: int
+    offload: str
+    cost: float  # how far from the user's job (lower is closer)
+    kind: str = "settings"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"changes": list(self.changes), "overrides": dict(self.overrides), "peak_gib": round(self.peak_gib, 2),
+                "strategy": self.strategy, "tp": self.tp, "offload": self.offload}
+
+
+@dataclass(frozen=True)
+class Variant:
+    s: Settings
+    hw: Hardware
+    changes: tuple[str, ...]
+    job_keys: tuple[tuple[str, Any], ...]  # verl keys the change sets in the job
+    cost: float
+    kind: str = "settings"  # batch | nodes | more nodes | settings: options shown are of different kinds first
+
+
+def batch_shapes(s: Settings, gpus: int, limit: int = 3) -> list[tuple[int, int]]:
+    """(train_batch_size, ppo_mini_batch_size) closest to the user's such that train x n and mini x n divide
+    over `gpus` data-parallel ranks (÷ SP for the mini batch) and the mini batch divides the train batch."""
+    step_t = gpus // math.gcd(gpus, s.n)
+    dp = gpus // s.sp_actor if gpus % s.sp_actor == 0 else gpus
+    step_m = dp // math.gcd(dp, s.n)
+    t0, m0 = s.train_batch_size, s.ppo_mini_batch_size
+    near_t = sorted(range(step_t, 4 * t0 + step_t, step_t), key=lambda t: (abs(t - t0), t))[:6]
+    pairs = []
+    for t in near_t:
+        minis = [m for m in range(step_m, t + 1, step_m) if t % m == 0]
+        for m in sorted(minis, key=lambda m: (abs(m - m0), m))[:2]:
+            pairs.append(((abs(t - t0) / t0 + abs(m - m0) / m0), t, m))
+    pairs.sort()
+    return [(t, m) for _, t, m in pairs[:limit] if (t, m) != (t0, m0)]
+
+
+def batch_divides(s: Settings, gpus: int) -> bool:
+    """verl's batch rules on one pool of `gpus`: train x n over the GPUs, mini x n over the data-parallel ranks."""
+    return s.sequences % gpus == 0 and (s.ppo_mini_batch_size * s.n) % max(1, gpus // s.sp_actor) == 0
+
+
+def _fewer_nodes(s: Settings, hw: Hardware) -> list[Variant]:
+    out = []
+    for k in range(hw.nnodes - 1, 0, -1):
+        gpus = k * hw.gpus_per_node
+        if batch_divides(s, gpus):
+            out.append(Variant(s, hw.with_nodes(k), (f"use {k} of the {hw.nnodes} nodes ({gpus} GPUs): the batch "
+                                                    f"divides over them",), (("trainer.nnodes", k),),
+                               1.0 + 2.0 * (hw.nnodes - k) / hw.nnodes, "nodes"))
+            break  # the most nodes that work; fewer would only be slower
+    return out
+
+
+def _bases(s: Settings, hw: Hardware, divisible: bool) -> list[Variant]:
+    if divisible:
+        return [Variant(s, hw, (), (), 0.0)]
+    out = []
+    for t, m in batch_shapes(s, hw.total_gpus):
+        what = f"train/mini batch {s.train_batch_size}/{s.ppo_mini_batch_size} → {t}/{m}"
+        out.append(Variant(replace(s, train_batch_size=t, ppo_mini_batch_size=m), hw,
+                           (what + f" (divides over the {hw.total_gpus} GPUs)",), ((BATCH_KEY, t), (MINI_KEY, m)),
+                           0.5 + abs(t - s.train_batch_size) / s.train_batch_size
+                           + abs(m - s.ppo_mini_batch_size) / s.ppo_mini_batch_size, "batch"))
+    return out + _fewer_nodes(s, hw)
+
+
+def _pins(s: Settings) -> bool:
+    return relaxed(relaxed(relaxed(s, "offload"), "micro"), "rollout") != s
+
+
+def _ladder(v: Variant, heads: int) -> list[Variant]:
+    """Steps for one base job, cheapest first: as it is, the planner choosing what was pinned, then one memory
+    lever on top (enforce_eager, dynamic batch size, Ulysses SP 2/4)."""
+    s = v.s
+    free = relaxed(relaxed(relaxed(s, "offload"), "micro"), "rollout")
+    steps = [v]
+    base = v
+    if free != s:
+        base = Variant(free, v.hw, v.changes + ("the planner chooses offload, micro batches, rollout TP and "
+                                                "gpu_memory_utilization (the job pinned some)",), v.job_keys,
+                       v.cost + 0.5, v.kind)
+        steps.append(base)
+    b = base.s
+    if not b.enforce_eager:
+        steps.append(_with(base, replace(b, enforce_eager=True), "rollout enforce_eager (no CUDA graphs: "
+                           "slower generation, 0.5 GiB less)", f"{AR}.rollout.enforce_eager", True, 0.6))
+    if not b.dynamic_bsz:
+        steps.append(_with(base, replace(b, dynamic_bsz=True), "dynamic batch size (micro batches by token "
+                           "budget)", f"{AR}.actor.use_dynamic_bsz", True, 0.7))
+    for sp in (2, 4, 8):
+        if sp > b.sp_actor and heads % sp == 0 and v.hw.gpus_per_node % sp == 0:
+            steps.append(_with(base, replace(b, sp_actor=sp, sp_critic=sp if b.critic else b.sp_critic),
+                               f"Ulysses sequence parallel {sp} (actor, ref{', critic' if b.critic else ''})",
+                               f"{AR}.actor.ulysses_sequence_parallel_size", sp, 0.8 + sp / 10,
+                               extra=(("critic.ulysses_sequence_parallel_size", sp),) if b.critic else ()))
+    return steps
+
+
+def _with(v: Variant, s: Settings, what: str, key: str, value: Any, cost: float, extra=()) -> Variant:
+    return Variant(s, v.hw, v.changes + (what,), v.job_keys + ((key, value),) + tuple(extra), v.cost + cost, v.kind)
+
+
+def _more_nodes(s: Settings, hw: Hardware) -> list[Variant]:
+    return [Variant(s, hw.with_nodes(hw.nnodes * k), (f"use {hw.nnodes * k * hw.gpus_per_node} GPUs "
+                                                       f"({hw.nnodes * k} nodes x {hw.gpus_per_node})",),
+                    (("trainer.nnodes", hw.nnodes * k),), 3.0 + math.log2(k), "more nodes")
+            for k in (2, 4, 8, 16, 32, 64, 128)]
+
+
+def find_options(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any], divisible: bool) -> list[Option]:
+    """The few best feasible changed jobs. `user`: the job's own verl overrides (to say what a plan changes)."""
+    found: list[Option] = []
+    for base in _bases(ev.s, ev.hw, divisible):
+        for step in _ladder(base, ev.shape.heads):
+            opt = _try(ev, step, strategies, user)
+            if opt is not None:
+                found.append(opt)
+                break  # later steps of this ladder change more for the same base
+    if not found:
+        for step in _more_nodes(ev.s, ev.hw):
+            for v in _ladder(step, ev.shape.heads)[:2]:
+                opt = _try(ev, v, strategies, user)
+                if opt is not None:
+                    return [opt]
+    return pick(found)
+
+
+def pick(found: list[Option], k: int = MAX_OPTIONS) -> list[Option]:
+    """The k cheapest distinct options, the best of each kind first (2 of 3 nodes beside a new batch size)."""
+    ranked, seen = [], set()
+    for o in sorted(found, key=lambda o: o.cost):
+        key = tuple(sorted(o.overrides.items(), key=str))
+        if key not in seen:
+            seen.add(key)
+            ranked.append(o)
+    kinds = {}
+    for o in ranked:
+        kinds.setdefault(o.kind, o)
+    chosen = list(kinds.values())[:k]
+    chosen += [o for o in ranked if o not in chosen][:k - len(chosen)]
+    return sorted(chosen, key=lambda o: o.cost)
+
+
+def _try(ev: Evaluator, v: Variant, strategies: tuple[str, ...], user: dict[str, Any]) -> Optional[Option]:
+    e = Evaluator(v.s, ev.shape, ev.rm_shape, v.hw, ev.prec, ev.fill)
+    best, _ = search(e, strategies)
+    if best is None or (v.hw.host_mem_bytes is not None and host_per_node(best) > v.hw.host_mem_bytes):
+        return None
+    ov = dict(v.job_keys)
+    ov.update(build_overrides(best, v.s))
+    changes = list(v.changes)
+    for k, was in user.items():  # pinned values the plan overrides
+        if k in ov and ov[k] != was and k not in dict(v.job_keys):
+            changes.append(f"{k}: {was} → {ov[k]}")
+    if best.offload:
+        changes.append(f"{OFFLOAD_NAMES[best.offload]} offload")
+    return Option(tuple(changes), ov, _peak(best) / GIB, best.strategy, best.tp, OFFLOAD_NAMES[best.offload],
+                  v.cost + 0.4 * best.offload, v.kind)
+
+
+def _peak(c: Candidate) -> float:
+    return max((p.peak for p in c.phases), default=0.0)
