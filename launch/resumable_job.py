@@ -57,7 +57,7 @@ def main() -> int:
     step_s = float(args.get("resumable.step_s", 1.0))
     raise_at, hang_at, die_at = (int(args.get(f"resumable.{k}", 0)) for k in ("raise_at", "hang_at", "die_at"))
     os.makedirs(folder, exist_ok=True)
-
+    print("starting", flush=True)
     ray.init(address="auto", logging_level="ERROR")
     job_id = ray.get_runtime_context().get_job_id()
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]

@@ -71,15 +71,24 @@ def run_jobs(args) -> int:
         err.print("no jobs on this cluster")
         return EXIT_OK
     t = Table(show_edge=False)
-    for c in ("submission id", "status", "started", "duration", "entrypoint"):
+    for c in ("submission id", "status", "started", "duration", "watch", "entrypoint"):
         t.add_column(c)
     style = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "STOPPED": "yellow"}
     for r in rows:
         dur = f"{r.duration_s:.0f}s" if r.duration_s is not None else "-"
         t.add_row(r.submission_id, f"[{style.get(r.status, '')}]{r.status}[/]", _age(r.start_time), dur,
-                  escape(r.entrypoint[:80]))
+                  escape(_watch_note(spec.cluster_name, r)), escape(r.entrypoint[:80]))
     out.print(t)
     return EXIT_OK
+
+
+def _watch_note(cluster: str, r) -> str:
+    """`resumes X` for a resubmission; restarts and the last event for the first job of a watched run."""
+    from verl_cluster.watch.runs import run_summary
+
+    if r.previous:
+        return f"resumes {r.previous}"
+    return run_summary(cluster, r.submission_id)
 
 
 def run_logs(args) -> int:

@@ -194,6 +194,8 @@ class JobRow:
     end_time: Optional[float]
     message: str
     job_name: str
+    run: str = ""  # the first submission of a watched run (`watch` resubmits under new ids)
+    previous: str = ""  # the submission this one resumed
 
     @property
     def duration_s(self) -> Optional[float]:
@@ -206,7 +208,8 @@ class JobRow:
 def _row(d: Any) -> JobRow:
     meta = d.metadata or {}
     return JobRow(d.submission_id or d.job_id or "?", str(getattr(d.status, "value", d.status)), d.entrypoint or "",
-                  d.start_time, d.end_time, (d.message or "").strip(), meta.get("verl_cluster.job", ""))
+                  d.start_time, d.end_time, (d.message or "").strip(), meta.get("verl_cluster.job", ""),
+                  meta.get("verl_cluster.run", ""), meta.get("verl_cluster.previous", ""))
 
 
 def list_jobs(api: JobsApi) -> list[JobRow]:

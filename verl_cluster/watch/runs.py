@@ -129,3 +129,16 @@ class RunLock:
         if self.fh:
             self.fh.close()
             self.fh = None
+
+
+def run_summary(cluster: str, run: str) -> str:
+    """`watched: N restart(s), last: CLASS -> ACTION` for `jobs`; "" when the run is not watched from here."""
+    from verl_cluster.watch.events import read_events
+
+    st = RunState.load(cluster, run)
+    if st is None:
+        return ""
+    events = [e for e in read_events(st.dir / "events.jsonl") if e.get("class") != "info"] or \
+        read_events(st.dir / "events.jsonl")
+    last = f", last: {events[-1]['class']} -> {events[-1]['action']}" if events else ""
+    return f"{st.state}: {st.restarts} restart(s){last}"[:120]

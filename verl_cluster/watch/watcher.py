@@ -77,8 +77,7 @@ class Watcher:
             if not d.retry:
                 self.st.state = "failed"
                 self.st.save()
-                self.emit(d.cls, "not retried: the run stops (a restart would fail the same way)", d.evidence,
-                          lines=out.tail[-20:])
+                self.emit(d.cls, "not retried: the run stops (a restart would fail the same way)", d.evidence)
                 return 1
             if self.st.restarts >= self.s.max_restarts:
                 self.st.state = "gave-up"

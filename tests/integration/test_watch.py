@@ -1,0 +1,208 @@
+"""`submit --watch` / `watch` on real hosts: head + 2 workers (namespace hosts, real sshd, real Ray) running
+launch/resumable_job.py. One cluster for the module; the test that leaves a worker dead runs last."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness.cli import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def lab3(module_lab, tmp_path_factory):
+    from tests.harness.ray_cluster import running_cluster
+
+    lab = module_lab
+    head, w1, w2 = lab.add_host("head"), lab.add_host("w1"), lab.add_host("w2")
+    home = tmp_path_factory.mktemp("home")  # job records and run folders of this module only
+    with running_cluster(lab, head, [w1, w2], name=f"watch{lab.n}", extra="network:\n  interface: eth0\n") as path:
+        yield lab, path, (head, w1, w2), home
+
+
+def cli(lab3, *args, timeout=240):
+    _, _, _, home = lab3
+    return subprocess.run([sys.executable, "-m", "verl_cluster", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={**os.environ, "HOME": str(home), "COLUMNS": "200"})
+
+
+def popen_cli(lab3, *args):
+    _, _, _, home = lab3
+    return subprocess.Popen([sys.executable, "-m", "verl_cluster", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "HOME": str(home), "COLUMNS": "200"})
+
+
+def job(lab3, name, steps=10, save_freq=3, step_s=0.4, watch="", **knobs):
+    lab = lab3[0]
+    ckpt = lab.dir / f"ckpt-{name}"
+    extra = "".join(f"  resumable.{k}: {v}\n" for k, v in knobs.items())
+    p = lab.dir / f"{name}.yaml"
+    p.write_text(f"name: {name}\ncommand: [python, resumable_job.py]\nlauncher: ray\nworking_dir: {ROOT / 'launch'}\n"
+                 "overrides:\n"
+                 f"  trainer.total_training_steps: {steps}\n  trainer.save_freq: {save_freq}\n"
+                 f"  trainer.default_local_dir: {ckpt}\n  resumable.step_s: {step_s}\n{extra}"
+                 f"watch:\n  backoff_s: 0.2\n  max_restarts: 2\n{watch}")
+    return p, ckpt
+
+
+def steps_by_attempt(ckpt):
+    order, by = [], {}
+    for line in (ckpt / "steps.log").read_text().splitlines():
+        jid, step = line.split()
+        if jid not in by:
+            order.append(jid)
+            by[jid] = []
+        by[jid].append(int(step))
+    return [by[j] for j in order]
+
+
+def run_state(lab3, sid):
+    home = lab3[3]
+    found = list(Path(home, ".verl-cluster").glob(f"*/runs/{sid}/run.json"))
+    assert found, f"no run folder for {sid}"
+    st = json.loads(found[0].read_text())
+    events = [json.loads(x) for x in (found[0].parent / "events.jsonl").read_text().splitlines()]
+    return st, events
+
+
+def first_sid(stderr):
+    return next(line.split()[1].rstrip(";") for line in stderr.splitlines() if line.startswith("submitted "))
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_user_error_is_not_retried(lab3):
+    path = lab3[1]
+    j, _ = job(lab3, "usererr", raise_at=3, step_s=0.2)
+    r = cli(lab3, "submit", j, "-c", path, "--watch")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "user-code" in r.stderr and "not retried" in r.stderr
+    assert "ValueError: bad value at step 3" in r.stderr  # the traceback's last lines are shown
+    assert "Traceback" in r.stderr
+    st, events = run_state(lab3, first_sid(r.stderr))
+    assert st["restarts"] == 0 and st["state"] == "failed" and len(st["attempts"]) == 1
+    assert {e["class"] for e in events} >= {"user-code"}
+
+
+def test_restart_budget_spent(lab3):
+    path = lab3[1]
+    j, _ = job(lab3, "budget", die_at=2, step_s=0.2)
+    r = cli(lab3, "submit", j, "-c", path, "--watch")
+    assert r.returncode == 1, r.stderr[-3000:]
+    sid = first_sid(r.stderr)
+    assert "restart budget spent (2/2)" in r.stderr
+    st, events = run_state(lab3, sid)
+    assert st["state"] == "gave-up" and st["restarts"] == 2
+    ids = [a["submission_id"] for a in st["attempts"]]
+    assert ids == [sid, f"{sid}-r1", f"{sid}-r2"]
+    assert all(a["status"] == "FAILED" for a in st["attempts"])
+    for i in ids:  # every attempt listed at the end
+        assert f"  {i}: FAILED" in r.stderr
+    # `jobs` shows the chain
+    jobs = json.loads(cli(lab3, "jobs", "-c", path, "--json").stdout)
+    chain = {j["submission_id"]: j for j in jobs if j["submission_id"] in ids}
+    assert chain[f"{sid}-r2"].get("previous") == f"{sid}-r1" and chain[f"{sid}-r1"].get("run") == sid
+
+
+def test_hang_is_stopped_and_resumed(lab3):
+    path = lab3[1]
+    j, ckpt = job(lab3, "hang", steps=8, save_freq=2, step_s=0.3, hang_at=5, watch="  hang_after: 8s\n")
+    t0 = time.monotonic()
+    r = cli(lab3, "submit", j, "-c", path, "--watch")
+    assert r.returncode == 0, r.stderr[-3000:]
+    sid = first_sid(r.stderr)
+    st, events = run_state(lab3, sid)
+    hang = [e for e in events if e["class"] == "hang"]
+    assert len(hang) == 1 and "no new log line" in hang[0]["evidence"]
+    assert any("hanging at step 5" in x for x in hang[0]["lines"])  # the last lines are kept
+    assert st["restarts"] == 1 and st["attempts"][0]["status"] == "HANG" and st["state"] == "succeeded"
+    a, b = steps_by_attempt(ckpt)
+    assert a == [1, 2, 3, 4] and b == [5, 6, 7, 8]
+    assert time.monotonic() - t0 < 120
+
+
+def test_worker_killed_and_back(lab3):
+    lab, path, (head, w1, w2), _ = lab3
+    j, ckpt = job(lab3, "kill", steps=14, save_freq=3, step_s=0.5)
+    p = popen_cli(lab3, "submit", j, "-c", path, "--watch")
+    try:
+        wait_for(lambda: (ckpt / "steps.log").exists() and len((ckpt / "steps.log").read_text().split("\n")) > 5,
+                 90, "step 5")
+        lab.stop(w2)  # SIGKILL of the whole host
+        killed = time.time()
+        time.sleep(3)
+        lab.start(w2)  # the host comes back with sshd, without Ray
+        out, err = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err[-4000:]
+    sid = first_sid(err)
+    st, events = run_state(lab3, sid)
+    assert st["state"] == "succeeded" and st["restarts"] == 1 and len(st["attempts"]) == 2
+    lost = [e for e in events if e["class"] == "node-lost"]
+    assert lost and lost[0]["node"] == w2.ip and lost[0]["time"] - killed < 15
+    assert any("restarted" in e["evidence"] and w2.ip in e["evidence"] for e in events)
+    a, b = steps_by_attempt(ckpt)
+    assert a == list(range(1, len(a) + 1))  # no step lost before the crash
+    last_ckpt = (a[-1] // 3) * 3
+    assert b == list(range(last_ckpt + 1, 15))  # resumed right after the newest checkpoint, each step once
+    assert "resuming from global_step_%d" % last_ckpt in out
+
+
+def test_watcher_killed_reattaches_without_duplicate(lab3):
+    lab, path = lab3[0], lab3[1]
+    j, ckpt = job(lab3, "reattach", steps=14, save_freq=3, step_s=0.4)
+    r = cli(lab3, "submit", j, "-c", path, "--watch", "--detach", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads(r.stdout)
+    sid, pid = info["run"], info["pid"]
+    wait_for(lambda: (ckpt / "steps.log").exists(), 60, "the first step")
+    second = cli(lab3, "watch", sid)  # one watcher per run
+    assert second.returncode == 1 and "already watched" in second.stderr and f"pid {pid}" in second.stderr
+    os.kill(pid, signal.SIGKILL)
+    r = cli(lab3, "watch", sid)
+    assert r.returncode == 0, r.stderr[-3000:]
+    st, _ = run_state(lab3, sid)
+    assert st["restarts"] == 0 and len(st["attempts"]) == 1 and st["state"] == "succeeded"
+    jobs = json.loads(cli(lab3, "jobs", "-c", path, "--json").stdout)
+    assert [x["submission_id"] for x in jobs if x["submission_id"].startswith(sid)] == [sid]
+    (attempt,) = steps_by_attempt(ckpt)
+    assert attempt == list(range(1, 15))
+
+
+def test_node_does_not_come_back_fewer_nodes(lab3):
+    lab, path, (head, w1, w2), _ = lab3
+    j, ckpt = job(lab3, "fewer", steps=10, save_freq=2, step_s=0.4,
+                  watch="  allow_fewer_nodes: true\n  node_wait_s: 5\n")
+    p = popen_cli(lab3, "submit", j, "-c", path, "--watch")
+    try:
+        wait_for(lambda: (ckpt / "steps.log").exists() and len((ckpt / "steps.log").read_text().split("\n")) > 3,
+                 90, "step 3")
+        lab.stop(w2)  # and it stays down
+        out, err = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err[-4000:]
+    st, events = run_state(lab3, first_sid(err))
+    assert st["state"] == "succeeded" and st["restarts"] == 1 and st["nodes"] == 2
+    assert any(e["action"].startswith("continue on 2 node(s)") for e in events)
+    assert out.count("nodes 3") == 1 and out.count("nodes 2") == 1
+    a, b = steps_by_attempt(ckpt)
+    assert b[-1] == 10 and b[0] == (a[-1] // 2) * 2 + 1
