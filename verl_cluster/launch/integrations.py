@@ -27,6 +27,7 @@ class PlanInfo:
     note: str
     flash_attn: Optional[bool] = None  # the nodes' flash-attn: False missing/broken somewhere, None unknown
     flash_attn_note: str = ""
+    unplanned: str = ""  # why there is no plan and what would give one (a warning, not an error)
 
 
 def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
@@ -38,6 +39,14 @@ def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
         from verl_cluster.placement import gather_node_facts, plan_job
     except ImportError:
         return PlanInfo({}, None, {}, "placement planner not available: the job's own overrides are used")
+    from verl_cluster.errors import ConfigError
+    from verl_cluster.placement.model_shape import resolve_shape
+
+    try:  # no shape, no plan: the job runs with its own settings (what an imported verl script has anyway)
+        resolve_shape(job.model.path, job.model.catalog)
+    except ConfigError as e:
+        return PlanInfo({}, None, {}, f"no placement plan: {e.message}; the job's own settings are used as they are",
+                        unplanned=e.hint or "set model.catalog")
     facts = None
     try:
         facts = gather_node_facts(spec)  # every node's facts; an unreachable node is a finding, not a smaller plan

@@ -346,9 +346,14 @@ FLASH_KEYS = ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_re
 
 
 def key_origin(job: JobSpec, key: str) -> str:
-    """'file:line' of a verl key in the job file's `overrides`, else 'the command line'."""
+    """'file:line' of a verl key in the job file's `overrides` (or the script's line), else 'the command line'."""
     from verl_cluster.config.loader import read_yaml
+    from verl_cluster.launch.script_import import is_script, script_key_origin
 
+    if job.source == "<command line>":
+        return "the command line"
+    if is_script(job.source):
+        return script_key_origin(job.source, key) or "the command line"
     try:
         _, lines = read_yaml(job.source)
     except Exception:  # noqa: BLE001 - a job built in memory, or a file gone since: no line to name

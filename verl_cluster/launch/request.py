@@ -63,8 +63,54 @@ def secret_values(job: JobSpec, environ: Mapping[str, str] | None = None) -> dic
 
 
 def effective_overrides(job: JobSpec, plan_overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Planner overrides first, the job's own (file + command line) on top: the job wins."""
-    return {**dict(plan_overrides), **job.verl_overrides()}
+    """Planner overrides first, the job's own (file, script + command line) on top: the job wins."""
+    return merge_overrides(job, plan_overrides)[0]
+
+
+@dataclass(frozen=True)
+class NotApplied:
+    """A planner suggestion left out, and why (the user's own setting wins)."""
+    key: str
+    value: Any
+    reason: str
+
+    def line(self) -> str:
+        return f"{self.key}={hydra_value(self.value)}: {self.reason}"
+
+
+def uses_megatron(job: JobSpec) -> bool:
+    """verl's Megatron workers (ppo_megatron_trainer config): no fsdp_config keys there."""
+    name = next((a.split("=", 1)[1] for a in job.args if a.startswith(("--config-name=", "-cn="))), "")
+    return "megatron" in name or str(job.get("actor_rollout_ref.actor.strategy", "")) == "megatron"
+
+
+def merge_overrides(job: JobSpec, plan_overrides: Mapping[str, Any]) -> tuple[dict[str, Any], list[NotApplied]]:
+    """(what verl gets, the planner's suggestions not applied). The user's keys always win, compared without
+    Hydra's +/++ prefixes (two spellings of one key would make Hydra fail), and a per-GPU micro batch is not
+    added where the user set the global one (verl refuses both)."""
+    from verl_cluster.launch.preflight import key_origin
+
+    own = job.verl_overrides()
+    bare = {k.lstrip("+"): k for k in own}
+    megatron = uses_megatron(job)
+    applied: dict[str, Any] = {}
+    skipped: list[NotApplied] = []
+    for key, value in plan_overrides.items():
+        b = key.lstrip("+")
+        mine = bare.get(b) or (bare.get(b[:-len("_per_gpu")]) if b.endswith("_per_gpu") else None)
+        if mine is not None:
+            said = f"you set {mine}={hydra_value(own[mine])} ({key_origin(job, mine)})"
+            if mine.lstrip("+") != b:
+                skipped.append(NotApplied(key, value, f"{said}; verl refuses both"))
+            elif hydra_value(own[mine]).lower() != hydra_value(value).lower():
+                skipped.append(NotApplied(key, value, said))
+            continue
+        if megatron and ("fsdp_config." in b or b.startswith("critic.fsdp.")):
+            skipped.append(NotApplied(key, value, "the job runs verl's Megatron workers, whose config has no FSDP "
+                                                  "settings (the planner models FSDP: its numbers are estimates)"))
+            continue
+        applied[key] = value
+    return {**applied, **own}, skipped
 
 
 def program_argv(job: JobSpec, python: str, overrides: Mapping[str, Any]) -> list[str]:

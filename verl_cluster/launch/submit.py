@@ -18,8 +18,8 @@ from verl_cluster.config.job import JobSpec, job_cluster_path
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launch.integrations import cached_backend_env, placement_plan, plan_metadata
 from verl_cluster.launch.preflight import Finding, PreflightReport, check_flash_attn_needs, run_preflight
-from verl_cluster.launch.request import (RayJobRequest, TorchrunRequest, build_ray_request, build_torchrun_request,
-                                         effective_overrides, secret_values)
+from verl_cluster.launch.request import (NotApplied, RayJobRequest, TorchrunRequest, build_ray_request,
+                                         build_torchrun_request, merge_overrides, secret_values)
 
 DEFAULT_CLUSTER = "cluster_configs/local.yaml"
 
@@ -69,11 +69,13 @@ class Submission:
     request: Union[RayJobRequest, TorchrunRequest]
     preflight: PreflightReport
     notes: list[str] = field(default_factory=list)
+    not_applied: list[NotApplied] = field(default_factory=list)  # planner suggestions the job's own keys beat
 
     def describe(self) -> dict[str, Any]:
         return {"job": self.job.name, "source": self.job.source, "cluster": self.cluster_file,
                 "launcher": self.launcher, "request": self.request.describe(),
-                "preflight": self.preflight.to_json(), "notes": list(self.notes)}
+                "preflight": self.preflight.to_json(), "notes": list(self.notes),
+                "plan_not_applied": [{"key": n.key, "value": n.value, "reason": n.reason} for n in self.not_applied]}
 
 
 def _status(spec: ClusterSpec):
@@ -136,11 +138,13 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
     notes.append(f"backend env from {benv.source}")
     notes += benv.notes
     notes.append(plan.note)
+    if plan.feasible is None and plan.unplanned:
+        extra.append(Finding("warning", "placement", plan.note, plan.unplanned))
     if plan.feasible is False:
         extra.append(Finding("error", "placement", f"the placement planner finds no feasible plan: {plan.note}",
                              f"verl-cluster plan {job.source}"))
     extra += check_flash_attn_needs(job, plan.flash_attn, plan.flash_attn_note)
-    overrides = effective_overrides(job, plan.overrides)
+    overrides, not_applied = merge_overrides(job, plan.overrides)
     secrets = secret_values(job, os.environ if environ is None else environ)
     if chosen == "ray":
         env, warnings = benv.merged()
@@ -158,7 +162,7 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
     report = run_preflight(spec, job, overrides, status if chosen == "ray" else None, extra) if run_checks \
         else PreflightReport([Finding("warning" if f.level == "error" else f.level, f.check, f.message, f.hint)
                               for f in extra] + [Finding("skipped", "preflight", "--skip-preflight")])
-    return Submission(job, spec, cluster_file, chosen, req, report, notes)
+    return Submission(job, spec, cluster_file, chosen, req, report, notes, not_applied)
 
 
 def _nodes_gpu_count(spec: ClusterSpec) -> Optional[int]:

@@ -178,11 +178,16 @@ def resolve_shape(path: Optional[str], catalog_name: Optional[str]) -> ModelShap
     if catalog_name:
         return catalog_shape(catalog_name)
     if path:
+        base = path.rstrip("/").split("/")[-1]
         try:
-            return catalog_shape(path.rstrip("/").split("/")[-1])
+            return catalog_shape(base)
         except ConfigError:
+            names = {**{k: k for k in catalog()}, **{v["hf"].split("/")[-1].lower(): k for k, v in catalog().items()}}
+            near = difflib.get_close_matches(base.lower(), list(names), n=1, cutoff=0.5)
+            like = names[near[0]] if near else "qwen2.5-7b"
             raise ConfigError(f"model.path: `{path}` has no config.json here and is not in the catalog",
-                              "set model.catalog (e.g. qwen2.5-7b) so the planner knows the shape") from None
+                              f"set model.catalog to a model of the same shape (e.g. model.catalog={like}), or point "
+                              "model.path at a local folder with its config.json") from None
     raise ConfigError("model: set `model.path` (a local HF dir) or `model.catalog` (e.g. qwen2.5-0.5b)")
 
 
