@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what verl-cluster needs on this machine: system tools (as root), a venv at .venv, the project.
 #   bash scripts/setup.sh           # for using it
-#   bash scripts/setup.sh --test    # plus test dependencies (torch CPU, pyarrow, hypothesis, ...)
+#   bash scripts/setup.sh --test    # plus test dependencies (torch CPU, pyarrow, hypothesis, ...), and
+#                                   # .venv-ray-old: the project on the oldest supported Ray
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0; [ "${1:-}" = "--test" ] && want_test=1
@@ -23,6 +24,11 @@ py=${PYTHON:-python3}
 if [ "$want_test" = 1 ]; then
   # torch CPU for the torchrun/gloo tests; the pinned version resolves to the machine's local CPU build
   .venv/bin/python -m pip install -q -e ".[test]" -r .ci/requirements-test.txt
+  # a second venv with the oldest supported Ray: test.sh runs the integration tests on it too
+  [ -x .venv-ray-old/bin/python ] || "$py" -m venv .venv-ray-old
+  .venv-ray-old/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv-ray-old/bin/python -m pip install -q -e ".[test]" -r .ci/requirements-ray-oldest.txt
+  echo "oldest supported Ray for the tests: $(.venv-ray-old/bin/python -c 'import ray; print(ray.__version__)')"
 else
   .venv/bin/python -m pip install -q -e .
 fi

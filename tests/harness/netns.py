@@ -236,13 +236,22 @@ class NetnsLab:
 
     # ---- cluster files for the product ----
     def cluster_yaml(self, head: Host | str, workers: list[Host], name: str | None = None,
-                     extra: str = "", path: Path | None = None) -> Path:
-        """Write a cluster.yaml for these hosts (head may be 'localhost')."""
+                     extra: str = "", path: Path | None = None, ray: str | None = None,
+                     node_ray: dict[str, str] | None = None) -> Path:
+        """Write a cluster.yaml for these hosts (head may be 'localhost'). The nodes run `ray` (default: the one
+        beside this Python, so the hosts run the Ray of the venv that runs pytest); node_ray: host name -> `ray`."""
         name = name or f"lab{self.n}"
-        ray = str(Path(sys.executable).with_name("ray"))
+        ray = ray or str(Path(sys.executable).with_name("ray"))
+        node_ray = node_ray or {}
         head_host = head if isinstance(head, str) else head.ip
         lines = [f"cluster_name: {name}", "head:", f"  host: {head_host}"]
-        lines += ["workers:"] + [f"  - host: {w.ip}" for w in workers] if workers else ["workers: []"]
+        if not isinstance(head, str) and head.name in node_ray:
+            lines.append(f"  ray_executable: {node_ray[head.name]}")
+        lines.append("workers:" if workers else "workers: []")
+        for w in workers:
+            lines.append(f"  - host: {w.ip}")
+            if w.name in node_ray:
+                lines.append(f"    ray_executable: {node_ray[w.name]}")
         lines += ["ssh:", "  user: root", f"  key_file: {self.client_key}", f"  known_hosts_file: {self.known_hosts}",
                   "  connect_timeout_s: 5",
                   "ray:", f"  ray_executable: {ray}", f"  temp_dir: /tmp/vc-{name}",

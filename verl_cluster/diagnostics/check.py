@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.diagnostics import collective, netperf, ports
+from verl_cluster.diagnostics import collective, netperf, ports, ray_versions
 from verl_cluster.diagnostics.backend import BackendChoice, select_backend
 from verl_cluster.diagnostics.gather import gather_facts, make_runners
 from verl_cluster.diagnostics.verdicts import (ERROR, WARNING, Problem, consistency_verdicts, mtu_verdicts,
@@ -106,6 +106,8 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
         for h, f in facts.items():
             problems += node_verdicts(f, expect.get(h))
         problems += consistency_verdicts(facts)
+        problems += ray_versions.ray_verdicts({h: f.versions.get("ray") for h, f in facts.items()}, spec.head.host,
+                                              ray_versions.local_ray_version(), spec.security.auth == "token")
         problems += mtu_verdicts(facts, choice.interfaces)
 
         # 3. port matrix (and the perf servers, on the same listeners process)

@@ -130,7 +130,10 @@ def consistency_verdicts(facts: Mapping[str, NodeFacts]) -> list[Problem]:
             return "missing"
         return v
 
-    for pkg, sev in (("ray", ERROR), ("torch", ERROR), ("verl", ERROR), ("flash_attn", WARNING), ("nccl", ERROR)):
+    from verl_cluster.diagnostics.ray_versions import drift  # it builds on Problem: imported late
+
+    out += drift({h: version(f, "ray") for h, f in facts.items()})
+    for pkg, sev in (("torch", ERROR), ("verl", ERROR), ("flash_attn", WARNING), ("nccl", ERROR)):
         differ(pkg, {h: version(f, pkg) for h, f in facts.items()},
                f"install the same {pkg} version on every node (one image or one lock file)", sev)
     counts = {h: len(f.gpus) for h, f in facts.items()}

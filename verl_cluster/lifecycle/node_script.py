@@ -146,16 +146,29 @@ def zombie(pid):
         return False
 
 
-def cmd_gcs(addr, dashboard=None):
-    from ray._raylet import GcsClient
+def node_row(info):
+    """One GCS node entry as JSON. Ray's GcsClient is not a public API: fields a Ray version lacks get defaults."""
+    return {"node_id": info.node_id.hex(), "ip": info.node_manager_address, "alive": info.state == 0,
+            "is_head": bool(getattr(info, "is_head_node", False)),
+            "resources": dict(getattr(info, "resources_total", {}) or {}),
+            "labels": dict(getattr(info, "labels", {}) or {}), "start_time_ms": getattr(info, "start_time_ms", 0)}
 
-    client = GcsClient(address=addr)
-    nodes = []
-    for node_id, info in client.get_all_node_info(timeout=10).items():
-        nodes.append({"node_id": info.node_id.hex(), "ip": info.node_manager_address,
-                      "alive": info.state == 0, "is_head": bool(info.is_head_node),
-                      "resources": dict(info.resources_total), "labels": dict(info.labels),
-                      "start_time_ms": info.start_time_ms})
+
+def gcs_client(addr):
+    try:
+        from ray._raylet import GcsClient
+    except ImportError as e:  # this Ray moved its GCS client: say so instead of a traceback
+        raise RuntimeError(f"this Ray ({version('ray')}) has no ray._raylet.GcsClient: {e}")
+    return GcsClient(address=addr)
+
+
+def cmd_gcs(addr, dashboard=None):
+    try:
+        client = gcs_client(addr)
+        nodes = [node_row(i) for i in client.get_all_node_info(timeout=10).values()]
+    except Exception as e:  # reported by the caller as a problem, not a traceback
+        emit({"nodes": [], "jobs": [], "jobs_error": None, "error": f"{type(e).__name__}: {str(e).strip()[:300]}"})
+        return
     available = {}
     try:
         reply = client.get_all_resource_usage(timeout=10)
@@ -181,18 +194,13 @@ def cmd_gcs(addr, dashboard=None):
 def cmd_wait(addr, head_ip, expect_json, timeout_s):
     """Poll the GCS in this one process until every expected node (ip -> min GPUs) is ALIVE with its GPUs,
     or the time is up; print the last node table either way."""
-    from ray._raylet import GcsClient
-
     expect = json.loads(expect_json)
     deadline = time.time() + float(timeout_s)
     client, nodes, error = None, [], None
     while True:
         try:
-            client = client or GcsClient(address=addr)
-            nodes = [{"node_id": i.node_id.hex(), "ip": i.node_manager_address, "alive": i.state == 0,
-                      "is_head": bool(i.is_head_node), "resources": dict(i.resources_total),
-                      "labels": dict(i.labels), "start_time_ms": i.start_time_ms}
-                     for i in client.get_all_node_info(timeout=5).values()]
+            client = client or gcs_client(addr)
+            nodes = [node_row(i) for i in client.get_all_node_info(timeout=5).values()]
             error = None
         except Exception as e:  # the GCS may still be starting
             client, error = None, f"{type(e).__name__}: {str(e)[:200]}"

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError
 from verl_cluster.lifecycle.auth import node_token_path
 from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip
@@ -50,6 +51,7 @@ class ClusterStatus:
     jobs: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     extra_nodes: list[dict] = field(default_factory=list)  # alive in the GCS but not in the config
+    client_ray_version: Optional[str] = None  # this machine's Ray, whose Jobs SDK talks to the head
 
     @property
     def healthy(self) -> bool:
@@ -59,14 +61,16 @@ class ClusterStatus:
         return {"cluster": self.cluster, "healthy": self.healthy, "head": self.head_address,
                 "dashboard": self.dashboard, "dashboard_on_head_only": self.dashboard_on_head_only,
                 "nodes": [n.to_json() for n in self.nodes], "jobs": self.jobs,
-                "problems": self.problems, "extra_nodes": self.extra_nodes}
+                "problems": self.problems, "extra_nodes": self.extra_nodes,
+                "client_ray_version": self.client_ray_version}
 
 
 def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
     nodes = cluster_nodes(spec)
     dash_host = "127.0.0.1" if spec.security.dashboard_host == "loopback" else spec.head_ip
     st = ClusterStatus(spec.cluster_name, spec.gcs_address, f"http://{dash_host}:{spec.head.dashboard_port}",
-                       dashboard_on_head_only=dash_host == "127.0.0.1" and not spec.head.is_local)
+                       dashboard_on_head_only=dash_host == "127.0.0.1" and not spec.head.is_local,
+                       client_ray_version=ray_versions.local_ray_version())
     try:
         probes = {r.host: r for r in fan_out(nodes, lambda n: n.probe(), key=lambda n: n.host)}
         head = nodes[0]
@@ -78,6 +82,9 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
                 table = head.gcs(with_jobs=with_jobs, token_path=token)
             except RunnerError as e:
                 st.problems.append(f"GCS on the head did not answer: {e.reason}")
+            if table and table.get("error"):
+                st.problems.append(f"GCS on the head did not answer: {table['error']}")
+                table = None
         by_ip = index_by_ip((table or {}).get("nodes", []), spec.head_ip)
         for n in nodes:
             st.nodes.append(_node_status(n, probes[n.host], by_ip.get(n.ip), table is not None))
@@ -87,10 +94,8 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
                 st.problems.append(f"jobs: {table['jobs_error']}")
             known = {by_ip[n.ip]["node_id"] for n in nodes if n.ip in by_ip}
             st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["node_id"] not in known]
+        st.problems += _ray_version_problems(spec, st)
         versions = {(n.ray_version, n.python_version) for n in st.nodes if n.state != "unreachable"}
-        if len({v[0] for v in versions}) > 1:
-            st.problems.append("Ray versions differ across nodes: "
-                               + ", ".join(f"{n.host}={n.ray_version}" for n in st.nodes if n.ray_version))
         if len({v[1] for v in versions}) > 1:
             st.problems.append("Python versions differ across nodes: "
                                + ", ".join(f"{n.host}={n.python_version}" for n in st.nodes if n.python_version))
@@ -98,6 +103,14 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
         for n in nodes:
             n.close()
     return st
+
+
+def _ray_version_problems(spec: ClusterSpec, st: ClusterStatus) -> list[str]:
+    """Nodes' Ray against each other, the supported range and this machine's Ray, worded as check words them."""
+    versions = {n.host: n.ray_version for n in st.nodes if n.ray_version}
+    found = ray_versions.drift(versions) + ray_versions.ray_verdicts(
+        versions, spec.head.host, st.client_ray_version, spec.security.auth == "token")
+    return [(f"{p.what}" if p.node == "cluster" else f"{p.node}: {p.what}") + f"; fix: {p.fix}" for p in found]
 
 
 def _node_status(n, probe_result, info: dict | None, gcs_ok: bool) -> NodeStatus:

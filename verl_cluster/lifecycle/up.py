@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError
 from verl_cluster.lifecycle.auth import ensure_token, node_token_path, remote_token_path
 from verl_cluster.lifecycle.commands import NodeCommand, plan_start
@@ -89,8 +90,24 @@ class _Up:
             o.reason = r.reason
             o.log_tail = getattr(r.error, "hint", "") or ""
             self.say(r.host, f"[red]{o.action}[/]: {o.reason}")
+        self.refuse_incompatible()
         tokens = {h: node_token_path(self.spec, p.home) for h, p in self.probes.items()}
         self.cmds = {c.host: c for c in plan_start(self.spec, self.node_env, tokens)}
+
+    def refuse_incompatible(self) -> None:
+        """A node whose Ray cannot join this cluster fails here, with the fix, rather than in `ray start`."""
+        head = self.probes.get(self.nodes[0].host)
+        for n in self.nodes:
+            p = self.probes.get(n.host)
+            if p is None:
+                continue
+            head_version = head.ray_version if head and n.role == "worker" else None
+            why = ray_versions.start_refusal(p.ray_version, head_version, self.spec.security.auth == "token")
+            if why:
+                o = self.out[n.host]
+                o.action, o.reason = "failed", why
+                del self.probes[n.host]  # nothing more is done on it
+                self.say(n.host, f"[red]failed[/]: {why}")
 
     def _running(self, n: Node) -> bool:
         p = self.probes[n.host]

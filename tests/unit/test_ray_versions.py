@@ -1,0 +1,65 @@
+"""Which Ray versions work here and together: the supported range, drift between nodes, this machine vs the head."""
+
+from pathlib import Path
+
+from verl_cluster.diagnostics import ray_versions as rv
+from verl_cluster.diagnostics.verdicts import ERROR, WARNING
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_parse_and_range():
+    assert rv.parse("2.52.1") == (2, 52, 1)
+    assert rv.parse("2.60.0rc1") == (2, 60, 0)
+    assert rv.parse("2.61.0.dev0") == (2, 61, 0)
+    assert rv.parse("missing") is None and rv.parse(None) is None
+    assert [rv.supported(v) for v in ("2.51.2", "2.52.0", "2.60.0", "2.61.0", None)] == [False, True, True, False, None]
+    assert not rv.has_token_auth("2.51.2") and rv.has_token_auth("2.52.0") and rv.has_token_auth(None)
+
+
+def test_the_pin_in_pyproject_is_the_supported_range():
+    assert f'"{rv.PIN}"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_drift_names_every_node_and_the_version_to_install():
+    [p] = rv.drift({"a": "2.60.0", "b": "2.52.1", "c": "2.60.0"})
+    assert p.severity == ERROR and p.node == "cluster"
+    assert p.what == "ray differs between nodes: a=2.60.0, b=2.52.1, c=2.60.0"
+    assert "pip install 'ray[default]==2.60.0'" in p.fix and "2.52 to 2.60" in p.fix
+    assert rv.drift({"a": "2.60.0", "b": "2.60.0"}) == []
+    # a version outside the range is never the one suggested
+    [p] = rv.drift({"a": "2.49.0", "b": "2.52.1"})
+    assert "==2.52.1'" in p.fix
+
+
+def test_a_node_without_token_auth_is_an_error_only_with_token_auth_on():
+    [p] = rv.range_verdicts({"old": "2.51.2", "ok": "2.52.1"}, token_auth=True)
+    assert p.node == "old" and p.severity == ERROR and "no token auth" in p.what and "security.auth: none" in p.fix
+    [p] = rv.range_verdicts({"old": "2.51.2"}, token_auth=False)
+    assert p.severity == WARNING and "older than verl-cluster supports" in p.what
+    [p] = rv.range_verdicts({"new": "2.61.0"}, token_auth=True)
+    assert p.severity == WARNING and "newer than verl-cluster was tested" in p.what
+
+
+def test_this_machine_against_the_head():
+    assert rv.client_verdicts("2.60.0", "2.60.0") == []
+    assert rv.client_verdicts(None, "2.60.0") == []
+    [p] = rv.client_verdicts("2.52.1", "2.60.0")
+    assert p.severity == WARNING and p.node == "this machine"
+    assert "2.60.0 differs from the cluster's 2.52.1: supported" in p.what and "nothing to do" in p.fix
+    [p] = rv.client_verdicts("2.60.0", "2.49.0")
+    assert "untested" in p.what and "pip install 'ray[default]==2.60.0' here" in p.fix
+    # ray_verdicts takes the head's version by host
+    ps = rv.ray_verdicts({"h": "2.52.1", "w": "2.52.1"}, "h", "2.60.0", True)
+    assert [p.node for p in ps] == ["this machine"]
+
+
+def test_up_refuses_a_node_that_cannot_join():
+    assert rv.start_refusal("2.60.0", None, True) is None
+    assert rv.start_refusal("2.60.0", "2.60.0", True) is None
+    why = rv.start_refusal("2.51.2", None, True)
+    assert "no token auth" in why and "fix: pip install 'ray[default]>=2.52,<2.61'" in why
+    assert rv.start_refusal("2.51.2", None, False) is None
+    why = rv.start_refusal("2.52.1", "2.60.0", True)
+    assert why.startswith("Ray 2.52.1 there, 2.60.0 on the head") and "==2.60.0'" in why
+    assert rv.start_refusal(None, "2.60.0", True) is None  # unknown: `ray start` speaks for itself
