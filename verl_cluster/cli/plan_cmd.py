@@ -12,8 +12,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from rich.markup import escape
+
 from verl_cluster.cli.output import err, out, print_json
-from verl_cluster.config.job import load_job
 from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY, ConfigError
 from verl_cluster.facts.model import NodeFacts, from_dict
 from verl_cluster.placement import parse_gpus, plan_job
@@ -24,7 +25,7 @@ from verl_cluster.placement.planner import STRATEGIES
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("plan", parents=[common], help="place verl roles on GPUs: memory per GPU and verl overrides",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("job", help="job spec (launch/*.yaml)")
+    p.add_argument("job", help="job spec (launch/*.yaml), a verl script (run_qwen2-7b.sh), or -- python3 -m ...")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="job fields or verl overrides")
     p.add_argument("--gpus", help=f"hypothetical hardware NODESxGPUSxMODEL, e.g. {GPU_EXAMPLE}, 1x2x48GB@8.9")
     p.add_argument("--facts", help="JSON list of NodeFacts (recorded by the diagnostics gatherer)")
@@ -97,19 +98,34 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
 
 
 def run(args: argparse.Namespace) -> int:
-    job = load_job(args.job, args.overrides)
+    from verl_cluster.launch.request import merge_overrides
+    from verl_cluster.launch.script_import import load_job_input
+
+    job, _ = load_job_input(args.job, args.overrides)
     facts = hardware(args, job.placement.gpus)
     result = plan_job(job, facts, strategy=args.strategy, fill=args.fill)
+    not_applied = merge_overrides(job, result.overrides)[1]
     if args.json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "not_applied": [{"key": n.key, "value": n.value, "reason": n.reason}
+                                                        for n in not_applied]})
     else:
         from verl_cluster.placement.render import render
 
         render(result, out, brief=args.brief)
+        print_not_applied(not_applied)
         if not result.feasible:
             err.print("[bold red]error:[/] the job does not fit this hardware as written"
                       + (" (feasible changes above)" if result.options else " (numbers above)"))
     return EXIT_OK if result.feasible else EXIT_UNHEALTHY
+
+
+def print_not_applied(items) -> None:
+    """The planner's suggestions the job's own settings beat (the user's keys always win)."""
+    if items:
+        out.print(f"[bold]not applied[/] ({len(items)} planner suggestion{'s' if len(items) > 1 else ''}; "
+                  "your settings win)")
+    for n in items:
+        out.print(f"  {escape(n.line())}")
 
 
 assert EXIT_BAD_INPUT == 2  # documented exit codes: 0 fits, 1 does not fit, 2 bad input

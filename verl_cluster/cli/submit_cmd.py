@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from rich.markup import escape
 
 from verl_cluster.cli.output import err, out, print_json
-from verl_cluster.config.job import load_job
 from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
 from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.launch.preflight import PreflightReport
+from verl_cluster.launch.script_import import load_job_input
 from verl_cluster.launch.submit import (Submission, check_cluster_file, plan_submission, preflight_exit_code,
                                         resolve_cluster_file, warm_imports)
 
@@ -22,9 +23,11 @@ LEVEL_STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "skipped
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("submit", parents=[common], help="preflight, then run a job (Ray Jobs or torchrun)",
                        description="Check a job before any GPU time, then run it on the cluster and follow its logs.")
-    p.add_argument("job", help="job spec, e.g. launch/gsm8k.yaml")
+    p.add_argument("job", help="job spec (launch/gsm8k.yaml), a verl script (run_qwen2-7b_grpo.sh), or, after --, "
+                               "the command itself: -- python3 -m verl.trainer.main_ppo key=value ...")
     p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="verl overrides (data.train_batch_size=256) or job fields (placement.strategy=split)")
+                   help="verl overrides (data.train_batch_size=256) or job fields (placement.strategy=split); "
+                        "they win over the file's and the planner's")
     p.add_argument("-c", "--cluster", help="cluster.yaml (default: the job's `cluster:`, else cluster_configs/local.yaml)")
     p.add_argument("--launcher", choices=("auto", "ray", "torchrun"), help="override the job's launcher")
     p.add_argument("--dry-run", action="store_true", help="print the full request after preflight, run nothing")
@@ -49,7 +52,7 @@ def print_preflight(report: PreflightReport) -> None:
 
 
 def run_submit(args) -> int:
-    job = load_job(args.job, args.overrides)
+    job, imported = load_job_input(args.job, args.overrides)
     if args.watch:
         from verl_cluster.watch.settings import check_watchable
 
@@ -58,10 +61,14 @@ def run_submit(args) -> int:
         warm_imports()
     cluster_file = resolve_cluster_file(job, args.cluster)
     check_cluster_file(cluster_file)
+    # secrets a script sets itself reach the job's env as the shell's would (never printed)
+    environ = {**os.environ, **imported.secret_values} if imported else None
     sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight,
-                          refresh_backend=args.refresh_backend)
+                          refresh_backend=args.refresh_backend, environ=environ)
     if not args.json:
         print_preflight(sub.preflight)
+        for n in sub.not_applied:
+            err.print(f"[dim]{'plan':>7} {'not applied':<11} {escape(n.line())}[/]")
     if args.dry_run:
         if args.json:
             print_json(sub.describe())
