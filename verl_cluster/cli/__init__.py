@@ -19,6 +19,7 @@ COMMANDS = {
     "doctor": "doctor_cmd",
     "plan": "plan_cmd",
     "submit": "submit_cmd",
+    "import": "import_cmd",
     "jobs": "jobs_cmds",
     "logs": "jobs_cmds",
     "stop": "jobs_cmds",

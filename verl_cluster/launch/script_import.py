@@ -112,9 +112,10 @@ def _program(argv: list[Field], src: str) -> tuple[str, int, list[Field]]:
     return words[j + 1], line, argv[j + 2:]
 
 
-def build_import(argv: list[Field], src: str, env: Mapping[str, tuple[str, int]] = (),
-                 secrets: Mapping[str, Optional[str]] = ()) -> ImportedJob:
+def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[str, int]]] = None,
+                 secrets: Optional[Mapping[str, Optional[str]]] = None) -> ImportedJob:
     """The job spec data for one `python -m MODULE args...` (fields carry their script lines)."""
+    env, secrets = env or {}, secrets or {}
     module, line, rest = _program(argv, src)
     args: list[str] = []
     overrides: dict[str, Any] = {}
