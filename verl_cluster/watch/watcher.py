@@ -38,6 +38,7 @@ class Watcher:
                  stream: Optional[TextIO] = None):
         self.st, self.spec, self.job, self.s, self.rep, self.stream = st, spec, job, settings, reporter, stream
         self.monitor = NodeMonitor(spec)
+        self.run_spec = spec  # the nodes the current attempt runs on (fewer after allow_fewer_nodes)
 
     def emit(self, cls: str, action: str, evidence: str = "", node: str = "", lines=(), sid: str = "") -> Event:
         return self.rep.emit(Event(self.st.run, sid or self.st.current, cls, action, evidence, node, list(lines)))
@@ -93,6 +94,7 @@ class Watcher:
             wait = self.s.backoff(self.st.restarts + 1)
             if wait > 0:
                 time.sleep(wait)
+            self.run_spec = spec
             self.resubmit(spec, wait)
 
     def _record(self, out: Outcome) -> None:
@@ -105,6 +107,7 @@ class Watcher:
     # ---- one attempt ----
     def watch_attempt(self, sid: str) -> Outcome:
         tracker, expected, next_check, api_errors = LogTracker(), None, 0.0, 0
+        self.monitor.refusals.clear()
         while True:
             try:
                 api = self.api()
@@ -152,7 +155,8 @@ class Watcher:
             alive = self.monitor.alive_ips()
         except Exception:  # noqa: BLE001 - no table yet: judge later
             return set()
-        return alive & {self.spec.node_ip(n) for _, n in self.spec.nodes()}
+        # only the nodes this attempt runs on: the GCS may list a lost node as alive for a while after it died
+        return alive & {self.run_spec.node_ip(n) for _, n in self.run_spec.nodes()}
 
     def _ended(self, api, sid: str, row, expected, tracker: LogTracker) -> Outcome:
         if row.status == "SUCCEEDED":
