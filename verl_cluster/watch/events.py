@@ -51,8 +51,8 @@ class Reporter:
             where = f" {ev.node}" if ev.node else ""
             self.say(f"[watch {time.strftime('%H:%M:%S', time.localtime(ev.time))}] {ev.cls}{where}: "
                      f"{ev.evidence or '-'} -> {ev.action}")
-            for line in ev.lines:
-                self.say(f"    | {line}")
+            for text in ev.lines:
+                self.say(f"    | {text}")
         if self.notify:
             self._notify(line)
         return ev
