@@ -33,6 +33,8 @@ class Option:
     offload: str
     cost: float  # how far from the user's job (lower is closer)
     kind: str = "settings"
+    levers: frozenset = frozenset()  # the variant's own changes (an option needing more levers than another is
+    # dominated by it)
 
     def to_dict(self) -> dict[str, Any]:
         return {"changes": list(self.changes), "overrides": dict(self.overrides), "peak_gib": round(self.peak_gib, 2),
@@ -100,32 +102,41 @@ def _pins(s: Settings) -> bool:
     return relaxed(relaxed(relaxed(s, "offload"), "micro"), "rollout") != s
 
 
-def _ladder(v: Variant, heads: int) -> list[Variant]:
-    """Steps for one base job, cheapest first: as it is, the planner choosing what was pinned, then one memory
-    lever on top (enforce_eager, dynamic batch size, Ulysses SP 2/4)."""
-    s = v.s
-    free = relaxed(relaxed(relaxed(s, "offload"), "micro"), "rollout")
-    steps = [v]
-    base = v
-    if free != s:
-        base = Variant(free, v.hw, v.changes + ("the planner chooses offload, micro batches, rollout TP and "
-                                                "gpu_memory_utilization (the job pinned some)",), v.job_keys,
-                       v.cost + 0.5, v.kind)
-        steps.append(base)
-    b = base.s
-    if not b.enforce_eager:
-        steps.append(_with(base, replace(b, enforce_eager=True), "rollout enforce_eager (no CUDA graphs: "
-                           "slower generation, 0.5 GiB less)", f"{AR}.rollout.enforce_eager", True, 0.6))
-    if not b.dynamic_bsz:
-        steps.append(_with(base, replace(b, dynamic_bsz=True), "dynamic batch size (micro batches by token "
-                           "budget)", f"{AR}.actor.use_dynamic_bsz", True, 0.7))
-    for sp in (2, 4, 8):
-        if sp > b.sp_actor and heads % sp == 0 and v.hw.gpus_per_node % sp == 0:
-            steps.append(_with(base, replace(b, sp_actor=sp, sp_critic=sp if b.critic else b.sp_critic),
-                               f"Ulysses sequence parallel {sp} (actor, ref{', critic' if b.critic else ''})",
-                               f"{AR}.actor.ulysses_sequence_parallel_size", sp, 0.8 + sp / 10,
-                               extra=(("critic.ulysses_sequence_parallel_size", sp),) if b.critic else ()))
+def _ladder(v: Variant, heads: int, levers: bool = True) -> list[Variant]:
+    """Steps for one base job, cheapest first: as it is, one memory lever (gradient checkpointing,
+    enforce_eager, dynamic batch size, Ulysses SP 2/4/8), then the planner choosing what the job pinned, alone
+    and with each lever."""
+    steps = [v] + (_levers(v, heads) if levers else [])
+    free = relaxed(relaxed(relaxed(v.s, "offload"), "micro"), "rollout")
+    if free != v.s:
+        base = Variant(free, v.hw, v.changes + ("the planner chooses offload, micro batches, token budgets, "
+                                                "rollout TP and gpu_memory_utilization (the job pinned some)",),
+                       v.job_keys, v.cost + 0.5, v.kind)
+        steps += [base] + (_levers(base, heads) if levers else [])
     return steps
+
+
+def _levers(base: Variant, heads: int) -> list[Variant]:
+    b, out = base.s, []
+    if not (b.grad_ckpt_actor and (b.grad_ckpt_critic or not b.critic)):
+        keys = ((f"{AR}.model.enable_gradient_checkpointing", True),) + (
+            (("critic.model.enable_gradient_checkpointing", True),) if b.critic else ())
+        out.append(_with(base, replace(b, grad_ckpt_actor=True, grad_ckpt_critic=True),
+                         "gradient checkpointing on (each layer recomputed in backward: ~1/3 more compute)",
+                         *keys[0], 0.3, extra=keys[1:]))
+    if not b.enforce_eager:
+        out.append(_with(base, replace(b, enforce_eager=True), "rollout enforce_eager (no CUDA graphs: "
+                         "slower generation, 0.5 GiB less)", f"{AR}.rollout.enforce_eager", True, 0.6))
+    if not b.dynamic_bsz:
+        out.append(_with(base, replace(b, dynamic_bsz=True), "dynamic batch size (micro batches by token "
+                         "budget)", f"{AR}.actor.use_dynamic_bsz", True, 0.7))
+    for sp in (2, 4, 8):
+        if sp > b.sp_actor and heads % sp == 0 and base.hw.gpus_per_node % sp == 0:
+            out.append(_with(base, replace(b, sp_actor=sp, sp_critic=sp if b.critic else b.sp_critic),
+                             f"Ulysses sequence parallel {sp} (actor, ref{', critic' if b.critic else ''})",
+                             f"{AR}.actor.ulysses_sequence_parallel_size", sp, 0.8 + sp / 10,
+                             extra=(("critic.ulysses_sequence_parallel_size", sp),) if b.critic else ()))
+    return out
 
 
 def _with(v: Variant, s: Settings, what: str, key: str, value: Any, cost: float, extra=()) -> Variant:
@@ -147,10 +158,9 @@ def find_options(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any
             opt = _try(ev, step, strategies, user)
             if opt is not None:
                 found.append(opt)
-                break  # later steps of this ladder change more for the same base
     if not found:
         for step in _more_nodes(ev.s, ev.hw):
-            for v in _ladder(step, ev.shape.heads)[:2]:
+            for v in _ladder(step, ev.shape.heads, levers=False):
                 opt = _try(ev, v, strategies, user)
                 if opt is not None:
                     return [opt]
@@ -160,6 +170,7 @@ def find_options(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any
 def pick(found: list[Option], k: int = MAX_OPTIONS) -> list[Option]:
     """The k cheapest distinct options, the best of each kind first (2 of 3 nodes beside a new batch size)."""
     ranked, seen = [], set()
+    found = [o for o in found if not any(p.levers < o.levers for p in found)]  # no needless extra change
     for o in sorted(found, key=lambda o: o.cost):
         key = tuple(sorted(o.overrides.items(), key=str))
         if key not in seen:
@@ -187,7 +198,7 @@ def _try(ev: Evaluator, v: Variant, strategies: tuple[str, ...], user: dict[str,
     if best.offload:
         changes.append(f"{OFFLOAD_NAMES[best.offload]} offload")
     return Option(tuple(changes), ov, _peak(best) / GIB, best.strategy, best.tp, OFFLOAD_NAMES[best.offload],
-                  v.cost + 0.4 * best.offload, v.kind)
+                  v.cost + 0.4 * best.offload, v.kind, frozenset(v.changes))
 
 
 def _peak(c: Candidate) -> float:

@@ -256,6 +256,9 @@ def _explain(best: Candidate, tried: list[Candidate], s: Settings, hw: Hardware,
         smaller = [c for c in same if c.tp < best.tp and c.offload == best.offload]
         out.append(f"rollout TP {best.tp}: smallest that fits" + (
             f" (TP {max(c.tp for c in smaller)} does not)" if smaller else ""))
+    if best.tp > best.pools[0].size // best.pools[0].nnodes:
+        out.append(f"TP {best.tp} spans {best.tp // len(best.pools[0].gpu_indices)} nodes per vLLM replica: "
+                   "tensor-parallel traffic crosses the network")
     if best.crosses_islands:
         out.append(f"TP {best.tp} groups cross P2P islands: NCCL goes through PCIe/host memory (slower); RTX-class "
                    "cards may also need NCCL_P2P_DISABLE=1")

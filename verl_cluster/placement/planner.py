@@ -206,18 +206,19 @@ class Evaluator:
                        f"data-parallel ranks of {pool.name} (verl's per-GPU mini batch must be whole)")
         if s.dynamic_bsz or out:
             return out
-        # verl 0.9's engine splits a GPU's batch into equal micro batches (it asserts the division)
-        per_gpu = s.sequences // n
-        mini = s.ppo_mini_batch_size * s.n // n
+        # verl 0.9's engine splits a data-parallel rank's batch into equal micro batches (it asserts the
+        # division); with Ulysses SP a rank is sp GPUs, so it holds sp times the per-GPU share
+        a, cr = s.sp_actor, s.sp_critic
+        per_gpu, mini = s.sequences // n, s.ppo_mini_batch_size * s.n // n
         for role, key, pinned, whole in (
-                ("actor", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", s.actor_micro, mini),
-                ("actor", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", s.logprob_micro, per_gpu),
-                ("ref", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", s.ref_micro, per_gpu),
-                ("critic", "critic.ppo_micro_batch_size_per_gpu", s.critic_micro, mini),
-                ("critic", "critic.forward_micro_batch_size_per_gpu", s.critic_fwd_micro, per_gpu)):
+                ("actor", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", s.actor_micro, mini * a),
+                ("actor", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", s.logprob_micro, per_gpu * a),
+                ("ref", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", s.ref_micro, per_gpu * a),
+                ("critic", "critic.ppo_micro_batch_size_per_gpu", s.critic_micro, mini * cr),
+                ("critic", "critic.forward_micro_batch_size_per_gpu", s.critic_fwd_micro, per_gpu * cr)):
             if role in roles and pinned and whole and whole % pinned:
                 fits = [d for d in range(min(pinned, whole), 0, -1) if whole % d == 0][0]
-                out.append(f"{key}={pinned} does not divide the {whole} sequences each GPU of {pool.name} gets "
+                out.append(f"{key}={pinned} does not divide the {whole} sequences each data-parallel rank of {pool.name} gets "
                            f"(verl asserts it does): use {fits} or unset it and let the plan choose")
         return out
 
@@ -229,9 +230,12 @@ class Evaluator:
         for pool in pools:
             c.problems += self.batch_rules(pool, pool.roles)
         main = pools[0]
-        if main.size % tp or len(main.gpu_indices) % tp:
-            c.problems.append(f"rollout TP {tp} must divide the {len(main.gpu_indices)} GPUs per node of {main.name}"
-                              f" (TP groups stay inside a node)")
+        g = len(main.gpu_indices)
+        # verl ≥ 0.6 (workers/rollout/replica.py): a replica of TP x DP x PP GPUs spans world_size / gpus_per_node
+        # whole nodes when it is larger than one node
+        if main.size % tp or (g % tp if tp <= g else tp % g):
+            c.problems.append(f"rollout TP {tp} must divide the {g} GPUs per node of {main.name}, or be a multiple "
+                              f"of them that divides its {main.size} GPUs (verl's replica spans whole nodes)")
         c.crosses_islands = tp > 1 and self.hw.tp_crosses_islands(tp, main.gpu_indices)
         # residents (what each role keeps on the GPU between its phases) and host memory
         for pool in pools:
@@ -281,7 +285,7 @@ class Evaluator:
     def _pool_phases(self, c: Candidate, pool: Pool, tp: int, tp_pinned: bool) -> None:
         s, shape, prec = self.s, self.shape, self.prec
         n = pool.size
-        per_gpu_batch = max(1, s.sequences // n)
+        per_gpu_batch = max(1, s.sequences // n)  # per data-parallel rank: x sp (Ulysses ranks share sequences)
         _, opt_off = OFFLOAD_LEVELS[c.offload]
         if "rollout" in pool.roles:
             self._rollout(c, pool, tp)
@@ -294,17 +298,20 @@ class Evaluator:
             extra = () if opt_off else (o,)  # grads are None outside the update step
             base = actor_base
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_actor // n)
-            self._search(c, pool, "actor", "actor update", s.actor_micro, _divisors_desc(mb_gpu),
+            self._search(c, pool, "actor", "actor update", s.actor_micro, _divisors_desc(mb_gpu), mb_gpu,
                          lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_actor,
                                                                    **base)),
-                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
-            self._search(c, pool, "actor", "actor log-prob", s.logprob_micro, _divisors_desc(per_gpu_batch),
+                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens,
+                         budget_pinned=s.actor_tokens_pinned)
+            self._search(c, pool, "actor", "actor log-prob", s.logprob_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
+                         per_gpu_batch * s.sp_actor,
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
                                                          params_on_gpu=True, extra=extra),
                          rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
         if "ref" in pool.roles:
             base = actor_base
-            self._search(c, pool, "ref", "ref log-prob", s.ref_micro, _divisors_desc(per_gpu_batch),
+            self._search(c, pool, "ref", "ref log-prob", s.ref_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
+                         per_gpu_batch * s.sp_actor,
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
                                                          params_on_gpu=False),
                          rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
@@ -316,11 +323,13 @@ class Evaluator:
                         m=s.master_dtype_bytes_critic, attn=prec.attn, vocab_out=1, root_params=root,
                         verl_engine=True)
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // n)
-            self._search(c, pool, "critic", "critic update", s.critic_micro, _divisors_desc(mb_gpu),
+            self._search(c, pool, "critic", "critic update", s.critic_micro, _divisors_desc(mb_gpu), mb_gpu,
                          lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic,
                                                                    **base)),
-                         rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens)
-            self._search(c, pool, "critic", "critic values", s.critic_fwd_micro, _divisors_desc(per_gpu_batch),
+                         rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens,
+                         budget_pinned=s.critic_tokens_pinned)
+            self._search(c, pool, "critic", "critic values", s.critic_fwd_micro,
+                         _divisors_desc(per_gpu_batch * s.sp_critic), per_gpu_batch * s.sp_critic,
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
                                                          params_on_gpu=True, extra=extra),
                          rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens)
@@ -328,19 +337,23 @@ class Evaluator:
             rm = self.rm_shape
             base = dict(shape=rm, params=rm.value_model_params, n=n, seq=s.seq_len, c=prec.c, m=2, attn=prec.attn,
                         vocab_out=1, root_params=rm.embed_params + 2 * rm.hidden)
-            self._search(c, pool, "reward", "reward", s.reward_micro, _divisors_desc(per_gpu_batch),
+            self._search(c, pool, "reward", "reward", s.reward_micro, _divisors_desc(per_gpu_batch), per_gpu_batch,
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
                                                          params_on_gpu=False),
                          rmpad=False, sp=1, budget=None)
 
     def _search(self, c: Candidate, pool: Pool, role: str, phase: str, pinned: Optional[int], candidates: list[int],
-                parts_of: Callable[[int, float], tuple[Part, ...]], *, rmpad: bool, sp: int,
-                budget: Optional[int]) -> None:
-        """Largest micro batch that fits (or the pinned one); with dynamic batch size the token budget."""
+                whole: int, parts_of: Callable[[int, float], tuple[Part, ...]], *, rmpad: bool, sp: int,
+                budget: Optional[int], budget_pinned: bool = False) -> None:
+        """Largest micro batch that fits (or the pinned one); with dynamic batch size the token budget (the
+        job's, when it sets one for an update)."""
         others = self._others(c, pool, role)
         dynamic = self.s.dynamic_bsz and budget is not None
         if dynamic:
-            tries = [(None, float(b)) for b in _token_budgets(budget, self.s.seq_len)]
+            budgets = [budget] if budget_pinned else _token_budgets(budget, self.s.seq_len)
+            # verl packs a rank's batch into micro batches of at most the budget: none holds more than the batch
+            most = self.tokens(whole, rmpad=rmpad, sp=sp)
+            tries = [(None, float(min(b, most))) for b in budgets]
         elif pinned is not None:
             tries = [(pinned, self.tokens(pinned, rmpad=rmpad, sp=sp))]
         else:
@@ -462,7 +475,8 @@ def relaxed(s: Settings, what: str) -> Settings:
                        critic_optimizer_offload=None)
     if what == "micro":
         return replace(s, actor_micro=None, logprob_micro=None, ref_micro=None, critic_micro=None,
-                       critic_fwd_micro=None, reward_micro=None)
+                       critic_fwd_micro=None, reward_micro=None, actor_tokens_pinned=False,
+                       critic_tokens_pinned=False)
     if what == "rollout":
         return replace(s, tp=None, gpu_memory_utilization=None)
     raise ValueError(what)

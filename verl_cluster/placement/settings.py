@@ -67,6 +67,9 @@ class Settings:
     # verl.trainer.main_ppo maps every role to one pool (global_pool): a critic on its own GPUs ("split") needs an
     # entrypoint that builds two pools, as verl's examples/split_placement/main_ppo_split.py does
     split_placement: bool = True
+    # the job sets ppo_max_token_len_per_gpu: with use_dynamic_bsz the update runs at that budget (not searched)
+    actor_tokens_pinned: bool = False
+    critic_tokens_pinned: bool = False
 
     @property
     def seq_len(self) -> int:
@@ -204,6 +207,8 @@ def read_settings(job: JobSpec) -> Settings:
         nnodes=r.positive("trainer.nnodes", None),
         n_gpus_per_node=r.positive("trainer.n_gpus_per_node", None),
         split_placement=splits_pools(job),
+        actor_tokens_pinned=r.has(f"{AR}.actor.ppo_max_token_len_per_gpu"),
+        critic_tokens_pinned=r.has("critic.ppo_max_token_len_per_gpu"),
     )
     if s.ppo_mini_batch_size > s.train_batch_size:
         raise ConfigError(f"overrides: `{AR}.actor.ppo_mini_batch_size` ({mini}) exceeds data.train_batch_size "
