@@ -97,6 +97,17 @@ def test_user_error_is_not_retried(lab3):
     st, events = run_state(lab3, first_sid(r.stderr))
     assert st["restarts"] == 0 and st["state"] == "failed" and len(st["attempts"]) == 1
     assert {e["class"] for e in events} >= {"user-code"}
+    assert "is shared by all 3 nodes" in r.stderr  # preflight: the checkpoint folder is one for every node
+
+
+def test_preflight_finds_a_node_local_checkpoint_dir(lab3):
+    path, (head, w1, w2) = lab3[1], lab3[2]
+    j, _ = job(lab3, "localck")
+    r = cli(lab3, "submit", j, "-c", path, "--watch", "--dry-run", "trainer.default_local_dir=/tmp/ck")
+    assert "trainer.default_local_dir /tmp/ck is local to the head" in r.stderr, r.stderr[-2000:]
+    assert w1.ip in r.stderr and w2.ip in r.stderr
+    r = cli(lab3, "submit", j, "-c", path, "--watch", "watch.hang_after=soon")
+    assert r.returncode == 2 and "`watch.hang_after` must be a duration" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_restart_budget_spent(lab3):

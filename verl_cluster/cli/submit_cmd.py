@@ -65,6 +65,10 @@ def run_submit(args) -> int:
     environ = {**os.environ, **imported.secret_values} if imported else None
     sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight,
                           refresh_backend=args.refresh_backend, environ=environ)
+    if args.watch and sub.launcher == "ray" and not args.skip_preflight:
+        from verl_cluster.watch.shared_dir import check_shared_dir
+
+        sub.preflight.findings.extend(check_shared_dir(sub.spec, str(job.get("trainer.default_local_dir"))))
     if not args.json:
         print_preflight(sub.preflight)
         for n in sub.not_applied:
