@@ -184,7 +184,7 @@ def check_files(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -
 def check_verl(job: JobSpec, overrides: Mapping[str, Any]) -> list[Finding]:
     if not (job.entrypoint or "").startswith("verl."):
         return []
-    res = check_verl_config(job.entrypoint, overrides)
+    res = check_verl_config(job.entrypoint, overrides, args=job.args)
     out: list[Finding] = []
     for key, near in res.unknown:
         out.append(Finding("error", "verl-config", f"unknown verl key `{key}`",

@@ -78,6 +78,10 @@ class NotApplied:
         return f"{self.key}={hydra_value(self.value)}: {self.reason}"
 
 
+# planner keys verl 0.9.1's ppo_megatron_trainer config lacks (its workers have no FSDP settings)
+NOT_IN_MEGATRON = ("fsdp_config.", "critic.fsdp.", "critic.forward_micro_batch_size_per_gpu")
+
+
 def uses_megatron(job: JobSpec) -> bool:
     """verl's Megatron workers (ppo_megatron_trainer config): no fsdp_config keys there."""
     name = next((a.split("=", 1)[1] for a in job.args if a.startswith(("--config-name=", "-cn="))), "")
@@ -105,9 +109,9 @@ def merge_overrides(job: JobSpec, plan_overrides: Mapping[str, Any]) -> tuple[di
             elif hydra_value(own[mine]).lower() != hydra_value(value).lower():
                 skipped.append(NotApplied(key, value, said))
             continue
-        if megatron and ("fsdp_config." in b or b.startswith("critic.fsdp.")):
-            skipped.append(NotApplied(key, value, "the job runs verl's Megatron workers, whose config has no FSDP "
-                                                  "settings (the planner models FSDP: its numbers are estimates)"))
+        if megatron and any(m in b for m in NOT_IN_MEGATRON):
+            skipped.append(NotApplied(key, value, "not a key of verl's Megatron config, which the job uses (the "
+                                                  "planner models FSDP workers: its numbers are estimates here)"))
             continue
         applied[key] = value
     return {**applied, **own}, skipped

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from verl_cluster.launch.request import override_args
 
@@ -38,13 +38,25 @@ def verl_python() -> str:
     return os.environ.get("VC_VERL_PYTHON") or sys.executable
 
 
+def hydra_flags(args: Sequence[str]) -> dict[str, str]:
+    """{"config_name": ..., "config_path": ...} from a job's `--config-name=X` / `-cn X` style args."""
+    out, names = {}, {"--config-name": "config_name", "-cn": "config_name", "--config-path": "config_path",
+                      "-cp": "config_path"}
+    items = list(args)
+    for i, a in enumerate(items):
+        flag, eq, value = a.partition("=")
+        if flag in names:
+            out[names[flag]] = value if eq else (items[i + 1] if i + 1 < len(items) else "")
+    return out
+
+
 def check_verl_config(module: str, overrides: Mapping[str, object], python: Optional[str] = None,
-                      timeout: float = 120.0) -> VerlConfigCheck:
+                      timeout: float = 120.0, args: Sequence[str] = ()) -> VerlConfigCheck:
     python = python or verl_python()
     if not verl_available(python):
         return VerlConfigCheck(False, skipped="verl is not installed here: its config was not checked "
                                               "(pip install verl, or set VC_VERL_PYTHON to a Python that has it)")
-    arg = json.dumps({"module": module, "overrides": override_args(overrides)})
+    arg = json.dumps({"module": module, "overrides": override_args(overrides), **hydra_flags(args)})
     try:
         p = subprocess.run([python, str(PROBE), arg], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

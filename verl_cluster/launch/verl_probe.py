@@ -74,6 +74,16 @@ def main(arg):
     from hydra import compose, initialize_config_dir
 
     name, cfg_dir = config_name_of(req["module"])
+    # the job's --config-name/--config-path (Hydra's flags; a relative path is the module's folder's, as in Hydra)
+    if req.get("config_name"):
+        name = req["config_name"][:-5] if req["config_name"].endswith(".yaml") else req["config_name"]
+    if req.get("config_path"):
+        base = os.path.dirname(cfg_dir) if cfg_dir else ""
+        cfg_dir = os.path.normpath(os.path.join(base, req["config_path"]))
+        if not os.path.isdir(cfg_dir):
+            out["skipped"] = f"--config-path {req['config_path']}: {cfg_dir} is not a folder here; config not checked"
+            print(MARK + json.dumps(out))
+            return
     if not name:
         out["skipped"] = f"{req['module']} has no @hydra.main config"
         print(MARK + json.dumps(out))
