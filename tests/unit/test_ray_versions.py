@@ -63,3 +63,13 @@ def test_up_refuses_a_node_that_cannot_join():
     why = rv.start_refusal("2.52.1", "2.60.0", True)
     assert why.startswith("Ray 2.52.1 there, 2.60.0 on the head") and "==2.60.0'" in why
     assert rv.start_refusal(None, "2.60.0", True) is None  # unknown: `ray start` speaks for itself
+
+
+def test_doctor_says_when_this_machines_ray_is_outside_the_range():
+    from verl_cluster.diagnostics.doctor import diagnose
+    from verl_cluster.facts.model import NodeFacts
+
+    whats = [p.what for p in diagnose(NodeFacts(host="me", versions={"ray": "2.51.2"})).problems]
+    assert any("Ray 2.51.2 has no token auth" in w for w in whats)
+    whats = [p.what for p in diagnose(NodeFacts(host="me", versions={"ray": "2.52.1"})).problems]
+    assert not any("Ray 2.52.1" in w for w in whats)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from verl_cluster.diagnostics import ray_versions
 from verl_cluster.diagnostics.gather import local_facts
 from verl_cluster.diagnostics.verdicts import ERROR, WARNING, Problem, node_verdicts
 from verl_cluster.facts.model import NodeFacts, to_dict
@@ -30,8 +31,8 @@ def missing_tools(f: NodeFacts) -> list[Problem]:
                            "apt install ucx-utils (only matters for backend ucx)", WARNING))
     if "ray" not in f.versions:
         out.append(Problem(f.host, "ray is not installed in this Python: it cannot be a cluster node",
-                           'pip install "ray[default]"', WARNING))
-    return out
+                           f"pip install '{ray_versions.PIN}'", WARNING))
+    return out + ray_versions.range_verdicts({f.host: f.versions.get("ray")}, token_auth=True)
 
 
 def diagnose(facts: NodeFacts) -> DoctorReport:
