@@ -416,7 +416,8 @@ class Evaluator:
 
     def fields(self, word: Word) -> list[Field]:
         """A word as bash splits it: unquoted expansions split on whitespace; an empty unquoted one vanishes."""
-        if len(word.parts) == 1 and word.parts[0].kind == "args":
+        real = [p for p in word.parts if p.kind != "lit" or p.text]
+        if len(real) == 1 and real[0].kind == "args":
             return [Field(ARGS, word.line)]
         out: list[str] = []
         cur, have = "", False
