@@ -98,7 +98,8 @@ def test_unset_variables_come_from_this_shell_or_are_named(tmp_path):
 @pytest.mark.parametrize("text, line, what", [
     ("x=1\nif [ $x = 1 ]; then\n  echo hi\nfi\n", 2, "shell logic (`if`)"),
     ("for i in 1 2; do\n echo $i\ndone\n", 1, "shell logic (`for`)"),
-    ("function now() {\n date\n}\n", 1, "subshells, arrays and functions"),
+    ("function now() {\n date\n}\n", 1, "a shell function definition"),
+    ("(cd /tmp && ls)\n", 1, "a subshell"),
     ("CFG=(\n a=1\n)\n", 1, "a bash array"),
     ("python3 -m verl.trainer.main_ppo a=1 2>&1 | tee log.txt\n", 1, "a redirection"),
     ("python3 -m verl.trainer.main_ppo a=1 | tee log.txt\n", 1, "a pipe"),

@@ -33,8 +33,8 @@ OPERATOR_HELP = {
     "&": ("`&`/`&&` (background jobs or command lists)", "one command per line; run other steps before submitting"),
     ">": ("a redirection", "Ray keeps the job's output (`verl-cluster logs ID`): remove `> file` / `2>&1`"),
     "<": ("a redirection", "remove it"),
-    "(": ("`(`: subshells, arrays and functions", REDUCE),
-    ")": ("`)`: subshells, arrays and functions", REDUCE),
+    "(": ("a subshell (`(...)`)", REDUCE),
+    ")": ("a subshell (`(...)`)", REDUCE),
 }
 
 
@@ -99,6 +99,8 @@ class Lexer:
                 what, hint = OPERATOR_HELP[c]
                 if c == "(" and words and words[-1].parts and words[-1].parts[-1].text.endswith("="):
                     what, hint = "a bash array (`NAME=(...)`)", "write the values out on the python line"
+                elif c == "(" and words and self.peek(1) == ")":
+                    what = "a shell function definition"
                 self.fail(f"{what} is not understood", hint)
             else:
                 if not words:
