@@ -80,4 +80,4 @@ def test_a_pinned_micro_batch_that_does_not_divide_is_a_problem_with_the_fix():
     p = plan_job(j, parse_gpus("1x1xH100-80GB"))
     assert not p.feasible
     assert ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64 does not divide the 80 sequences each "
-            "GPU of global_pool gets (verl asserts it does): use 40 or unset it and let the plan choose") in p.problems
+            "data-parallel rank of global_pool gets (verl asserts it does): use 40 or unset it and let the plan choose") in p.problems

@@ -39,15 +39,27 @@ class NodeMonitor:
         self.refusals: dict[str, int] = {}
 
     def _gcs_nodes(self) -> dict[str, dict]:
+        return index_by_ip(self._gcs_table(), self.spec.head_ip)
+
+    def _gcs_table(self) -> list[dict]:
         if self.token is None and self.spec.security.auth == "token":
             self.token = node_token_path(self.spec, self.head.probe().home)
-        table = self.head.gcs(token_path=self.token)
-        return index_by_ip(table.get("nodes", []), self.spec.head_ip)
+        return self.head.gcs(token_path=self.token).get("nodes", [])
 
     def alive_ips(self) -> set[str]:
         """Addresses of the configured nodes the GCS has alive now."""
         by_ip = self._gcs_nodes()
         return {ip for ip, x in by_ip.items() if x["alive"]}
+
+    def stale(self, gone: frozenset[str] = frozenset()) -> list[str]:
+        """Addresses the GCS still lists alive by mistake: twice (a node restarted after its host died, whose old
+        registration the GCS has not yet marked dead — its health check takes a while), or at all for a node
+        known to be gone. A job started now could place work on the dead registration."""
+        seen: dict[str, int] = {}
+        for x in self._gcs_table():
+            if x["alive"]:
+                seen[x["ip"]] = seen.get(x["ip"], 0) + 1
+        return sorted(ip for ip, k in seen.items() if k > 1 or ip in gone)
 
     def lost(self, expected: set[str]) -> Optional[tuple[str, str]]:
         """(node, evidence) for one expected node that is gone, else None. The head itself unreachable is a lost

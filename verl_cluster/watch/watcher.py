@@ -190,6 +190,7 @@ class Watcher:
             bad = [o for o in rep.nodes if not (o.ok or o.action == "changed")]
             restarted = [o.host for o in rep.nodes if o.action in ("started", "restarted")]
             if not bad:
+                self._settle()
                 self.emit("info", "resume", "cluster healthy" + (f"; restarted {', '.join(restarted)}"
                                                                  if restarted else ""))
                 return self.spec
@@ -199,6 +200,8 @@ class Watcher:
                 fewer = replace(self.spec, workers=[w for w in self.spec.workers if w.host not in {o.host for o in bad}])
                 feasible, note = self._plan_fits(fewer)
                 if feasible:
+                    self._settle(frozenset(self.spec.node_ip(n) for _, n in self.spec.nodes())
+                                 - {fewer.node_ip(n) for _, n in fewer.nodes()})
                     self.st.nodes = 1 + len(fewer.workers)
                     self.emit("node-lost", f"continue on {self.st.nodes} node(s) without {names}", why, names)
                     return fewer
@@ -212,6 +215,27 @@ class Watcher:
             self.emit("node-lost", f"waiting {wait:.0f}s for {names} to come back", why, names)
             time.sleep(wait)
             k += 1
+
+    def _settle(self, gone: frozenset[str] = frozenset()) -> None:
+        """Wait (bounded) until the GCS has marked dead the old registration of every restarted node and every node
+        left out (`gone`): until then the resumed job may place work on a dead registration."""
+        deadline = time.monotonic() + self.s.settle_s
+        said = False
+        while True:
+            try:
+                stale = self.monitor.stale(gone)
+            except Exception:  # noqa: BLE001 - the table is advisory here; `up` just saw every node alive
+                return
+            if not stale or time.monotonic() >= deadline:
+                if stale:
+                    self.emit("info", "resuming anyway", f"the GCS still lists {', '.join(stale)} alive "
+                              f"after {self.s.settle_s:g}s")
+                return
+            if not said:
+                self.emit("info", "waiting for the GCS to mark the dead registration dead",
+                          f"{', '.join(stale)} still listed alive (the GCS health check has not failed it yet)")
+                said = True
+            time.sleep(1.0)
 
     def _plan_fits(self, spec: ClusterSpec) -> tuple[bool, str]:
         from verl_cluster.launch.integrations import placement_plan
