@@ -142,9 +142,13 @@ def test_hang_is_stopped_and_resumed(lab3):
     assert r.returncode == 0, r.stderr[-3000:]
     sid = first_sid(r.stderr)
     st, events = run_state(lab3, sid)
-    hang = [e for e in events if e["class"] == "hang"]
-    assert len(hang) == 1 and "no new log line" in hang[0]["evidence"]
+    hang = [e for e in events if e["class"] == "hang" and "no new log line" in e["evidence"]]
+    assert len(hang) == 1
     assert any("hanging at step 5" in x for x in hang[0]["lines"])  # the last lines are kept
+    stacks = next(e for e in events if e["action"] == "stacks collected")  # py-spy comes with ray[default]
+    assert any("resumable_job.py" in x for x in stacks["lines"]), show(events)  # the driver's own frames
+    dump = Path(stacks["evidence"].split(" in ", 1)[1].split(";")[0]).read_text()
+    assert "(driver)" in dump and "resumable_job.py" in dump
     assert st["restarts"] == 1 and st["attempts"][0]["status"] == "HANG" and st["state"] == "succeeded"
     a, b = steps_by_attempt(ckpt)
     assert a == [1, 2, 3, 4] and b == [5, 6, 7, 8]

@@ -196,6 +196,7 @@ class JobRow:
     job_name: str
     run: str = ""  # the first submission of a watched run (`watch` resubmits under new ids)
     previous: str = ""  # the submission this one resumed
+    ray_job_id: str = ""  # the driver's Ray job id (hex) once it connected: its workers carry it
 
     @property
     def duration_s(self) -> Optional[float]:
@@ -209,7 +210,8 @@ def _row(d: Any) -> JobRow:
     meta = d.metadata or {}
     return JobRow(d.submission_id or d.job_id or "?", str(getattr(d.status, "value", d.status)), d.entrypoint or "",
                   d.start_time, d.end_time, (d.message or "").strip(), meta.get("verl_cluster.job", ""),
-                  meta.get("verl_cluster.run", ""), meta.get("verl_cluster.previous", ""))
+                  meta.get("verl_cluster.run", ""), meta.get("verl_cluster.previous", ""),
+                  d.job_id if d.submission_id else "")
 
 
 def list_jobs(api: JobsApi) -> list[JobRow]:

@@ -5,6 +5,7 @@ Stdlib only (ray and pynvml are imported where present). Commands:
   kill TEMP_DIR [GCS]     stop exactly the Ray processes of this TEMP_DIR (and their children), verify
   gcs ADDR [DASHBOARD]    node table from the GCS (+ jobs from the Jobs API)
   wait ADDR HEAD EXPECT T poll the GCS until the expected nodes are alive (one process, not one per poll)
+  stacks TEMP_DIR SID JOB py-spy dumps of one Ray job's Python processes here (its driver and workers)
 Prints its JSON result after a marker line (see runners.remote_python).
 """
 
@@ -216,6 +217,42 @@ def cmd_wait(addr, head_ip, expect_json, timeout_s):
         time.sleep(0.3)
 
 
+def job_pids(temp_dir, sid, job_id):
+    """Our Ray's processes that belong to one job: its workers carry RAY_JOB_ID, its driver the Jobs API's
+    metadata (job_submission_id) in its environment."""
+    out = []
+    for pid, cmd in sorted(ours(temp_dir).items()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+        except OSError:
+            continue
+        worker = job_id and env.get(b"RAY_JOB_ID", b"").decode() == job_id
+        driver = b'"job_submission_id": "' + sid.encode() + b'"' in env.get(b"RAY_JOB_CONFIG_JSON_ENV_VAR", b"")
+        if (worker or driver) and ("python" in cmd.split(" ", 1)[0] or cmd.startswith("ray::")):
+            out.append((pid, "driver" if driver else "worker", cmd[:120]))
+    return out
+
+
+def cmd_stacks(temp_dir, sid, job_id="", pyspy="", limit="8"):
+    import shutil
+    import subprocess
+
+    exe = pyspy if pyspy and os.path.exists(pyspy) else shutil.which("py-spy")
+    pids = job_pids(temp_dir, sid, job_id)
+    dumps = []
+    for pid, role, cmd in pids[:int(limit)]:
+        if not exe:
+            break
+        try:
+            r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20)
+            text, err = r.stdout, (r.stderr.strip().splitlines() or [""])[-1] if r.returncode else ""
+        except (OSError, subprocess.TimeoutExpired) as e:
+            text, err = "", str(e)
+        dumps.append({"pid": pid, "role": role, "cmd": cmd, "stack": text[-6000:], "error": err[:300]})
+    emit({"hostname": socket.gethostname(), "pyspy": exe, "processes": len(pids), "dumps": dumps})
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"probe": cmd_probe, "kill": cmd_kill, "gcs": cmd_gcs, "wait": cmd_wait}[cmd](*args)
+    {"probe": cmd_probe, "kill": cmd_kill, "gcs": cmd_gcs, "wait": cmd_wait, "stacks": cmd_stacks}[cmd](*args)

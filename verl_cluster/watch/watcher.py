@@ -144,8 +144,9 @@ class Watcher:
                 if tracker.quiet_for() > self.s.hang_after_s:
                     ev = (f"no new log line for {tracker.quiet_for():.0f}s (hang_after {self.s.hang_after_s:g}s), "
                           f"last step {tracker.last_step}")
-                    self.emit("hang", "stop the job (its last lines are kept), resume from its checkpoint", ev,
-                              lines=tracker.tail[-20:])
+                    self.emit("hang", "collect stacks, stop the job (its last lines are kept), resume from its "
+                              "checkpoint", ev, lines=tracker.tail[-20:])
+                    self._dump_stacks(sid, row.ray_job_id)
                     self._stop(api, sid)
                     return Outcome("HANG", Diagnosis("hang", "the job stopped making progress", ev), "", tracker.tail)
             time.sleep(self.s.poll_s)
@@ -171,6 +172,14 @@ class Watcher:
                 break
         d = diagnose(lines, row.message, lost[1] if lost else None)
         return Outcome("FAILED", d, lost[0] if lost else "", lines[-40:])
+
+    def _dump_stacks(self, sid: str, ray_job_id: str) -> None:
+        """py-spy dumps of the hung job's driver and workers on every node, to stacks-<sid>.txt in the run folder
+        (py-spy comes with ray[default]; where it is missing or may not attach, the event says so)."""
+        from verl_cluster.watch.stacks import collect
+
+        path, summary, first = collect(self.run_spec, sid, ray_job_id, self.st.dir / f"stacks-{sid}.txt")
+        self.emit("hang", "stacks collected" if path else "no stacks", summary, lines=first)
 
     def _stop(self, api, sid: str) -> None:
         try:
