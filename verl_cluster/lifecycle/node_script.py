@@ -6,6 +6,7 @@ Stdlib only (ray and pynvml are imported where present). Commands:
   gcs ADDR [DASHBOARD]    node table from the GCS (+ jobs from the Jobs API)
   wait ADDR HEAD EXPECT T poll the GCS until the expected nodes are alive (one process, not one per poll)
   stacks TEMP_DIR SID JOB py-spy dumps of one Ray job's Python processes here (its driver and workers)
+  gpuhealth SINCE N       GPU faults: NVML (GPUs lost or fewer than N, uncorrected ECC), kernel Xid lines
 Prints its JSON result after a marker line (see runners.remote_python).
 """
 
@@ -217,6 +218,54 @@ def cmd_wait(addr, head_ip, expect_json, timeout_s):
         time.sleep(0.3)
 
 
+def gpu_faults(expect):
+    """NVML's view of GPU health: a GPU that is gone (fewer than `expect`, or 'GPU is lost'), uncorrected ECC
+    errors since the driver loaded. None when NVML cannot be read here (no driver: nothing to judge)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+    except Exception:
+        return None
+    faults = []
+    if expect and n < expect:
+        faults.append(f"NVML sees {n} GPU(s), {expect} when the node started (a GPU fell off the bus)")
+    for i in range(n):
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            pynvml.nvmlDeviceGetMemoryInfo(h)
+        except Exception as e:
+            faults.append(f"GPU {i}: {type(e).__name__}: {e}")
+            continue
+        try:
+            ecc = pynvml.nvmlDeviceGetTotalEccErrors(h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                     pynvml.NVML_VOLATILE_ECC)
+        except Exception:
+            ecc = 0  # ECC off or not supported (consumer GPUs)
+        if ecc:
+            faults.append(f"GPU {i}: {ecc} uncorrected ECC error(s) since the driver loaded")
+    return faults
+
+
+def kernel_xids(since):
+    """The kernel's NVRM Xid lines since a time (journalctl -k; dmesg has no --since). [] when unreadable."""
+    import subprocess
+
+    try:
+        r = subprocess.run(["journalctl", "-k", "--no-pager", "-q", "-o", "short-iso", "--since", f"@{int(since)}",
+                            "--grep", "NVRM: Xid"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [x for x in r.stdout.splitlines() if "Xid" in x][-20:]
+
+
+def cmd_gpuhealth(since="0", expect="0"):
+    faults = gpu_faults(int(expect))
+    emit({"hostname": socket.gethostname(), "nvml": faults is not None, "faults": faults or [],
+          "xid": kernel_xids(float(since))})
+
+
 def job_pids(temp_dir, sid, job_id):
     """Our Ray's processes that belong to one job: its workers carry RAY_JOB_ID, its driver the Jobs API's
     metadata (job_submission_id) in its environment."""
@@ -255,4 +304,5 @@ def cmd_stacks(temp_dir, sid, job_id="", pyspy="", limit="8"):
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"probe": cmd_probe, "kill": cmd_kill, "gcs": cmd_gcs, "wait": cmd_wait, "stacks": cmd_stacks}[cmd](*args)
+    {"probe": cmd_probe, "kill": cmd_kill, "gcs": cmd_gcs, "wait": cmd_wait, "stacks": cmd_stacks,
+     "gpuhealth": cmd_gpuhealth}[cmd](*args)

@@ -51,6 +51,10 @@ class NodeMonitor:
         by_ip = self._gcs_nodes()
         return {ip for ip, x in by_ip.items() if x["alive"]}
 
+    def gpus_by_ip(self) -> dict[str, int]:
+        """GPUs each alive node registered with (what NVML should still see there)."""
+        return {ip: int(x.get("resources", {}).get("GPU", 0)) for ip, x in self._gcs_nodes().items() if x["alive"]}
+
     def stale(self, gone: frozenset[str] = frozenset()) -> list[str]:
         """Addresses the GCS still lists alive by mistake: twice (a node restarted after its host died, whose old
         registration the GCS has not yet marked dead — its health check takes a while), or at all for a node

@@ -107,6 +107,7 @@ class Watcher:
     # ---- one attempt ----
     def watch_attempt(self, sid: str) -> Outcome:
         tracker, expected, next_check, api_errors = LogTracker(), None, 0.0, 0
+        gpus, started = {}, time.time()
         self.monitor.refusals.clear()
         while True:
             try:
@@ -128,11 +129,12 @@ class Watcher:
                 self.stream.write(new)
                 self.stream.flush()
             if row.status in ray_jobs.TERMINAL:
-                return self._ended(api, sid, row, expected, tracker)
+                return self._ended(api, sid, row, expected, tracker, (started, gpus))
             now = time.monotonic()
             if row.status == "RUNNING":
                 if expected is None:
                     expected = self._alive_configured()
+                    gpus, started = self._gpus(), time.time()
                 if now >= next_check:
                     next_check = now + self.s.node_check_s
                     lost = self.monitor.lost(expected)
@@ -148,6 +150,10 @@ class Watcher:
                               "checkpoint", ev, lines=tracker.tail[-20:])
                     self._dump_stacks(sid, row.ray_job_id)
                     self._stop(api, sid)
+                    fault = self._gpu_fault(started, gpus)
+                    if fault:  # a GPU that fell off the bus hangs its collective: the cause, not the symptom
+                        return Outcome("HANG", Diagnosis("gpu-fault", "a GPU reports a fault", fault[1]), fault[0],
+                                       tracker.tail)
                     return Outcome("HANG", Diagnosis("hang", "the job stopped making progress", ev), "", tracker.tail)
             time.sleep(self.s.poll_s)
 
@@ -159,7 +165,20 @@ class Watcher:
         # only the nodes this attempt runs on: the GCS may list a lost node as alive for a while after it died
         return alive & {self.run_spec.node_ip(n) for _, n in self.run_spec.nodes()}
 
-    def _ended(self, api, sid: str, row, expected, tracker: LogTracker) -> Outcome:
+    def _gpus(self) -> dict[str, int]:
+        try:
+            return self.monitor.gpus_by_ip()
+        except Exception:  # noqa: BLE001 - no table: NVML is then judged without a count
+            return {}
+
+    def _gpu_fault(self, since: float, gpus: dict[str, int]):
+        from verl_cluster.watch.gpu_health import gpu_fault
+
+        if not any(gpus.values()):
+            return None  # a CPU-only run: nothing for NVML to say
+        return gpu_fault(self.run_spec, since, gpus)
+
+    def _ended(self, api, sid: str, row, expected, tracker: LogTracker, gpu_ctx=(0.0, {})) -> Outcome:
         if row.status == "SUCCEEDED":
             return Outcome("SUCCEEDED")
         if row.status == "STOPPED":
@@ -170,6 +189,12 @@ class Watcher:
             lost = self.monitor.lost(expected) if expected else None
             if lost:
                 break
+        if not lost:
+            fault = self._gpu_fault(*gpu_ctx)
+            if fault:
+                return Outcome("FAILED", Diagnosis("gpu-fault", "a GPU reports a fault", fault[1],
+                                                   "verl-cluster doctor on that node; a GPU off the bus needs a "
+                                                   "reboot"), fault[0], lines[-40:])
         d = diagnose(lines, row.message, lost[1] if lost else None)
         return Outcome("FAILED", d, lost[0] if lost else "", lines[-40:])
 
