@@ -362,11 +362,14 @@ class Tunnel:
                     if not data:
                         break
                     conn.sendall(data)
-        except OSError:
-            pass
+        except Exception:  # noqa: BLE001 - a peer or the transport went away (closing races raise ValueError,
+            pass  # EOFError, SSHException as well as OSError): this connection ends, the tunnel goes on
         finally:
-            chan.close()
-            conn.close()
+            for end in (chan, conn):
+                try:
+                    end.close()
+                except Exception:  # noqa: BLE001 - already torn down with the transport
+                    pass
 
     @property
     def url(self) -> str:
