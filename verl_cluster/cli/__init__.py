@@ -24,6 +24,7 @@ COMMANDS = {
     "logs": "jobs_cmds",
     "stop": "jobs_cmds",
     "watch": "watch_cmd",
+    "sbatch": "sbatch_cmd",
     "dashboard": "dashboard_cmd",
     "completion": "completion_cmd",
 }

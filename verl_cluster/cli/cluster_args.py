@@ -20,6 +20,8 @@ def add_cluster_args(p: argparse.ArgumentParser, positional: bool = True, defaul
     if positional:
         p.add_argument("cluster_pos", nargs="?", metavar="CLUSTER.yaml", help="same as -c (the older form)")
     p.add_argument("-c", "--cluster", metavar="CLUSTER.yaml", help=f"cluster config (default {default})")
+    p.add_argument("--slurm", action="store_true",
+                   help="the nodes of this Slurm allocation (launcher: slurm; no cluster file needed)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="cluster config overrides, e.g. ssh.connect_timeout_s=5 ray.object_store_memory=2e8")
 
@@ -34,8 +36,14 @@ def resolve_cluster(args: argparse.Namespace, default: str | None = DEFAULT_CLUS
     if len(files) > 1:
         raise ConfigError(f"two cluster files given: `{files[0]}` and `{files[1]}`",
                           "name one with -c FILE; overrides are written key=value (e.g. ssh.user=me)")
-    args.cluster = files[0] if files else default
     args.overrides = [w for w in words if is_override(w)]
+    if getattr(args, "slurm", False):
+        from verl_cluster.slurm.spec import cluster_file
+
+        args.cluster = files[0] if files else cluster_file()
+        args.overrides.append("launcher=slurm")
+        return args.cluster
+    args.cluster = files[0] if files else default
     return args.cluster
 
 

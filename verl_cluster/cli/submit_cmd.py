@@ -29,6 +29,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                    help="verl overrides (data.train_batch_size=256) or job fields (placement.strategy=split); "
                         "they win over the file's and the planner's")
     p.add_argument("-c", "--cluster", help="cluster.yaml (default: the job's `cluster:`, else cluster_configs/local.yaml)")
+    p.add_argument("--slurm", action="store_true", help="the cluster `up --slurm` made in this Slurm allocation")
     p.add_argument("--launcher", choices=("auto", "ray", "torchrun"), help="override the job's launcher")
     p.add_argument("--dry-run", action="store_true", help="print the full request after preflight, run nothing")
     p.add_argument("--no-follow", action="store_true", help="submit and return once the job is running")
@@ -59,8 +60,15 @@ def run_submit(args) -> int:
         check_watchable(job)  # bad watch settings stop here, before anything is submitted
     if not args.dry_run:
         warm_imports()
+    if args.slurm and not args.cluster:
+        from verl_cluster.slurm.spec import cluster_file as slurm_cluster_file
+
+        args.cluster = slurm_cluster_file()
     cluster_file = resolve_cluster_file(job, args.cluster)
     check_cluster_file(cluster_file)
+    from verl_cluster.slurm.fit import check_submit
+
+    check_submit(job, cluster_file)  # inside an allocation: enough nodes, GPUs requested
     # secrets a script sets itself reach the job's env as the shell's would (never printed)
     environ = {**os.environ, **imported.secret_values} if imported else None
     sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight,

@@ -95,10 +95,22 @@ class SecuritySpec:
 
 
 @dataclass(frozen=True)
+class SlurmSpec:
+    """launcher: slurm — nodes come from the allocation, commands reach them through srun."""
+
+    job_id: Optional[str] = None  # default: SLURM_JOB_ID of this shell
+    srun: str = "srun"
+    srun_args: list[str] = field(default_factory=list)  # added to every srun, e.g. [--mpi=none]
+    log_dir: str = "~/.verl-cluster/slurm"  # the Ray steps' output, one file per node
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     cluster_name: str = MISSING
     head: HeadSpec = MISSING
     workers: list[NodeSpec] = field(default_factory=list)
+    launcher: str = field(default="ssh", metadata={"choices": ("ssh", "slurm")})
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
     ssh: SshSpec = field(default_factory=SshSpec)
     ray: RaySpec = field(default_factory=RaySpec)
     network: NetworkSpec = field(default_factory=NetworkSpec)
@@ -180,11 +192,20 @@ def _check_semantics(spec: ClusterSpec) -> None:
         raise ConfigError(f"{src}: ray.temp_dir must be an absolute path, got `{spec.temp_dir}`")
 
 
+def _slurm_nodes(data: dict, source: str) -> dict:
+    """launcher: slurm fills head and workers from the allocation this process runs in."""
+    if data.get("launcher") != "slurm":
+        return data
+    from verl_cluster.slurm.spec import fill
+
+    return fill(data, source)
+
+
 def load_cluster(path: str | os.PathLike, overrides: list[str] | None = None) -> ClusterSpec:
     """Parse and validate a cluster.yaml; raises ConfigError with file:line on bad input."""
     from dataclasses import replace
 
-    spec = load(path, ClusterSpec, overrides)
+    spec = load(path, ClusterSpec, overrides, prepare=_slurm_nodes)
     spec = replace(spec, source=str(path))
     _check_semantics(spec)
     return spec

@@ -213,8 +213,8 @@ def construct(tp: Any, value: Any) -> Any:
     return value
 
 
-def load(path: str | os.PathLike, cls: type, dotlist: list[str] | None = None):
-    """Read a YAML file into `cls`, applying `key=value` overrides."""
+def load(path: str | os.PathLike, cls: type, dotlist: list[str] | None = None, prepare=None):
+    """Read a YAML file into `cls`, applying `key=value` overrides, then `prepare(data, source)` if given."""
     data, lines = read_yaml(path)
     if data is None:
         data = {}
@@ -222,6 +222,8 @@ def load(path: str | os.PathLike, cls: type, dotlist: list[str] | None = None):
         raise ConfigError(f"{path}:1: expected a mapping at the top level, got {_describe(data)}")
     if dotlist:
         data = apply_dotlist(data, dotlist, str(path))
+    if prepare:
+        data = prepare(data, str(path))
     return build(cls, data, str(path), lines)
 
 

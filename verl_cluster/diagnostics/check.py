@@ -166,6 +166,10 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
     finally:
         if own_runners:
             fan_out(list(runners.values()), lambda r: r.close(), key=lambda r: r.host)
+    if getattr(spec, "launcher", "ssh") == "slurm":  # a node drained mid-allocation still runs, until it does not
+        from verl_cluster.slurm.spec import drained
+
+        problems += [Problem(node, what, fix, WARNING) for node, what, fix in drained(spec)]
     problems.sort(key=lambda p: (p.severity != ERROR, p.node))
     return CheckReport(spec.cluster_name, choice.backend, choice, facts, unreachable, matrix, links, ucx_links,
                        collectives, problems, skipped, time.monotonic() - t0)

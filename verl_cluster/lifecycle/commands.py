@@ -26,6 +26,11 @@ class NodeCommand:
     expected_gpus: int | None = None
 
     @property
+    def held(self) -> bool:
+        """`ray start --block`: stays in the foreground, held by a runner that keeps it (Slurm)."""
+        return "--block" in self.argv
+
+    @property
     def fingerprint(self) -> str:
         """Stable hash of what defines this node's Ray (not where its token file happens to live)."""
         env = {k: v for k, v in self.env.items() if k != "RAY_AUTH_TOKEN_PATH"}
@@ -73,6 +78,8 @@ def start_command(spec: ClusterSpec, role: str, node: NodeSpec, *, token_path: s
     if node.labels:
         argv += ["--labels", ",".join(f"{k}={v}" for k, v in sorted(node.labels.items()))]
     argv += list(spec.ray.start_args)
+    if getattr(spec, "launcher", "ssh") == "slurm":
+        argv.append("--block")  # held by its own srun step: see verl_cluster/slurm/runner.py
     env = {**ray_auth_env(spec, token_path or remote_token_path(spec)), **spec.ray.env, **node.env,
            **(extra_env or {})}
     return NodeCommand(node.host, role, ip, tuple(argv), env, node.gpus)

@@ -52,7 +52,10 @@ def ours(temp_dir, procs=None, gcs_address=None):
         mine.add(pid)
         pid = procs[pid][0]
     pat = re.compile(r"(^|[=\s])" + re.escape(temp_dir.rstrip("/")) + r"(/|\s|$)")
-    found = {pid for pid, (_, cmd) in procs.items() if pid not in mine and pat.search(cmd)}
+    # srun clients name the temp dir too (verl-cluster running on a node of its own Slurm allocation): they
+    # are how we reach nodes, not Ray; ending Ray's step ends its srun
+    found = {pid for pid, (_, cmd) in procs.items()
+             if pid not in mine and pat.search(cmd) and cmd.split(" ", 1)[0].rsplit("/", 1)[-1] != "srun"}
     marks = {f"--node-id={m}" for pid in found for m in re.findall(r"--node[_-]id=([0-9a-f]+)", procs[pid][1])}
     if gcs_address:
         marks.add(f"--address={gcs_address}")

@@ -95,6 +95,10 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
             known = {by_ip[n.ip]["node_id"] for n in nodes if n.ip in by_ip}
             st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["node_id"] not in known]
         st.problems += _ray_version_problems(spec, st)
+        if getattr(spec, "launcher", "ssh") == "slurm":
+            from verl_cluster.slurm.spec import drained
+
+            st.problems += [f"{node}: {what}; fix: {fix}" for node, what, fix in drained(spec)]
         versions = {(n.ray_version, n.python_version) for n in st.nodes if n.state != "unreachable"}
         if len({v[1] for v in versions}) > 1:
             st.problems.append("Python versions differ across nodes: "

@@ -128,7 +128,8 @@ class _Up:
         self.say(n.host, "ray start")
         if n.role == "head":
             self.head_launching.set()  # old processes are gone: from now on an open GCS port is the new head
-        res = n.runner.run(list(cmd.argv), env=cmd.env, timeout=self.spec.ray.start_timeout_s)
+        start = getattr(n.runner, "run_held", None) if cmd.held else None
+        res = (start or n.runner.run)(list(cmd.argv), env=cmd.env, timeout=self.spec.ray.start_timeout_s)
         o.seconds = time.monotonic() - t0
         if not res.ok:
             o.action, o.reason = "failed", f"ray start failed (exit {res.rc})"

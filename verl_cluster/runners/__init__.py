@@ -8,7 +8,13 @@ from verl_cluster.runners.ssh import SshRunner, SshTarget
 
 
 def runner_for(spec, node) -> CommandRunner:
-    """The runner for one node of a ClusterSpec: local for localhost, SSH otherwise."""
+    """The runner for one node of a ClusterSpec: srun for launcher slurm, local for localhost, SSH otherwise."""
+    if getattr(spec, "launcher", "ssh") == "slurm":
+        from verl_cluster.slurm.runner import SlurmRunner
+
+        s = spec.slurm
+        return SlurmRunner(node.host, s.job_id, srun=s.srun, extra_args=s.srun_args, cpus=node.cpus,
+                           log_dir=s.log_dir)
     if node.is_local:
         return LocalRunner(node.host)
     s = spec.ssh

@@ -1,0 +1,1 @@
+"""Slurm: nodes from an allocation, commands through srun, batch scripts (issue 11)."""

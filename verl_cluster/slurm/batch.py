@@ -1,0 +1,106 @@
+"""`verl-cluster sbatch`: a batch script that runs up (Slurm mode), check --quick, submit, and down on exit.
+
+The script is data built from a BatchRequest (printed by --dry-run); every value is quoted once, here.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from verl_cluster.errors import ConfigError
+
+_TIME = re.compile(r"^(\d+|\d+:\d{2}(:\d{2})?|\d+-\d+(:\d{2}){0,2})$")  # Slurm's --time forms
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    job_file: str  # absolute path of the job spec (or verl script)
+    job_name: str
+    nodes: int
+    gpus_per_node: int = 0
+    cpus_per_node: Optional[int] = None
+    time: Optional[str] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    log_dir: str = "logs/verl-cluster"  # absolute once resolved; one folder per Slurm job under it
+    overrides: list[str] = field(default_factory=list)
+    cluster_overrides: list[str] = field(default_factory=list)  # key=value for up/check/down
+    watch: bool = True
+    sbatch_args: list[str] = field(default_factory=list)  # extra #SBATCH lines, e.g. --constraint=h100
+    python: str = sys.executable  # the Python that holds verl-cluster, on a filesystem every node sees
+
+
+def validate(req: BatchRequest) -> None:
+    if req.nodes < 1:
+        raise ConfigError(f"--nodes must be >= 1, got {req.nodes}")
+    if req.gpus_per_node < 0:
+        raise ConfigError(f"--gpus-per-node must be >= 0, got {req.gpus_per_node}")
+    if req.time and not _TIME.match(req.time):
+        raise ConfigError(f"--time `{req.time}` is not a Slurm time", "write MINUTES, HH:MM:SS or D-HH:MM:SS")
+    for v in (req.partition, req.account):
+        if v is not None and not re.fullmatch(r"[\w.,-]+", v):
+            raise ConfigError(f"`{v}` is not a Slurm partition/account name")
+
+
+def script(req: BatchRequest) -> str:
+    """The batch script's text."""
+    validate(req)
+    q = shlex.quote
+    name = re.sub(r"[^\w.-]", "-", req.job_name)[:60] or "verl"
+    head = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={req.nodes}",
+            "#SBATCH --ntasks-per-node=1"]
+    if req.gpus_per_node:
+        head.append(f"#SBATCH --gpus-per-node={req.gpus_per_node}")
+    if req.cpus_per_node:
+        head.append(f"#SBATCH --cpus-per-task={req.cpus_per_node}")
+    for flag, v in (("time", req.time), ("partition", req.partition), ("account", req.account)):
+        if v:
+            head.append(f"#SBATCH --{flag}={v}")
+    head.append(f"#SBATCH --output={req.log_dir}/slurm-%j.out")
+    # the time limit sends TERM to this shell 90s early, so the trap can still run `down`
+    head.append("#SBATCH --signal=B:TERM@90")
+    head += [f"#SBATCH {a}" for a in req.sbatch_args]
+    vc = [req.python, "-m", "verl_cluster"]
+    cluster = ["--slurm", *req.cluster_overrides]
+    submit = [*vc, "submit", req.job_file, "--slurm", *(["--watch"] if req.watch else []), *req.overrides]
+    body = f"""
+# written by `verl-cluster sbatch` on {time.strftime('%Y-%m-%d %H:%M:%S')} for {req.job_file}
+# steps: up (Ray held by one srun step per node), check --quick, submit, and down on any exit
+set -u
+LOG={q(req.log_dir)}/"$SLURM_JOB_ID"
+mkdir -p "$LOG"
+echo "verl-cluster: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST; logs in $LOG"
+step() {{  # NAME ARGV...: run in the background and wait, so a TERM reaches the trap at once
+  local name=$1; shift
+  echo "== $name: $(date +%T)"
+  "$@" > "$LOG/$name.log" 2>&1 &
+  wait $!
+  local rc=$?
+  echo "== $name: exit $rc ($LOG/$name.log)"
+  return $rc
+}}
+cleanup() {{
+  trap - EXIT TERM INT
+  step down {shlex.join([*vc, "down", *cluster])}
+}}
+trap cleanup EXIT
+trap 'echo "== stopped by a signal"; exit 143' TERM INT
+step up {shlex.join([*vc, "up", *cluster, "--no-check"])} || exit 1
+step check {shlex.join([*vc, "check", *cluster, "--quick"])} || exit 1
+step submit {shlex.join(submit)}
+rc=$?
+tail -n 5 "$LOG/submit.log"
+exit $rc
+"""
+    return "\n".join(head) + "\n" + body
+
+
+def resolve_log_dir(log_dir: str) -> str:
+    p = Path(log_dir).expanduser().resolve()
+    return str(p)
