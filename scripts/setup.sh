@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0; [ "${1:-}" = "--test" ] && want_test=1
 apt_pkgs="openssh-server openssh-client iproute2 ucx-utils iperf3 iputils-ping procps nftables iptables rsync util-linux"
+# a real Slurm for tests/integration/test_slurm.py (slurmctld + slurmd per namespace host, munge)
+[ "$want_test" = 1 ] && apt_pkgs="$apt_pkgs slurmctld slurmd slurm-client munge"
 missing=""
 for p in $apt_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
