@@ -136,7 +136,7 @@ def test_restart_budget_spent(lab3):
 
 def test_hang_is_stopped_and_resumed(lab3):
     path = lab3[1]
-    j, ckpt = job(lab3, "hang", steps=8, save_freq=2, step_s=0.3, hang_at=5, watch="  hang_after: 8s\n")
+    j, ckpt = job(lab3, "hang", steps=8, save_freq=2, step_s=0.3, hang_at=5, watch="  hang_after: 12s\n")
     t0 = time.monotonic()
     r = cli(lab3, "submit", j, "-c", path, "--watch")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -135,6 +135,8 @@ class Watcher:
                 if expected is None:
                     expected = self._alive_configured()
                     gpus, started = self._gpus(), time.time()
+                    if not tracker.seen:  # the hang clock starts when it runs: a job may wait PENDING for long
+                        tracker.last_change = time.monotonic()
                 if now >= next_check:
                     next_check = now + self.s.node_check_s
                     lost = self.monitor.lost(expected)
