@@ -96,6 +96,8 @@ def test_salloc_up_status_submit_drain_down(slurm):
         plan = json.loads(dry.stdout)
         assert [n["host"] for n in plan["nodes"]] == names and plan["nodes"][0]["role"] == "head"
         assert all("--block" in n["argv"] for n in plan["nodes"])
+        text = run_cli("up", "--slurm", ovr, "--dry-run", env=env).stdout
+        assert f"--nodelist={names[1]}" in text and "--overlap" in text and "--job-name=vc-ray" in text
 
         t0 = time.monotonic()
         up = run_cli("up", "--slurm", ovr, "--json", env=env, timeout=240)

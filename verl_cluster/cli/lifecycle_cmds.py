@@ -111,6 +111,8 @@ def run_up(args) -> int:
                 out.print(f"[bold]{c.role} {escape(c.host)}[/] ({c.ip})")
                 out.print("  env:  " + escape(" ".join(f"{k}={v}" for k, v in sorted(c.masked_env().items()))))
                 out.print("  argv: " + escape(" ".join(c.argv)))
+                if spec.launcher == "slurm":  # how it reaches the node: one step that holds Ray
+                    out.print("  via:  " + escape(" ".join(_srun_prefix(spec, c.host))))
             out.print("(dry run: nothing was started; backend env from `check` is added at `up` time)")
         return EXIT_OK
     if spec.security.dashboard_host == "all":
@@ -144,6 +146,14 @@ def run_up(args) -> int:
     elif report.healthy:
         out.print(f"next: verl-cluster status -c {escape(args.cluster)}   |   stop: verl-cluster down -c {escape(args.cluster)}")
     return EXIT_OK if report.healthy and check_ok else EXIT_UNHEALTHY
+
+
+def _srun_prefix(spec, host: str) -> list[str]:
+    from verl_cluster.runners import runner_for
+
+    node = next(n for _, n in spec.nodes() if n.host == host)
+    argv = runner_for(spec, node).srun_argv([], held=True)
+    return argv[:argv.index("--")]
 
 
 def _num(x) -> str:

@@ -31,6 +31,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--facts", help="JSON list of NodeFacts (recorded by the diagnostics gatherer)")
     p.add_argument("-c", "--cluster", metavar="CLUSTER.yaml",
                    help="gather the facts of every node of this cluster (SSH/local, as `doctor` does)")
+    p.add_argument("--slurm", action="store_true", help="gather the facts of this Slurm allocation's nodes")
     p.add_argument("--strategy", choices=STRATEGIES + ("auto",), help="default: the job's placement.strategy")
     p.add_argument("--fill", type=float, default=1.0,
                    help="average share of prompt+response a sequence uses (default 1.0: worst case)")
@@ -82,6 +83,10 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
         return parse_gpus(args.gpus)
     if args.facts:
         return read_facts_file(args.facts)
+    if getattr(args, "slurm", False) and not getattr(args, "cluster", None):
+        from verl_cluster.slurm.spec import cluster_file
+
+        args.cluster = cluster_file()
     if getattr(args, "cluster", None):
         from verl_cluster.config.cluster import load_cluster
         from verl_cluster.placement import gather_node_facts

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import subprocess
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ _STEP_FAILED = re.compile(r"srun: error: (Unable to create step|Task launch|.*Co
                           r"Invalid job id|Unable to confirm allocation|.*already completing|Invalid node name|"
                           r".*not in the allocation|Requested node configuration)", re.I)
 _PUT = ('p=$1; case "$p" in "~/"*) p="$HOME/${p#\\~/}";; esac; umask 077; mkdir -p "$(dirname "$p")" && '
-        't="$p.tmp-$$" && cat > "$t" && chmod "$2" "$t" && mv -f "$t" "$p" && printf "%s\\n" "$p"')
+        't="$p.tmp-$3" && cat > "$t" && chmod "$2" "$t" && mv -f "$t" "$p" && printf "%s\\n" "$p"')
 
 
 class SlurmRunner:
@@ -116,7 +117,9 @@ class SlurmRunner:
 
     def put_text(self, text: str, remote_path: str, mode: int = 0o600) -> str:
         """Write through the step's stdin into a private temporary file, renamed into place."""
-        res = self.run(["sh", "-c", _PUT, "sh", remote_path, f"{mode:o}"], stdin=text, timeout=30)
+        # a random suffix: nodes sharing a home (usual on Slurm) may write one path at once, with equal PIDs
+        res = self.run(["sh", "-c", _PUT, "sh", remote_path, f"{mode:o}", secrets.token_hex(6)], stdin=text,
+                       timeout=30)
         if not res.ok or not res.stdout.strip():
             raise RunnerError(self.host, f"copying to {remote_path} failed: {res.tail(3) or f'exit {res.rc}'}")
         return res.stdout.strip().splitlines()[-1]
