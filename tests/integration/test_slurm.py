@@ -168,13 +168,20 @@ def test_sbatch_generated_script_completes(slurm):
     lab, sl, hosts = slurm
     logs = lab.dir / "sbatch-logs"
     env = {**sl.env, "HOME": os.environ.get("HOME", "/root")}
-    r = run_cli("sbatch", ROOT / "launch/smoke.yaml", "env.SMOKE_MIN_NODES=2", "--nodes", "2", "--cpus-per-node",
-                "2", "--time", "10", "--cluster-set", "ray.object_store_memory=209715200", "--log-dir", logs,
-                "--no-watch", "--submit", "--json", env=env)
+    # a job with no checkpoint folder gets plain submit, and says why
+    dry = run_cli("sbatch", ROOT / "launch/smoke.yaml", "--dry-run", "--json", env=env)
+    d = json.loads(dry.stdout)
+    assert not d["watch"] and "trainer.default_local_dir" in d["note"] and "--watch" not in d["script"]
+    # the resumable CPU trainer (saves like verl): the script runs up, check, submit --watch, down
+    ckpt = lab.dir / "ckpt"  # /var/tmp is one folder for every namespace host, as shared storage is
+    r = run_cli("sbatch", ROOT / "launch/resumable.yaml", "trainer.total_training_steps=3", "resumable.step_s=0.3",
+                f"trainer.default_local_dir={ckpt}", "--nodes", "2", "--cpus-per-node", "2", "--time", "10",
+                "--cluster-set", "ray.object_store_memory=209715200", "--log-dir", logs, "--submit", "--json",
+                env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     jid = out["job_id"]
-    assert jid.isdigit() and Path(out["script"]).is_file()
+    assert jid.isdigit() and Path(out["script"]).is_file() and out["watch"]
 
     def state():
         rec = sl.scontrol("show", "job", "-o", jid).stdout
@@ -188,6 +195,6 @@ def test_sbatch_generated_script_completes(slurm):
     slurm_logs = "".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sl.dir.glob("slurm*.log"))
     assert final == "COMPLETED", main + "\n".join(f"--- {k}\n{v[-2000:]}" for k, v in text.items()) + slurm_logs
     assert {"up.log", "check.log", "submit.log", "down.log"} <= set(text)
-    assert "SUCCEEDED" in text["submit.log"] and "SMOKE OK: 2 node(s)" in text["submit.log"]
+    assert "SUCCEEDED" in text["submit.log"] and "step 3" in text["submit.log"], text["submit.log"][-3000:]
     assert "stopped" in text["down.log"]
     assert _ray_left(hosts) == {}

@@ -29,7 +29,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a cluster config override for up/check/down, e.g. ray.object_store_memory=2e9 (repeatable)")
     p.add_argument("--log-dir", default="logs/verl-cluster", help="a folder every node sees; one folder per job")
-    p.add_argument("--no-watch", action="store_true", help="plain submit instead of submit --watch")
+    p.add_argument("--no-watch", action="store_true",
+                   help="plain submit instead of submit --watch (the default when the job names its checkpoint folder)")
     p.add_argument("-o", "--output", help="where to write the script (default: LOG_DIR/NAME.sbatch)")
     p.add_argument("--dry-run", action="store_true", help="print the script, write nothing")
     p.add_argument("--submit", action="store_true", help="submit it with sbatch")
@@ -47,16 +48,20 @@ def run(args) -> int:
     nodes = args.nodes if args.nodes is not None else (want_nodes or 1)
     gpus = args.gpus_per_node if args.gpus_per_node is not None else (want_gpus or 0)
     check_fits(job, nodes, gpus, gpus > 0, f"the request (--nodes {nodes}, --gpus-per-node {gpus})")
+    watch, note = _watchable(job) if not args.no_watch else (False, "")
     log_dir = resolve_log_dir(args.log_dir)
     req = BatchRequest(job_file=str(Path(args.job).resolve()), job_name=job.name, nodes=nodes, gpus_per_node=gpus,
                        cpus_per_node=args.cpus_per_node, time=args.time, partition=args.partition,
                        account=args.account, log_dir=log_dir, overrides=list(args.overrides),
-                       watch=not args.no_watch, sbatch_args=list(args.sbatch_arg),
+                       watch=watch, sbatch_args=list(args.sbatch_arg),
                        cluster_overrides=_cluster_overrides(args.cluster_set))
     text = script(req)
+    if note and not args.json:
+        err.print(f"[yellow]note:[/] {note}")
     if args.dry_run:
         if args.json:
-            print_json({"script": text, "nodes": nodes, "gpus_per_node": gpus, "log_dir": log_dir})
+            print_json({"script": text, "nodes": nodes, "gpus_per_node": gpus, "log_dir": log_dir, "watch": watch,
+                        "note": note})
         else:
             out.print(text, markup=False, highlight=False, end="")
         return EXIT_OK
@@ -67,13 +72,24 @@ def run(args) -> int:
     os.chmod(path, 0o755)
     job_id = _submit(path) if args.submit else None
     if args.json:
-        print_json({"script": str(path), "job_id": job_id, "log_dir": log_dir})
+        print_json({"script": str(path), "job_id": job_id, "log_dir": log_dir, "watch": watch, "note": note})
     elif job_id:
         out.print(f"submitted Slurm job {job_id}: {path}\nlogs: {log_dir}/{job_id}/ (and {log_dir}/slurm-{job_id}.out)"
                   f"\nfollow: squeue -j {job_id}; tail -f {log_dir}/slurm-{job_id}.out")
     else:
         out.print(f"wrote {path}\nsubmit: sbatch {path}   (or run this command again with --submit)")
     return EXIT_OK
+
+
+def _watchable(job) -> tuple[bool, str]:
+    """submit --watch when the job can resume (it names its checkpoint folder), else plain submit, said why."""
+    from verl_cluster.watch.settings import check_watchable
+
+    try:
+        check_watchable(job)
+    except ConfigError as e:
+        return False, f"the script runs `submit` without --watch: {e.message.split(': ', 1)[-1]} ({e.hint})"
+    return True, ""
 
 
 def _cluster_overrides(words: list[str]) -> list[str]:
