@@ -110,6 +110,9 @@ def test_salloc_up_status_submit_drain_down(slurm):
         steps = sl.run(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%j %N"]).stdout.split("\n")
         assert sorted(s.split()[1] for s in steps if s.startswith("vc-ray")) == sorted(names)
 
+        again = run_cli("up", "--slurm", ovr, "--json", env=env)  # idempotent: verifies, starts nothing
+        assert again.returncode == 0 and [n["action"] for n in json.loads(again.stdout)["nodes"]] == ["kept"] * 3
+
         st = run_cli("status", "--slurm", "--json", env=env)
         assert st.returncode == 0, st.stderr[-2000:]
         s = json.loads(st.stdout)

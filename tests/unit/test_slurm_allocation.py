@@ -186,3 +186,28 @@ def test_batch_script_steps_trap_and_quoting(tmp_path):
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0  # valid bash
     with pytest.raises(ConfigError, match="not a Slurm time"):
         script(BatchRequest(job_file="/j.yaml", job_name="j", nodes=1, time="4h"))
+
+
+def _cli(*args, env):
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, "-m", "verl_cluster", *map(str, args)], capture_output=True, text=True,
+                          cwd=root, timeout=120, env={**os.environ, **env})
+
+
+def test_cli_bad_input_one_line_each(tmp_path):
+    no_slurm = {"PATH": str(tmp_path), "SLURM_JOB_ID": "7", "HOME": str(tmp_path)}
+    r = _cli("up", "--slurm", env=no_slurm)
+    assert r.returncode == 2 and "error: Slurm commands not found: srun, scontrol" in r.stderr
+    assert "module load slurm" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("sbatch", "launch/smoke.yaml", "env.SMOKE_MIN_NODES=3", "--nodes", "2", "--dry-run", env={})
+    assert r.returncode == 2 and "has 2 node(s), but job smoke needs 3" in r.stderr
+    r = _cli("sbatch", "launch/gsm8k.yaml", "--nodes", "1", "--dry-run", env={})
+    assert r.returncode == 2 and "has no GPUs, but job gsm8k-ppo runs on GPUs" in r.stderr
+    r = _cli("sbatch", "launch/smoke.yaml", "--time", "two hours", "--dry-run", env={})
+    assert r.returncode == 2 and "is not a Slurm time" in r.stderr
+    r = _cli("sbatch", "launch/smoke.yaml", "--submit", "-o", tmp_path / "s.sbatch", env={"PATH": str(tmp_path)})
+    assert r.returncode == 2 and "`sbatch` not found" in r.stderr and (tmp_path / "s.sbatch").is_file()
