@@ -59,8 +59,9 @@ def main() -> int:
         sl = SlurmLab(lab, hosts)
         envf = lab.dir / "alloc.env"
         salloc = subprocess.Popen(["salloc", "-N", "3", "-c", "2", "--", "sh", "-c",
-                                   f"env > {envf}.tmp && mv {envf}.tmp {envf}; exec sleep 3600"],
-                                  env={**os.environ, **sl.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                   f"env > {envf}.tmp && mv {envf}.tmp {envf}; exec cat > /dev/null"],
+                                  env={**os.environ, **sl.env}, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)  # holds the allocation until its stdin closes
         try:
             for _ in range(300):
                 if envf.exists():
@@ -91,8 +92,8 @@ def main() -> int:
         finally:
             subprocess.run(["scancel", slurm_env.get("SLURM_JOB_ID", "0")], env={**os.environ, **sl.env},
                            capture_output=True, timeout=30) if envf.exists() else None
-            salloc.kill()
-            salloc.wait(10)
+            salloc.stdin.close()
+            salloc.wait(30)
             sl.close()
     med = {k: statistics.median(v) for k, v in results.items()}
     print("\n| what (3 nodes) | median s | min–max s |\n|---|---|---|")

@@ -45,12 +45,16 @@ class SlurmLab:
         self.socket = self.dir / "munge.sock"
         self.procs: list[subprocess.Popen] = []
         self.slurmd: dict[str, subprocess.Popen] = {}
-        self._munge()
-        self._write_conf(cpus)
-        self._start_ctld()
-        for h in hosts:
-            self.start_slurmd(h)
-        _wait(self._all_idle, 30, "slurmd registration")
+        try:
+            self._munge()
+            self._write_conf(cpus)
+            self._start_ctld()
+            for h in hosts:
+                self.start_slurmd(h)
+            _wait(self._all_idle, 30, "slurmd registration")
+        except BaseException:
+            self.close()  # munged lives in this machine's namespace: never leave it behind
+            raise
 
     @property
     def env(self) -> dict[str, str]:

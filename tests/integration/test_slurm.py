@@ -63,9 +63,10 @@ class Allocation:
 
     def __init__(self, lab: SlurmLab, where: Path, *args: str):
         envf = where / f"alloc-{time.monotonic_ns()}.env"
+        # the shell holds the allocation until its stdin closes (end(), or this process dying)
         self.proc = subprocess.Popen(["salloc", *args, "--", "sh", "-c", f"env > {envf}.tmp && mv {envf}.tmp {envf}; "
-                                      "exec sleep 900"], env={**os.environ, **lab.env},
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                      "exec cat > /dev/null"], env={**os.environ, **lab.env}, stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for(envf.exists, 30, "salloc")
         self.env = dict(line.split("=", 1) for line in envf.read_text().splitlines() if "=" in line)
         self.job_id = self.env["SLURM_JOB_ID"]
@@ -75,9 +76,9 @@ class Allocation:
         if self.proc.poll() is not None:
             return
         self.lab.run(["scancel", self.job_id])
-        self.proc.terminate()  # salloc waits for its shell, which Slurm does not signal
+        self.proc.stdin.close()  # the shell ends, and salloc with it
         try:
-            self.proc.wait(10)
+            self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
