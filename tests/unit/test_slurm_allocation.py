@@ -63,6 +63,7 @@ def fake_run(calls):
     def run(argv):
         calls.append(list(argv))
         if argv[:3] == ["scontrol", "show", "hostnames"]:
+            assert argv[3] == "gpu[01-02]", argv
             return "gpu01\ngpu02\n"
         if argv[:3] == ["scontrol", "show", "node"]:
             return SHOW_NODES
@@ -83,6 +84,9 @@ def test_read_allocation_from_env_and_scontrol():
     assert not any(c[:3] == ["scontrol", "show", "job"] for c in calls)  # the environment said it all
     # a job named by id from outside its shell: scontrol show job fills the rest
     b = al.read_allocation({}, job_id="7", run=fake_run([]))
+    # another job's shell: its node list is not ours
+    c = al.read_allocation({"SLURM_JOB_ID": "8", "SLURM_JOB_NODELIST": "other[1-9]"}, job_id="7", run=fake_run([]))
+    assert [n.name for n in c.nodes] == ["gpu01", "gpu02"]
     assert [n.gpus for n in b.nodes] == [8, 8] and [n.cpus for n in b.nodes] == [64, 64]
 
 
@@ -203,7 +207,7 @@ def test_cli_bad_input_one_line_each(tmp_path):
     r = _cli("up", "--slurm", env=no_slurm)
     assert r.returncode == 2 and "error: Slurm commands not found: srun, scontrol" in r.stderr
     assert "module load slurm" in r.stderr and "Traceback" not in r.stderr
-    r = _cli("sbatch", "launch/smoke.yaml", "env.SMOKE_MIN_NODES=3", "--nodes", "2", "--dry-run", env={})
+    r = _cli("sbatch", "launch/smoke.yaml", "trainer.nnodes=3", "--nodes", "2", "--dry-run", env={})
     assert r.returncode == 2 and "has 2 node(s), but job smoke needs 3" in r.stderr
     r = _cli("sbatch", "launch/gsm8k.yaml", "--nodes", "1", "--dry-run", env={})
     assert r.returncode == 2 and "has no GPUs, but job gsm8k-ppo runs on GPUs" in r.stderr

@@ -191,7 +191,7 @@ def read_allocation(env: Mapping[str, str] | None = None, job_id: Optional[str] 
         check_tools()
     jid = job_id_from(env, job_id)
     same_job = str(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "") == jid
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") if same_job else None
+    nodelist = (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")) if same_job else None
     cpus_text = env.get("SLURM_JOB_CPUS_PER_NODE", "") if same_job else ""
     requested, gpus = gpus_per_node(env) if same_job else (False, None)
     partition = env.get("SLURM_JOB_PARTITION", "") if same_job else ""

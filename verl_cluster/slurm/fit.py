@@ -25,8 +25,7 @@ def job_shape(job: JobSpec) -> tuple[Optional[int], Optional[int], bool]:
         nodes = nodes if nodes is not None else int(m.group(1))
         gpus = gpus if gpus is not None else int(m.group(2))
     needs = bool(gpus) or (job.is_ray_only and gpus != 0)
-    env_nodes = _int(job.env.get("SMOKE_MIN_NODES")) if isinstance(job.env, dict) else None
-    return nodes if nodes is not None else env_nodes, gpus, needs
+    return nodes, gpus, needs
 
 
 def check_fits(job: JobSpec, nodes: int, gpus_per_node: Optional[int], gpus_requested: bool, where: str) -> None:
