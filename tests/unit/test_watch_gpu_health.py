@@ -63,3 +63,21 @@ def test_a_report_with_a_fault_or_an_xid_line_names_the_node():
     ip, ev = judge(reports)
     assert ip == "10.0.0.3" and "Xid (PCI:0000:3b:00): 79" in ev and ev.startswith("kernel: ")
     assert judge(reports[:2]) is None  # unreachable is the node-lost check's business
+
+
+def test_the_recorded_h100_reading_is_healthy_and_its_machine_has_no_journald():
+    rec = json.loads((Path(__file__).parents[1] / "fixtures/gpu_health/h100_gpuhealth.json").read_text())
+    assert rec["gpuhealth"]["nvml"] and judge([{"ip": "h100", **rec["gpuhealth"]}]) is None
+    assert "DRAM Uncorrectable                         : 0" in \
+        (Path(__file__).parents[1] / "fixtures/gpu_health/h100_nvidia_smi_ecc.txt").read_text()
+    assert rec["journalctl"] == "command not found"  # why kernel_xids falls back to dmesg
+
+
+def test_dmesg_xid_lines_count_only_from_the_attempts_start():
+    from datetime import datetime, timezone
+
+    lines = ["2026-11-25T03:10:00,000000+00:00 NVRM: Xid (PCI:0000:3b:00): 31, pid=11, Ch 00000008, MMU Fault",
+             "2026-11-25T03:36:00,123456+00:00 NVRM: Xid (PCI:0000:3b:00): 79, pid=2113, GPU has fallen off the bus.",
+             "2026-11-25T03:36:01,000000+00:00 nvidia-peermem: unrelated"]
+    since = datetime(2026, 11, 25, 3, 30, tzinfo=timezone.utc).timestamp()
+    assert node_script.xids_since(lines, since) == [lines[1]]

@@ -252,15 +252,39 @@ def gpu_faults(expect):
 
 
 def kernel_xids(since):
-    """The kernel's NVRM Xid lines since a time (journalctl -k; dmesg has no --since). [] when unreadable."""
+    """The kernel's NVRM Xid lines since a time: journalctl -k, else dmesg (GPU machines often lack journald).
+    [] when neither can be read."""
     import subprocess
 
-    try:
-        r = subprocess.run(["journalctl", "-k", "--no-pager", "-q", "-o", "short-iso", "--since", f"@{int(since)}",
-                            "--grep", "NVRM: Xid"], capture_output=True, text=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [x for x in r.stdout.splitlines() if "Xid" in x][-20:]
+    def run(argv):
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=15).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    out = run(["journalctl", "-k", "--no-pager", "-q", "-o", "short-iso", "--since", f"@{int(since)}",
+               "--grep", "NVRM: Xid"])
+    if out is not None:
+        return [x for x in out.splitlines() if "Xid" in x][-20:]
+    return xids_since((run(["dmesg", "--time-format=iso"]) or "").splitlines(), since)
+
+
+def xids_since(lines, since):
+    """Xid lines of `dmesg --time-format=iso` at or after `since` (epoch seconds): older ones are an earlier
+    fault, not this attempt's."""
+    from datetime import datetime
+
+    found = []
+    for x in lines:
+        if "Xid" not in x:
+            continue
+        try:
+            t = datetime.fromisoformat(x.split(" ", 1)[0].replace(",", ".")).timestamp()
+        except ValueError:
+            continue
+        if t >= since:
+            found.append(x)
+    return found[-20:]
 
 
 def cmd_gpuhealth(since="0", expect="0"):
