@@ -128,6 +128,14 @@ def test_salloc_up_status_submit_drain_down(slurm):
         assert short.returncode == 2 and "has 3 node(s), but job smoke needs 4" in short.stderr
         assert "--nodes=4" in short.stderr and "Traceback" not in short.stderr
 
+        # a worker's Ray dies: its step ends with it, and `up` heals that node alone (after the job: Ray keeps the dead
+        # registration ALIVE until its health check fails it, and a job started meanwhile may pick it)
+        hosts[2].run(["pkill", "-9", "-f", "raylet"])
+        _wait_for(lambda: names[2] not in sl.run(["squeue", "-h", "-s", "-j", alloc.job_id, "-o", "%N"]).stdout, 30,
+                  "the dead worker's step ends")
+        heal = run_cli("up", "--slurm", ovr, "--no-check", "--json", env=env, timeout=240)
+        assert heal.returncode == 0, heal.stdout[-3000:]
+        assert [n["action"] for n in json.loads(heal.stdout)["nodes"]][:2] == ["kept", "kept"]
         # a node drained mid-allocation: still in the job, reported by status and check
         assert sl.scontrol("update", f"nodename={names[2]}", "state=drain", "reason=vc-test-drain").returncode == 0
         st = json.loads(run_cli("status", "--slurm", "--json", env=env).stdout)
