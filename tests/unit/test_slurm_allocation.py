@@ -213,5 +213,6 @@ def test_cli_bad_input_one_line_each(tmp_path):
     assert r.returncode == 2 and "has no GPUs, but job gsm8k-ppo runs on GPUs" in r.stderr
     r = _cli("sbatch", "launch/smoke.yaml", "--time", "two hours", "--dry-run", env={})
     assert r.returncode == 2 and "is not a Slurm time" in r.stderr
-    r = _cli("sbatch", "launch/smoke.yaml", "--submit", "-o", tmp_path / "s.sbatch", env={"PATH": str(tmp_path)})
+    r = _cli("sbatch", "launch/smoke.yaml", "--submit", "-o", tmp_path / "s.sbatch", "--log-dir", tmp_path / "logs",
+             env={"PATH": str(tmp_path)})
     assert r.returncode == 2 and "`sbatch` not found" in r.stderr and (tmp_path / "s.sbatch").is_file()
