@@ -5,8 +5,8 @@ argv goes to execve on the node as is (no shell, no quoting). The environment tr
 (`--export=ALL`), so values never appear on a command line.
 
 Ray is the exception: a step that ends takes its processes with it under proctrack/cgroup, and under
-proctrack/linuxproc a daemonised `ray start` escapes the step and outlives even the allocation (measured, see
-docs/troubleshooting.md). So `run_held` starts `ray start --block` as one long-running step per node whose
+proctrack/linuxproc a daemonised `ray start` escapes the step and outlives even the allocation (measured with
+Slurm 22.05, see docs/troubleshooting.md). So `run_held` starts `ray start --block` as one long-running step per node whose
 srun client lives on in the background: the allocation's end (or `down`) ends the step and every Ray process.
 """
 
