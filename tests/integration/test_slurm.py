@@ -210,3 +210,30 @@ def test_sbatch_generated_script_completes(slurm):
     assert "SUCCEEDED" in text["submit.log"] and "step 3" in text["submit.log"], text["submit.log"][-3000:]
     assert "stopped" in text["down.log"]
     assert _ray_left(hosts) == {}
+
+
+def test_a_daemonised_ray_outlives_its_allocation(slurm):
+    """Why verl-cluster holds Ray in a step: under proctrack/linuxproc a `ray start` without --block leaves the
+    step that started it, and even the allocation's end does not stop it."""
+    import sys
+
+    from verl_cluster.slurm.runner import SlurmRunner
+
+    lab, sl, hosts = slurm
+    alloc = Allocation(sl, lab.dir, "-N", "1", "-w", sl.node(hosts[0]))
+    ray = str(Path(sys.executable).with_name("ray"))
+    try:
+        r = SlurmRunner(sl.node(hosts[0]), alloc.job_id).run(
+            [ray, "start", "--head", "--port", "6390", "--node-ip-address", hosts[0].ip, "--temp-dir", "/tmp/vc-escape",
+             "--object-store-memory", "209715200", "--include-dashboard=false", "--disable-usage-stats"],
+            env=sl.env, timeout=120)
+        assert r.ok, r.tail()
+    finally:
+        alloc.end()
+    try:
+        time.sleep(3)
+        assert any("gcs_server" in ln for ln in _ray_left([hosts[0]]).get(hosts[0].name, []))
+    finally:
+        # only this Ray runs on the host now (the other tests stopped theirs); its workers renamed themselves
+        hosts[0].run(["pkill", "-9", "-f", "/tmp/vc-escape|gcs_server|raylet|ray::|dashboard|log_monitor|runtime_env"])
+        _wait_for(lambda: _ray_left([hosts[0]]) == {}, 30, "the escaped Ray stopped by hand")
