@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -131,7 +132,27 @@ class SlurmLab:
     def scontrol(self, *args: str) -> subprocess.CompletedProcess:
         return self.run(["scontrol", *args])
 
+    def _clients(self) -> list[int]:
+        """Every process started for this Slurm, by its SLURM_CONF: srun/salloc clients here, the daemons and
+        what their steps run in the hosts (all visible from this PID namespace)."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid():
+                try:
+                    if mark in (d / "environ").read_bytes().split(b"\0"):
+                        pids.append(int(d.name))
+                except OSError:
+                    continue
+        return pids
+
     def close(self) -> None:
+        # an srun whose job vanished with slurmctld would wait for it forever (after a test that failed mid-way)
+        for pid in self._clients():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for p in list(self.slurmd.values()) + self.procs[::-1]:
             if p.poll() is None:
                 p.terminate()
