@@ -123,6 +123,11 @@ def test_salloc_up_status_submit_drain_down(slurm):
         assert sub.returncode == 0, sub.stderr[-3000:]
         assert "SUCCEEDED" in sub.stderr and "SMOKE OK: 3 node(s)" in sub.stdout
 
+        # the full check: port servers on every node through srun, links, a gloo all-reduce through Ray
+        ck = run_cli("check", "--slurm", "--json", env=env, timeout=240)
+        rep = json.loads(ck.stdout)
+        assert ck.returncode == 0 and rep["collectives"] and all(c["ok"] for c in rep["collectives"]), rep["problems"]
+
         # too few nodes for the job: one line, the fix, before anything runs
         short = run_cli("submit", ROOT / "launch/smoke.yaml", "--slurm", "trainer.nnodes=4", env=env)
         assert short.returncode == 2 and "has 3 node(s), but job smoke needs 4" in short.stderr
@@ -142,7 +147,8 @@ def test_salloc_up_status_submit_drain_down(slurm):
         assert any(names[2] in p and "DRAIN" in p and "vc-test-drain" in p for p in st["problems"]), st["problems"]
         ck = run_cli("check", "--slurm", "--quick", "--json", env=env, timeout=180)
         probs = json.loads(ck.stdout)["problems"]
-        assert any(p["node"] == names[2] and "DRAIN" in p["what"] for p in probs), probs
+        assert any(p["node"] == names[2] and "DRAIN" in p["what"] and p["severity"] == "warning"
+                   for p in probs), probs
 
         down = run_cli("down", "--slurm", "--json", env=env)
         assert down.returncode == 0 and json.loads(down.stdout)["ok"], down.stdout[-2000:]
