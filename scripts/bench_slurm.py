@@ -58,6 +58,7 @@ def main() -> int:
         private_state_dirs(lab, hosts)
         sl = SlurmLab(lab, hosts)
         envf = lab.dir / "alloc.env"
+        slurm_env: dict[str, str] = {}
         salloc = subprocess.Popen(["salloc", "-N", "3", "-c", "2", "--", "sh", "-c",
                                    f"env > {envf}.tmp && mv {envf}.tmp {envf}; exec cat > /dev/null"],
                                   env={**os.environ, **sl.env}, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -90,8 +91,9 @@ def main() -> int:
                     results.setdefault(name, []).append(secs)
                     print(f"rep {rep} {name}: {secs:.2f}s", flush=True)
         finally:
-            subprocess.run(["scancel", slurm_env.get("SLURM_JOB_ID", "0")], env={**os.environ, **sl.env},
-                           capture_output=True, timeout=30) if envf.exists() else None
+            if slurm_env:
+                subprocess.run(["scancel", slurm_env.get("SLURM_JOB_ID", "0")], env={**os.environ, **sl.env},
+                               capture_output=True, timeout=30)
             salloc.stdin.close()
             salloc.wait(30)
             sl.close()

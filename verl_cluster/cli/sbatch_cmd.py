@@ -113,5 +113,6 @@ def _submit(path: Path) -> str:
         lines = (r.stderr.strip() or r.stdout.strip()).splitlines()
         raise ConfigError(f"sbatch refused the script: {lines[-1] if lines else f'exit {r.returncode}'}",
                           f"fix the request (partition, account, time, GPUs) and run again; script: {path}")
-    err.print(r.stderr.strip()) if r.stderr.strip() else None
+    if r.stderr.strip():
+        err.print(r.stderr.strip())
     return r.stdout.strip().split(";")[0]
