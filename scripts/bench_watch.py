@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.harness import NetnsLab, integration_ready  # noqa: E402
 from tests.harness.ray_cluster import running_cluster  # noqa: E402
+from tests.harness.wait import wait_for  # noqa: E402
 
 
 def write_job(lab: NetnsLab, name: str, steps: int) -> tuple[Path, Path]:
@@ -49,15 +50,6 @@ def write_job(lab: NetnsLab, name: str, steps: int) -> tuple[Path, Path]:
 def steps_done(ckpt: Path) -> int:
     f = ckpt / "steps.log"
     return len(f.read_text().splitlines()) if f.exists() else 0
-
-
-def wait(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"timed out waiting for {what}")
 
 
 class RayDeathClock(threading.Thread):
@@ -92,7 +84,7 @@ def one_rep(lab: NetnsLab, path: Path, w2, k: int, home: Path, down_s: float) ->
     p = subprocess.Popen([sys.executable, "-m", "verl_cluster", "submit", str(j), "-c", str(path), "--watch"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     try:
-        wait(lambda: steps_done(ckpt) >= 5, 120, "step 5")
+        wait_for(lambda: steps_done(ckpt) >= 5, 120, "step 5")
         clock = RayDeathClock(spec, w2.ip)
         clock.start()
         lab.stop(w2)
@@ -108,7 +100,7 @@ def one_rep(lab: NetnsLab, path: Path, w2, k: int, home: Path, down_s: float) ->
                 out += [json.loads(x) for x in f.read_text().splitlines()]
             return out
 
-        wait(lambda: any(e["action"] == "watching the new attempt" for e in events()), 180, "the resubmission")
+        wait_for(lambda: any(e["action"] == "watching the new attempt" for e in events()), 180, "the resubmission")
         sid = next(e["submission_id"] for e in events() if e["action"] == "watching the new attempt")
         running = None
         with ray_jobs.connect(spec) as api:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.cli import ROOT
+from tests.harness.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -79,15 +80,6 @@ def show(events):
 
 def first_sid(stderr):
     return next(line.split()[1].rstrip(";") for line in stderr.splitlines() if line.startswith("submitted "))
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_user_error_is_not_retried(lab3):
