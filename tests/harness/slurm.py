@@ -12,10 +12,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from tests.harness.netns import Host, NetnsLab
+from tests.harness.wait import wait_for
 
 TOOLS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "sbatch", "scontrol", "sinfo", "squeue")
 
@@ -25,15 +25,6 @@ def slurm_ready() -> str | None:
     missing = [t for t in TOOLS if not shutil.which(t) and not Path(f"/usr/sbin/{t}").exists()]
     return f"not installed: {', '.join(missing)} (apt-get install slurmctld slurmd slurm-client munge)" \
         if missing else None
-
-
-def _wait(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"{what}: not ready after {timeout:.0f}s")
 
 
 class SlurmLab:
@@ -52,7 +43,7 @@ class SlurmLab:
             self._start_ctld()
             for h in hosts:
                 self.start_slurmd(h)
-            _wait(self._all_idle, 30, "slurmd registration")
+            wait_for(self._all_idle, 30, "slurmd registration")
         except BaseException:
             self.close()  # munged lives in this machine's namespace: never leave it behind
             raise
@@ -74,7 +65,7 @@ class SlurmLab:
              f"--pid-file={self.dir}/munged.pid", f"--seed-file={self.dir}/munged.seed",
              f"--log-file={self.dir}/munged.log"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL))
-        _wait(self.socket.exists, 10, "munged")
+        wait_for(self.socket.exists, 10, "munged")
 
     def _write_conf(self, cpus: int) -> None:
         head = self.hosts[0]
@@ -113,7 +104,7 @@ class SlurmLab:
     def _start_ctld(self) -> None:
         self.procs.append(self._in_host(self.hosts[0], ["slurmctld", "-D", "-i", "-f", str(self.conf)],
                                         self.dir / "slurmctld.out"))
-        _wait(lambda: self.scontrol("ping").returncode == 0, 30, "slurmctld")
+        wait_for(lambda: self.scontrol("ping").returncode == 0, 30, "slurmctld")
 
     def start_slurmd(self, host: Host) -> None:
         name = self.names[host.name]
