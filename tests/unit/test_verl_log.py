@@ -79,6 +79,22 @@ def test_failures_classified_specific_before_generic():
     assert classify(["step:1 - a:1.0", "all fine"]) is None
 
 
+def test_shutdown_noise_after_the_real_traceback_is_skipped():
+    # seen in CI on Ray 2.52: a thread's traceback printed while the driver exits follows the job's own one
+    lines = ["step 2", "Traceback (most recent call last):", '  File "resumable_job.py", line 71, in main',
+             "ValueError: bad value at step 3", "Exception in thread ray_print_logs:",
+             "Traceback (most recent call last):", '  File "threading.py", line 1075, in _bootstrap_inner',
+             "RuntimeError: can't register atexit after shutdown"]
+    f = classify(lines)
+    assert f.kind == "user-code" and f.line == "ValueError: bad value at step 3"
+    # a chained exception still reports the last one
+    chained = lines[:4] + ["During handling of the above exception, another exception occurred:",
+                           "Traceback (most recent call last):", "KeyError: 'x'"]
+    assert classify(chained).line == "KeyError: 'x'"
+    only_noise = lines[5:]
+    assert "atexit" in classify(only_noise).line
+
+
 # ---- real logs: verl 0.9.1 + vLLM 0.24 under `submit` on an H100 (tests/fixtures/verl_logs, docs/BENCHMARKS.md) ----
 LOGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "verl_logs"
 

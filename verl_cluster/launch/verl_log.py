@@ -85,13 +85,23 @@ def classify(lines: list[str]) -> Optional[Failure]:
             if pat.search(line):
                 return Failure(kind, what, fix, line.strip()[:300])
     tb = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
-    if tb:
-        after = [x.strip() for x in lines[tb[-1] + 1:] if x.strip()]
-        err = next((x for x in reversed(after) if re.match(r"^(\(\S+ pid=\d+\)\s*)?[\w.]+(Error|Exception)\b", x)),
-                   after[-1] if after else "")
-        return Failure("user-code", "the job raised an exception", "read the traceback (verl-cluster logs JOB)",
-                       err[:300])
-    return None
+    if not tb:
+        return None
+    errs = [_error_line(lines[a + 1:b]) for a, b in zip(tb, tb[1:] + [len(lines)])]
+    # the last traceback that is not interpreter-shutdown noise printed after the real one
+    err = next((e for e in reversed(errs) if not _SHUTDOWN_NOISE.search(e)), errs[-1])
+    return Failure("user-code", "the job raised an exception", "read the traceback (verl-cluster logs JOB)", err[:300])
+
+
+# what Python and Ray print while the interpreter exits after the job's own exception
+_SHUTDOWN_NOISE = re.compile(r"can't register atexit after shutdown|after interpreter shutdown|"
+                             r"sys\.meta_path is None|Python is likely shutting down")
+
+
+def _error_line(block: list[str]) -> str:
+    after = [x.strip() for x in block if x.strip()]
+    return next((x for x in reversed(after) if re.match(r"^(\(\S+ pid=\d+\)\s*)?[\w.]+(Error|Exception)\b", x)),
+                after[-1] if after else "")
 
 
 @dataclass
