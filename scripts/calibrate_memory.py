@@ -71,10 +71,14 @@ def parse_cases(text: str, worlds: list[int]) -> list[Case]:
     return sorted(out, key=lambda c: (c.world, c.micro * c.seq))
 
 
-def predict(shape: ModelShape, case: Case, attn: str) -> tuple[float, float]:
+MASTER_BYTES = {"fp32": 4, "bf16": 2}  # fsdp_config.model_dtype: the dtype the weights (and LoRA base) are kept in
+
+
+def predict(shape: ModelShape, case: Case, attn: str, lora_rank: int = 0, master: str = "fp32") -> tuple[float, float]:
     """The planner's actor update working set for this case: (allocated, reserved) bytes, context excluded."""
     x = TrainInputs(shape=shape, params=shape.params, n=case.world, tokens=case.micro * case.seq, micro=case.micro,
-                    seq=case.seq, c=2, m=4, grad_ckpt=True, attn=attn, vocab_out=shape.vocab)
+                    seq=case.seq, c=2, m=MASTER_BYTES[master], grad_ckpt=True, attn=attn, vocab_out=shape.vocab,
+                    adapter=shape.lora_params(lora_rank) if lora_rank else 0)
     step = mem.update_step(x)
     return step.allocated, step.reserved
 
@@ -99,15 +103,31 @@ def hf_config_kwargs(shape: ModelShape) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- GPU side
 
+def _lora(model: Any, rank: int) -> tuple[Any, Any]:
+    """Adapters the way verl's FSDP engine adds them (_build_lora_module): peft on every Linear but lm_head,
+    inputs made to require grad for checkpointing, and an FSDP policy that wraps each trainable leaf alone."""
+    import functools
+
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    model.enable_input_require_grads()
+    model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=rank, lora_alpha=16,
+                                             target_modules="all-linear", bias="none"))
+    leaf = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: bool(
+        not list(m.named_children()) and getattr(m, "weight", None) is not None and m.weight.requires_grad))
+    return model, leaf
+
+
 def _worker(rank: int, world: int, port: int, shape_name: str, cases: list[tuple[int, int]], attn: str,
-            out_path: str) -> None:
+            out_path: str, lora_rank: int = 0, master: str = "fp32") -> None:
     import functools
 
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from torch.distributed.fsdp.wrap import _or_policy, transformer_auto_wrap_policy
     from transformers import AutoConfig, AutoModelForCausalLM
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -116,12 +136,20 @@ def _worker(rank: int, world: int, port: int, shape_name: str, cases: list[tuple
     shape = catalog_shape(shape_name)
     cfg = AutoConfig.for_model(model_type(shape), **hf_config_kwargs(shape))
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32, attn_implementation=attn)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[master]
+    with torch.device("cuda"):  # random init on the GPU: minutes faster for 7B than on the CPU; the cache is
+        # emptied and the peak reset before every case, so where the weights were made does not show
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation=attn)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     layer_cls = type(model.model.layers[0])
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={layer_cls})
+    if lora_rank:
+        model, leaf = _lora(model, lora_rank)
+        policy = functools.partial(_or_policy, policies=[leaf, policy])
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     model = FSDP(
         model,
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={layer_cls}),
+        auto_wrap_policy=policy,
         mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                        buffer_dtype=torch.float32),
         sharding_strategy=ShardingStrategy.FULL_SHARD,
@@ -139,7 +167,10 @@ def _worker(rank: int, world: int, port: int, shape_name: str, cases: list[tuple
         try:
             for _ in range(STEPS):
                 ids = torch.randint(0, shape.vocab, (micro, seq), device="cuda")
-                logits = model(input_ids=ids, use_cache=False).logits
+                # verl runs the actor's forward under autocast(bf16); peft casts a LoRA input to its adapter's
+                # (fp32) dtype, so without it the adapters' bf16 FSDP weights meet fp32 inputs
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bool(lora_rank)):
+                    logits = model(input_ids=ids, use_cache=False).logits
                 logp = torch.log_softmax(logits.float(), dim=-1)  # verl computes log-probs in fp32
                 loss = -logp[:, :-1].gather(-1, ids[:, 1:].unsqueeze(-1)).mean()
                 loss.backward()
@@ -158,8 +189,8 @@ def _worker(rank: int, world: int, port: int, shape_name: str, cases: list[tuple
         results.append({"micro": micro, "seq": seq, "reserved": stats[0].item(), "allocated": stats[1].item(),
                         "status": "OOM" if flag.item() else "ok", "seconds": time.time() - t0})
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0),
-                                              "torch": torch.__version__, "results": results}))
+        Path(out_path).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                              "trainable_params": trainable, "results": results}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -170,7 +201,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(shape: ModelShape, world: int, cases: list[Case], attn: str) -> dict[str, Any]:
+def measure(shape: ModelShape, world: int, cases: list[Case], attn: str, lora_rank: int = 0,
+            master: str = "fp32") -> dict[str, Any]:
     import torch
     import torch.multiprocessing as mp
 
@@ -178,7 +210,8 @@ def measure(shape: ModelShape, world: int, cases: list[Case], attn: str) -> dict
         return {"gpu": None, "results": [], "skipped": f"needs {world} GPUs, {torch.cuda.device_count()} visible"}
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "rank0.json")
-        mp.spawn(_worker, args=(world, _free_port(), shape.name, [(c.micro, c.seq) for c in cases], attn, out_path),
+        mp.spawn(_worker, args=(world, _free_port(), shape.name, [(c.micro, c.seq) for c in cases], attn, out_path,
+                                lora_rank, master),
                  nprocs=world, join=True)
         return json.loads(Path(out_path).read_text())
 
@@ -207,6 +240,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"MICROxSEQ list (default {DEFAULT_CASES})")
     ap.add_argument("--attn", default="sdpa", choices=("sdpa", "flash_attention_2", "eager"))
     ap.add_argument("--out", default="calibrate_memory.json", help="JSON results (default calibrate_memory.json)")
+    ap.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank on every Linear (peft)")
+    ap.add_argument("--model-dtype", default="fp32", choices=tuple(MASTER_BYTES),
+                    help="dtype the weights are kept in (verl's fsdp_config.model_dtype; fp32 by default)")
     ap.add_argument("--dry-run", action="store_true", help="print the cases and predictions; needs no GPU")
     args = ap.parse_args(argv)
     shape = catalog_shape(args.model)
@@ -217,15 +253,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     cases = parse_cases(args.cases, worlds)
     rows = []
     for c in cases:
-        alloc, reserved = predict(shape, c, args.attn)
+        alloc, reserved = predict(shape, c, args.attn, args.lora_rank, args.model_dtype)
         rows.append(Row(c.world, c.micro, c.seq, alloc / GIB, reserved / GIB))
     print(f"model {shape.name}: {shape.params / 1e9:.3f}B params; planner constants: loss path "
           f"{mem.loss_bytes(2, 'backward')} B per bf16 logit in backward, allocator fragmentation "
           f"{mem.FRAGMENT_UNITS} x the largest unit's gradient path, CUDA context not counted")
-    meta: dict[str, Any] = {"model": shape.name, "params": shape.params, "attn": args.attn, "dry_run": args.dry_run}
+    meta: dict[str, Any] = {"model": shape.name, "params": shape.params, "attn": args.attn, "dry_run": args.dry_run,
+                            "lora_rank": args.lora_rank, "model_dtype": args.model_dtype}
     if not args.dry_run:
         for w in worlds:
-            got = measure(shape, w, [c for c in cases if c.world == w], args.attn)
+            got = measure(shape, w, [c for c in cases if c.world == w], args.attn, args.lora_rank, args.model_dtype)
             meta[f"world{w}"] = {k: v for k, v in got.items() if k != "results"}
             by_case = {(r["micro"], r["seq"]): r for r in got.get("results", [])}
             for row in rows:

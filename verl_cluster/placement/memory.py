@@ -52,6 +52,11 @@ LOSS_FP32_BYTES = 4
 # (embeddings/lm_head); this is the one fitted number of the model: least squares over the twelve 0.5B
 # calibration rows gives 1.81, the six 1.5B rows are the hold-out check (docs/placement.md, "Calibration").
 FRAGMENT_UNITS = 1.8
+# LoRA (frozen base, adapters FSDP-wrapped alone): no large gradient is reduced, so the term above does not
+# apply; what the allocator reserves beyond the live peak grows with the tokens instead: this many copies of
+# the checkpointed layer inputs. Least squares over the eight <= 3B LoRA rows on an H100 gives 1.98; the five 7B
+# rows (fp32 and bf16 base) are the hold-out (tests/fixtures/calibration_h100_lora.json, docs/BENCHMARKS.md).
+LORA_FRAGMENT_SAVED = 2.0
 HOST_BASE_BYTES = 2.0 * GIB  # per GPU worker process on the host: torch/CUDA libraries, dataloader
 
 
@@ -147,6 +152,11 @@ class TrainInputs:
     root_params: Optional[int] = None
     verl_engine: bool = False  # verl >= 0.9's engine workers' loss path (see loss_bytes)
     fused_ce: bool = False  # verl computes log-probs with flash-attn's fused cross-entropy (see loss_bytes)
+    adapter: int = 0  # LoRA: the adapters' parameter count (the only trainable ones); 0: full fine-tuning
+
+    @property
+    def trainable(self) -> int:
+        return self.adapter or self.params
 
 
 @dataclass(frozen=True)
@@ -161,9 +171,18 @@ class UpdateStep:
         return total(self.parts)
 
 
+def lora_states(params: int, adapter: int, n: int, m: int) -> tuple[Part, Part, Part]:
+    """LoRA under FSDP (verl's _build_lora_module): the frozen base and the adapters, both in the master dtype
+    (verl casts the adapters to the base's), grads and AdamW states for the adapters only; all / N."""
+    return (Part("params", (params + adapter) * m / n), Part("grads", adapter * m / n),
+            Part("adam", adapter * ADAM_BYTES / n))
+
+
 def update_step(x: TrainInputs) -> UpdateStep:
     """Working set of an FSDP update step (actor or critic); verl loads offloaded params/optimizer back before
     update_actor/update_critic, so everything is on the GPU. See docs/placement.md for each term.
+    LoRA (x.adapter > 0): grads, Adam and the optimizer's temporary cover the adapters only; activations are
+    unchanged (the frozen layers still back-propagate to their inputs); no unit reduces a large gradient.
 
     Moments (optimizer.zero_grad(set_to_none) leaves no gradients at the start of backward):
       loss backward   params + Adam + saved activations + logits x (c + 12, verl engine c + 8) (+ root, N > 1)
@@ -176,9 +195,11 @@ def update_step(x: TrainInputs) -> UpdateStep:
     streams) sit in pools of their own that the default stream cannot reuse; plus fragmentation.
     """
     sh, n, c, m = x.shape, x.n, x.c, x.m
-    p, g, o = fsdp_states(x.params, n, m, trainable=True)
+    p, g, o = lora_states(x.params, x.adapter, n, m) if x.adapter else fsdp_states(x.params, n, m, trainable=True)
     root = sh.root_params if x.root_params is None else x.root_params
     unit = largest_unit(sh, x.root_params)
+    # the largest unit whose gradient is reduced: with LoRA an adapter's (one Linear's A and B, FSDP-wrapped alone)
+    grad_unit = x.adapter // max(1, sh.layers * 7) if x.adapter else unit
     tv = x.tokens * x.vocab_out
     layer = layer_activation_bytes(sh, x.tokens, c)
     scores = attention_scores_bytes(sh, x.micro, x.seq, c, x.attn)
@@ -187,21 +208,23 @@ def update_step(x: TrainInputs) -> UpdateStep:
     kept = tv * loss_bytes(c, "kept", fused_ce=x.fused_ce)
     loss_tr = saved + tv * loss_bytes(c, "backward", verl_engine=x.verl_engine, fused_ce=x.fused_ce)
     layer_tr = saved + recompute + kept
-    step_tr = x.params * m / n + kept
+    step_tr = x.trainable * m / n + kept
     # live tensors (allocated): at N = 1 FSDP runs NO_SHARD and frees the bf16 copies after each forward
     root_live = root * c if n > 1 else 0.0
-    gathered = gathered_bytes(sh, c, root_params=x.root_params)
-    reduce = unit * REDUCE_BYTES if n > 1 else 0.0
+    # at N = 1 with weights already kept in the compute dtype (model_dtype=bf16) FSDP neither gathers nor casts:
+    # the units run on their own storage (measured: 7B LoRA, bf16 base, H100)
+    gathered = 0.0 if n == 1 and m == c else gathered_bytes(sh, c, root_params=x.root_params)
+    reduce = grad_unit * REDUCE_BYTES if n > 1 else 0.0
     allocated = max(p.bytes + o.bytes + root_live + loss_tr,
                     p.bytes + o.bytes + g.bytes + gathered + reduce + layer_tr,
                     p.bytes + g.bytes + o.bytes + step_tr)
     moments = {"loss backward": (Part("activations", saved),
                                  Part("logits", tv * loss_bytes(c, "backward", verl_engine=x.verl_engine, fused_ce=x.fused_ce))),
                "layer backward": (Part("activations", saved + recompute), Part("logits", kept)),
-               "optimizer step": (Part("optimizer temp", x.params * m / n), Part("logits", kept))}
+               "optimizer step": (Part("optimizer temp", x.trainable * m / n), Part("logits", kept))}
     moment = max(moments, key=lambda k: total(moments[k]))
     parts = (p, g, o, Part("gathered", gathered), Part("grad reduce", reduce), *moments[moment],
-             Part("allocator", FRAGMENT_UNITS * unit * (c + REDUCE_BYTES)))
+             Part("allocator", LORA_FRAGMENT_SAVED * saved if x.adapter else FRAGMENT_UNITS * unit * (c + REDUCE_BYTES)))
     return UpdateStep(moment, tuple(q for q in parts if q.bytes > 0 or q.name in ("params", "logits")), allocated)
 
 

@@ -77,6 +77,19 @@ class ModelShape:
         """verl's critic / reward model: the LM with its lm_head replaced by a hidden x 1 score head."""
         return self.layers * self.layer_params + self.embed_params + self.hidden + self.hidden
 
+    def linear_dims(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each Linear in a decoder layer, by the HF module name peft targets."""
+        h, q, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def lora_params(self, rank: int, targets: tuple[str, ...] = ("all-linear",)) -> int:
+        """peft LoRA adapters (A: in x r, B: r x out) on the targeted Linears of every decoder layer.
+        peft's "all-linear" is every Linear but the output layer (lm_head)."""
+        dims = self.linear_dims()
+        names = list(dims) if "all-linear" in targets else [t for t in targets if t in dims]
+        return self.layers * sum(rank * (dims[n][0] + dims[n][1]) for n in names)
+
     def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
         """KV cache per token per GPU: 2 (K and V) x layers x kv_heads/TP x head_dim x dtype bytes.
         vLLM replicates KV heads when TP > kv_heads, so a GPU never holds less than one head."""
