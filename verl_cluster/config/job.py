@@ -6,6 +6,7 @@ verl settings stay in verl's own key names under `overrides` (the one source of 
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +32,8 @@ class DataSpec:
 class PlacementSpec:
     strategy: str = field(default="auto", metadata={"choices": ("auto", "colocate", "split", "separate-reward")})
     gpus: Optional[str] = None  # hypothetical hardware, e.g. 2x8xH100-80GB (plan --gpus wins)
+    allow_lora: bool = False  # the planner may propose LoRA (adapters trained, base frozen) when nothing else fits
+    lora_rank: int = 32  # the rank it proposes
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,21 @@ def is_spec_key(key: str) -> bool:
     return sub is not None and len(parts) == 2 and parts[1] in sub.__dataclass_fields__ and bool(cls)
 
 
+_OURS = {"placement": PlacementSpec, "torchrun": TorchrunSpec, "watch": WatchSpec}  # sections verl has no keys in
+
+
+def _no_typo(key: str, src: str) -> None:
+    """A CLI key in one of our own sections that names no field is a typo, not a verl override."""
+    parts = key.split(".")
+    sub = _OURS.get(parts[0])
+    if sub is None or len(parts) < 2 or parts[1] in sub.__dataclass_fields__:
+        return
+    near = difflib.get_close_matches(parts[1], list(sub.__dataclass_fields__), n=1)
+    raise ConfigError(f"{src}: `{key}` (command line): `{parts[0]}` has no field `{parts[1]}`",
+                      f"did you mean `{parts[0]}.{near[0]}`?" if near else
+                      f"its fields: {', '.join(sub.__dataclass_fields__)}")
+
+
 def load_job(path: str | os.PathLike, cli_overrides: list[str] | None = None) -> JobSpec:
     """Parse a job spec. CLI `key=value` items whose first part is a job field (e.g. `placement.strategy=split`)
     change the spec; all others are verl overrides (`data.train_batch_size=256`)."""
@@ -144,6 +162,7 @@ def job_from_data(data: Any, src: str, cli_overrides: list[str] | None = None, l
     spec_items, verl_items = [], []
     for item in cli_overrides or []:
         key = item.partition("=")[0].strip().lstrip("+")
+        _no_typo(key, src)
         (spec_items if is_spec_key(key) else verl_items).append(item)
     if spec_items:
         data = apply_dotlist(data, spec_items, src)

@@ -250,13 +250,13 @@ def forward_phase(x: TrainInputs, *, params_on_gpu: bool, extra: tuple[Part, ...
     )
 
 
-def trainable_resident(params: int, n: int, m: int, *, param_offload: bool, optimizer_offload: bool) -> tuple[
-        tuple[Part, ...], tuple[Part, ...]]:
+def trainable_resident(params: int, n: int, m: int, *, param_offload: bool, optimizer_offload: bool,
+                       adapter: int = 0) -> tuple[tuple[Part, ...], tuple[Part, ...]]:
     """(GPU, host) parts an actor/critic keeps between its phases. verl's param_offload moves the flat
     params to the host after each phase; optimizer_offload moves AdamW's states. Grads are freed after each
     optimizer step (zero_grad(set_to_none)): measured on an H100, the trainer process between phases holds
-    params + Adam + 1.4 GiB, one model or two."""
-    p, _, o = fsdp_states(params, n, m, trainable=True)
+    params + Adam + 1.4 GiB, one model or two. LoRA (`adapter` > 0): base + adapters, Adam for the adapters."""
+    p, _, o = lora_states(params, adapter, n, m) if adapter else fsdp_states(params, n, m, trainable=True)
     gpu, host = [], []
     (host if param_offload else gpu).append(p)
     (host if optimizer_offload else gpu).append(o)
@@ -288,12 +288,14 @@ def sampler_workspace(shape: ModelShape, in_flight: int) -> float:
 
 def rollout_memory(shape: ModelShape, *, total_bytes: float, util: float, tp: int, dtype_bytes: int, seq: int,
                    max_num_seqs: int, max_num_batched_tokens: int, enforce_eager: bool,
-                   in_flight: int = 0) -> RolloutMemory:
+                   in_flight: int = 0, adapter_params: int = 0) -> RolloutMemory:
     """vLLM (≥ 0.7): weights / TP, a profiling forward of max_num_batched_tokens, the sampler's fp32 logits
     for max_num_seqs, CUDA graphs; the KV cache gets the rest of util x total.
-    KV bytes per token = 2 x layers x kv_heads/TP x head_dim x dtype bytes."""
+    KV bytes per token = 2 x layers x kv_heads/TP x head_dim x dtype bytes. LoRA: verl starts vLLM with
+    enable_lora and max_loras=1, which keeps one adapter slot of the adapters' size beside the base weights
+    (not measured: a few hundred MiB at most for 7B at rank 64)."""
     budget = util * total_bytes
-    weights = shape.params * dtype_bytes / tp
+    weights = (shape.params + adapter_params) * dtype_bytes / tp
     acts = max_num_batched_tokens * (4 * shape.hidden + 3 * shape.intermediate / tp) * dtype_bytes
     acts += max_num_seqs * shape.vocab * LOGITS_BYTES
     graphs = 0.0 if enforce_eager else VLLM_CUDA_GRAPHS_BYTES

@@ -130,6 +130,8 @@ def _levers(base: Variant, heads: int) -> list[Variant]:
     if not b.dynamic_bsz:
         out.append(_with(base, replace(b, dynamic_bsz=True), "dynamic batch size (micro batches by token "
                          "budget)", f"{AR}.actor.use_dynamic_bsz", True, 0.7))
+    if b.allow_lora and not b.lora_rank:
+        out.append(_lora(base))
     for sp in (2, 4, 8):
         if sp > b.sp_actor and heads % sp == 0 and base.hw.gpus_per_node % sp == 0:
             out.append(_with(base, replace(b, sp_actor=sp, sp_critic=sp if b.critic else b.sp_critic),
@@ -137,6 +139,18 @@ def _levers(base: Variant, heads: int) -> list[Variant]:
                              f"{AR}.actor.ulysses_sequence_parallel_size", sp, 0.8 + sp / 10,
                              extra=(("critic.ulysses_sequence_parallel_size", sp),) if b.critic else ()))
     return out
+
+
+def _lora(base: Variant, allowed: bool = True) -> Variant:
+    """LoRA on the actor (and critic): adapters of placement.lora_rank on every linear layer, base frozen;
+    verl's ref becomes the actor with its adapters off. It changes what is trained, so it costs more than any
+    speed knob, and it is only applied when the job allows it (placement.allow_lora)."""
+    b, r = base.s, base.s.lora_offer
+    what = (f"LoRA rank {r} on all linear layers (adapters trained, base frozen; ref = actor without adapters)"
+            + ("" if allowed else " — not applied: the job does not allow LoRA (set placement.allow_lora: true)"))
+    extra = (("critic.model.lora_rank", r),) if b.critic else ()
+    return _with(base, replace(b, lora_rank=r, critic_lora_rank=r if b.critic else 0), what,
+                 f"{AR}.model.lora_rank", r, 1.5, extra=extra)
 
 
 def _with(v: Variant, s: Settings, what: str, key: str, value: Any, cost: float, extra=()) -> Variant:
@@ -158,13 +172,22 @@ def find_options(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any
             opt = _try(ev, step, strategies, user)
             if opt is not None:
                 found.append(opt)
-    if not found:
-        for step in _more_nodes(ev.s, ev.hw):
-            for v in _ladder(step, ev.shape.heads, levers=False):
-                opt = _try(ev, v, strategies, user)
-                if opt is not None:
-                    return [opt]
-    return pick(found)
+    if found:
+        return pick(found)
+    out = []
+    for step in _more_nodes(ev.s, ev.hw):
+        out = [o for v in _ladder(step, ev.shape.heads, levers=False) for o in [_try(ev, v, strategies, user)] if o]
+        if out:
+            out = out[:1]
+            break
+    if not ev.s.allow_lora and not ev.s.lora_rank:
+        # nothing fits on these nodes without LoRA: say whether LoRA would, as an option the job must allow first
+        for base in _bases(ev.s, ev.hw, divisible):
+            opt = _try(ev, _lora(base, allowed=False), strategies, user)
+            if opt is not None:
+                out.append(replace(opt, kind="lora (not allowed)"))
+                break
+    return sorted(out, key=lambda o: o.cost)
 
 
 def pick(found: list[Option], k: int = MAX_OPTIONS) -> list[Option]:

@@ -183,6 +183,8 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     reasons.insert(1, f"model {shape.name}: {shape.params / 1e9:.2f}B parameters, {shape.layers} layers, hidden "
                       f"{shape.hidden}, vocab {shape.vocab}")
     reasons.insert(2, _hw_line(hw))
+    if s.lora_rank or s.critic_lora_rank:
+        reasons.append(_lora_line(s, shape))
     reasons += prec_reasons
     reasons += [n for n in hw.notes]
     if fill < 1.0 and prec.remove_padding:
@@ -209,6 +211,15 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
         fixes = _fix_lines(options)
     plan_ = _assemble(shown, s, shape, hw, fill, reasons, warnings, problems, fixes, best is not None and not problems)
     return replace(plan_, binding=binding, options=tuple(options))
+
+
+def _lora_line(s: Settings, shape: ModelShape) -> str:
+    who = [f"actor rank {s.lora_rank} ({shape.lora_params(s.lora_rank, s.lora_targets) / 1e6:.1f}M adapter "
+           "params; the ref is the actor with its adapters off, no second model)"] if s.lora_rank else []
+    if s.critic_lora_rank:
+        who.append(f"critic rank {s.critic_lora_rank}")
+    return (f"LoRA on {', '.join(s.lora_targets)}: {'; '.join(who)} — gradients and Adam states for the adapters "
+            "only, the frozen base kept in model_dtype, activations as in full fine-tuning")
 
 
 def _hw_line(hw: Hardware) -> str:

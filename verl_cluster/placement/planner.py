@@ -187,6 +187,9 @@ class Evaluator:
                  fill: float):
         self.s, self.shape, self.rm_shape, self.hw, self.prec, self.fill = s, shape, rm_shape, hw, prec, fill
         self.cap = hw.capacity_bytes
+        # LoRA adapters' parameter counts (0: full fine-tuning)
+        self.actor_adapter = shape.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank else 0
+        self.critic_adapter = shape.lora_params(s.critic_lora_rank, s.lora_targets) if s.critic_lora_rank else 0
 
     # -- tokens per micro batch on one GPU --
     def tokens(self, micro: int, *, rmpad: bool, sp: int) -> float:
@@ -244,7 +247,10 @@ class Evaluator:
                 if role in ("actor", "critic"):
                     params = shape.params if role == "actor" else shape.value_model_params
                     m = s.master_dtype_bytes_actor if role == "actor" else s.master_dtype_bytes_critic
-                    gpu, host = mem.trainable_resident(params, n, m, param_offload=param_off, optimizer_offload=opt_off)
+                    gpu, host = mem.trainable_resident(params, n, m, param_offload=param_off, optimizer_offload=opt_off,
+                                                       adapter=self.actor_adapter if role == "actor" else self.critic_adapter)
+                elif role == "ref" and self.actor_adapter:  # LoRA: the ref is the actor with adapters off
+                    gpu, host = (), ()
                 elif role == "ref":  # verl forces FSDP CPUOffload on the ref: params live on the host
                     gpu, host = (), (Part("params", shape.params * s.master_dtype_bytes_actor / n),)
                 elif role == "reward":  # same for the FSDP reward model (bf16 weights)
@@ -293,14 +299,15 @@ class Evaluator:
         actor_base = dict(shape=shape, params=shape.params, n=n, seq=s.seq_len, c=prec.c,
                           m=s.master_dtype_bytes_actor, attn=prec.attn, vocab_out=shape.vocab, verl_engine=True,
                           fused_ce=prec.attn.startswith("flash"))  # flash-attn on the nodes: its Triton CE
+        actor_extra: tuple[Part, ...] = ()
         if "actor" in pool.roles:
-            _, _, o = mem.fsdp_states(shape.params, n, s.master_dtype_bytes_actor, trainable=True)
-            extra = () if opt_off else (o,)  # grads are None outside the update step
+            o = _adam(shape.params, self.actor_adapter, n, s.master_dtype_bytes_actor)
+            extra = actor_extra = () if opt_off else (o,)  # grads are None outside the update step
             base = actor_base
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_actor // n)
             self._search(c, pool, "actor", "actor update", s.actor_micro, _divisors_desc(mb_gpu), mb_gpu,
                          lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_actor,
-                                                                   **base)),
+                                                                   adapter=self.actor_adapter, **base)),
                          rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens,
                          budget_pinned=s.actor_tokens_pinned)
             self._search(c, pool, "actor", "actor log-prob", s.logprob_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
@@ -310,14 +317,18 @@ class Evaluator:
                          rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
         if "ref" in pool.roles:
             base = actor_base
+            # LoRA: the actor's own module with its adapters off computes the ref log-probs (its params and
+            # Adam states are on the GPU, so they are not counted again as the actor's resident)
+            in_actor = bool(self.actor_adapter) and "actor" in pool.roles
             self._search(c, pool, "ref", "ref log-prob", s.ref_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
                          per_gpu_batch * s.sp_actor,
                          lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
-                                                         params_on_gpu=False),
-                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
+                                                         params_on_gpu=in_actor, extra=actor_extra if in_actor else ()),
+                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens,
+                         others_as="actor" if in_actor else "ref")
         if "critic" in pool.roles:
             root = shape.embed_params + 2 * shape.hidden
-            _, _, o = mem.fsdp_states(shape.value_model_params, n, s.master_dtype_bytes_critic, trainable=True)
+            o = _adam(shape.value_model_params, self.critic_adapter, n, s.master_dtype_bytes_critic)
             extra = () if opt_off else (o,)
             base = dict(shape=shape, params=shape.value_model_params, n=n, seq=s.seq_len, c=prec.c,
                         m=s.master_dtype_bytes_critic, attn=prec.attn, vocab_out=1, root_params=root,
@@ -325,7 +336,7 @@ class Evaluator:
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // n)
             self._search(c, pool, "critic", "critic update", s.critic_micro, _divisors_desc(mb_gpu), mb_gpu,
                          lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic,
-                                                                   **base)),
+                                                                   adapter=self.critic_adapter, **base)),
                          rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens,
                          budget_pinned=s.critic_tokens_pinned)
             self._search(c, pool, "critic", "critic values", s.critic_fwd_micro,
@@ -344,10 +355,11 @@ class Evaluator:
 
     def _search(self, c: Candidate, pool: Pool, role: str, phase: str, pinned: Optional[int], candidates: list[int],
                 whole: int, parts_of: Callable[[int, float], tuple[Part, ...]], *, rmpad: bool, sp: int,
-                budget: Optional[int], budget_pinned: bool = False) -> None:
+                budget: Optional[int], budget_pinned: bool = False, others_as: Optional[str] = None) -> None:
         """Largest micro batch that fits (or the pinned one); with dynamic batch size the token budget (the
-        job's, when it sets one for an update)."""
-        others = self._others(c, pool, role)
+        job's, when it sets one for an update). `others_as`: the role whose process runs the phase (residents
+        of every other role count), when not `role`."""
+        others = self._others(c, pool, others_as or role)
         dynamic = self.s.dynamic_bsz and budget is not None
         if dynamic:
             budgets = [budget] if budget_pinned else _token_budgets(budget, self.s.seq_len)
@@ -391,7 +403,7 @@ class Evaluator:
         r = mem.rollout_memory(shape, total_bytes=total, util=max(util, 0.0), tp=tp,
                                dtype_bytes=self.prec.c, seq=s.seq_len, max_num_seqs=s.max_num_seqs,
                                max_num_batched_tokens=s.max_num_batched_tokens, enforce_eager=s.enforce_eager,
-                               in_flight=in_flight)
+                               in_flight=in_flight, adapter_params=self.actor_adapter)
         c.rollout = r
         peak = mem.rollout_peak(r, others, colocated=colocated)
         fits = peak <= self.cap and util >= UTIL_MIN - 1e-9 and r.seqs_fit >= 1
@@ -403,6 +415,11 @@ class Evaluator:
             note = f"gpu_memory_utilization {util} x {total / GIB:.1f} GiB plus what other roles keep resident"
         c.phases.append(PhaseResult("rollout", "generate", pool.name, None, float(s.seq_len), r.parts, others, peak,
                                     fits, note))
+
+
+def _adam(params: int, adapter: int, n: int, m: int) -> Part:
+    """The AdamW states a trainable role keeps on the GPU between its phases (the adapters' alone with LoRA)."""
+    return (mem.lora_states(params, adapter, n, m) if adapter else mem.fsdp_states(params, n, m, trainable=True))[2]
 
 
 def _token_budgets(start: int, seq: int) -> list[int]:

@@ -7,7 +7,7 @@ verl's ppo_trainer.yaml defaults. `None` for a searchable field means "not pinne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from verl_cluster.config.job import JobSpec
@@ -70,6 +70,13 @@ class Settings:
     # the job sets ppo_max_token_len_per_gpu: with use_dynamic_bsz the update runs at that budget (not searched)
     actor_tokens_pinned: bool = False
     critic_tokens_pinned: bool = False
+    # LoRA (actor_rollout_ref.model.lora_rank / critic.model.lora_rank; 0: full fine-tuning). With an actor LoRA
+    # verl's ref is the actor with its adapters off (ref_in_actor): no second model
+    lora_rank: int = 0
+    critic_lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ("all-linear",)
+    allow_lora: bool = False  # placement.allow_lora: the planner may propose LoRA
+    lora_offer: int = 32  # placement.lora_rank: the rank it proposes
 
     @property
     def seq_len(self) -> int:
@@ -132,6 +139,15 @@ def _dtype_bytes(key: str, value: str) -> int:
     if value.lower() not in _DTYPE_BYTES:
         raise ConfigError(f"overrides: `{key}`: unknown dtype {value!r}", "use fp32, bf16 or fp16")
     return _DTYPE_BYTES[value.lower()]
+
+
+def _targets(value: Any) -> tuple[str, ...]:
+    """verl's target_modules: "all-linear", one module name, or a list of them."""
+    if value is None:
+        return ("all-linear",)
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.strip("[]").split(",") if v.strip()) or ("all-linear",)
+    return tuple(str(v) for v in value) or ("all-linear",)
 
 
 ONE_POOL_ENTRYPOINTS = ("verl.trainer.main_ppo",)
@@ -210,6 +226,15 @@ def read_settings(job: JobSpec) -> Settings:
         actor_tokens_pinned=r.has(f"{AR}.actor.ppo_max_token_len_per_gpu"),
         critic_tokens_pinned=r.has("critic.ppo_max_token_len_per_gpu"),
     )
+    lora = r.positive(f"{AR}.model.lora.rank", None) or r.get(f"{AR}.model.lora_rank", int, 0)
+    critic_lora = r.positive("critic.model.lora.rank", None) or r.get("critic.model.lora_rank", int, 0)
+    if lora < 0 or critic_lora < 0:
+        raise ConfigError("overrides: `lora_rank` must be 0 (off) or a positive rank")
+    if job.placement.lora_rank <= 0:
+        raise ConfigError(f"placement.lora_rank must be a positive rank, got {job.placement.lora_rank}",
+                          "use 16, 32 or 64")
+    s = replace(s, lora_rank=lora, critic_lora_rank=critic_lora, lora_targets=_targets(r.raw(f"{AR}.model.target_modules")),
+                allow_lora=job.placement.allow_lora, lora_offer=job.placement.lora_rank)
     if s.ppo_mini_batch_size > s.train_batch_size:
         raise ConfigError(f"overrides: `{AR}.actor.ppo_mini_batch_size` ({mini}) exceeds data.train_batch_size "
                           f"({train_batch})", "verl asserts train_batch_size >= ppo_mini_batch_size")
