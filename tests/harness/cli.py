@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,3 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_cli(*args, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "verl_cluster", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def ctrl_c_default() -> None:
+    """preexec_fn for a CLI process a test interrupts: a shell's background job inherits SIGINT ignored, and Python
+    then installs no KeyboardInterrupt handler, so the test's SIGINT would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.harness.cli import run_cli
+from tests.harness.cli import ctrl_c_default, run_cli
 from tests.harness.ray_cluster import running_cluster
 from verl_cluster.config.cluster import load_cluster
 
@@ -37,7 +37,8 @@ class Dashboard:
     def __init__(self, *args, env=None):
         self.p = subprocess.Popen([sys.executable, "-m", "verl_cluster", "dashboard", *map(str, args)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                  preexec_fn=ctrl_c_default)
         self.out: list[str] = []
         self.err: list[str] = []
         for stream, sink in ((self.p.stdout, self.out), (self.p.stderr, self.err)):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.cli import run_cli
+from tests.harness.cli import ctrl_c_default, run_cli
 from tests.harness.ray_cluster import running_cluster
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ def follow_then_interrupt(path, job, *flags):
     """Start `submit` (following), wait for the job's first log line, send SIGINT; return (rc, stderr, sid)."""
     p = subprocess.Popen([sys.executable, "-m", "verl_cluster", "submit", str(job), "-c", str(path), *flags],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=ctrl_c_default)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
     reader.start()
