@@ -27,15 +27,19 @@ def test_3x8_h100_gsm8k_divisibility_binds_and_options_fit():
     assert not p.feasible and p.binding.startswith("divisibility")
     assert p.options and len(p.options) <= 3
     for o in p.options:
-        gpus = o.overrides["trainer.nnodes"] * o.overrides["trainer.n_gpus_per_node"]
         batch = o.overrides.get("data.train_batch_size", 256)
         mini = o.overrides.get("actor_rollout_ref.actor.ppo_mini_batch_size", 64)
-        assert batch % gpus == 0 and mini % gpus == 0 and batch % mini == 0
+        for nodes in o.pool_nodes:  # every verl resource pool (one pool unless the option splits them)
+            gpus = nodes * o.overrides["trainer.n_gpus_per_node"]
+            assert batch % gpus == 0 and mini % gpus == 0 and batch % mini == 0
         assert o.peak_gib <= p.capacity_gib and o.changes
         # the option, planned as a job of its own, fits (it is not a promise the planner cannot keep)
-        again = plan_job(job(**o.overrides), parse_gpus(f"{o.overrides['trainer.nnodes']}x8xH100-80GB"))
-        assert again.feasible
+        again = job(**o.overrides)
+        if o.kind == "pools":  # pools by whole nodes need an entrypoint that builds them
+            again = replace(again, entrypoint="my_pkg.main_ppo_pools")
+        assert plan_job(again, parse_gpus(f"{o.overrides['trainer.nnodes']}x8xH100-80GB")).feasible
     assert any(o.overrides["trainer.nnodes"] == 2 for o in p.options)  # 2 of the 3 nodes
+    assert any(o.kind == "pools" and o.pool_nodes == (2, 1) for o in p.options)  # 16 GPUs actor side, 8 critic
     assert any("→ 240/48" in o.changes[0] or "→ 288/72" in o.changes[0] for o in p.options)
     assert p.fixes[0].startswith(p.options[0].changes[0])
 

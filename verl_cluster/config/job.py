@@ -30,7 +30,8 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class PlacementSpec:
-    strategy: str = field(default="auto", metadata={"choices": ("auto", "colocate", "split", "separate-reward")})
+    strategy: str = field(default="auto", metadata={"choices": ("auto", "colocate", "split", "separate-reward",
+                                                                     "split-nodes")})
     gpus: Optional[str] = None  # hypothetical hardware, e.g. 2x8xH100-80GB (plan --gpus wins)
     allow_lora: bool = False  # the planner may propose LoRA (adapters trained, base frozen) when nothing else fits
     lora_rank: int = 32  # the rank it proposes

@@ -10,6 +10,21 @@ from verl_cluster.facts.model import NodeFacts
 
 
 @dataclass(frozen=True)
+class NodeKind:
+    """Nodes with the same GPU model and memory (mixed clusters have several kinds)."""
+    gpu_name: str
+    capacity_bytes: float
+    sm: tuple[int, int]
+    nodes: tuple[int, ...]  # node indices (positions in Hardware.hosts)
+
+    @property
+    def resource(self) -> str:
+        """A Ray custom resource name for these nodes (cluster.yaml `resources:`), for pinning a verl pool."""
+        return "gpu_kind_" + "".join(ch if ch.isalnum() else "_" for ch in self.gpu_name.lower()).strip("_") + \
+            f"_{int(self.capacity_bytes / 2**30)}g"
+
+
+@dataclass(frozen=True)
 class Hardware:
     hosts: tuple[str, ...]  # GPU nodes used, in order (node index = position)
     gpus_per_node: int
@@ -21,6 +36,7 @@ class Hardware:
     flash_attn_note: str
     host_mem_bytes: Optional[float]  # smallest node RAM, when known
     notes: tuple[str, ...] = ()
+    kinds: tuple[NodeKind, ...] = ()  # largest GPU memory first; empty or one kind: every node alike
 
     @property
     def nnodes(self) -> int:
@@ -105,9 +121,12 @@ def hardware_from_facts(facts: list[NodeFacts], *, nnodes: Optional[int] = None,
     gpus = [g for nf in used for g in nf.gpus[:per_node]]
     cap = min(g.memory_total_mib for g in gpus) * 2**20
     smallest = min(gpus, key=lambda g: g.memory_total_mib)
-    names = sorted({g.name for g in gpus})
-    if len(names) > 1:
-        notes.append(f"mixed GPU models ({', '.join(names)}): planning for the smallest ({smallest.name})")
+    kinds = node_kinds(used, per_node)
+    if len(kinds) > 1:
+        notes.append(f"mixed GPU kinds ({', '.join(f'{len(k.nodes)} node(s) of {k.gpu_name}' for k in kinds)}): "
+                     f"verl's global_pool puts every role on every node, so it is planned for the smallest "
+                     f"({smallest.name}); strategy split-nodes gives the actor and rollout the larger GPUs "
+                     "(an entrypoint that builds pools, pinned by Ray resources)")
     busy = [f"{nf.host}:{g.index}" for nf in used for g in nf.gpus[:per_node]
             if g.memory_free_mib is not None and g.memory_free_mib < 0.9 * g.memory_total_mib]
     if busy:
@@ -125,4 +144,18 @@ def hardware_from_facts(facts: list[NodeFacts], *, nnodes: Optional[int] = None,
         hosts=tuple(nf.host for nf in used), gpus_per_node=per_node, capacity_bytes=float(cap),
         gpu_name=smallest.name, sm=min(g.sm for g in gpus), islands=tuple(layouts.values()),
         flash_attn=flash, flash_attn_note=note, host_mem_bytes=host_mem, notes=tuple(notes),
+        kinds=kinds if len(kinds) > 1 else (),
     )
+
+
+def node_kinds(nodes: list[NodeFacts], per_node: int) -> tuple[NodeKind, ...]:
+    """Group nodes by their smallest GPU (model and memory), largest memory first."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    sms: dict[tuple[str, int], tuple[int, int]] = {}
+    for i, nf in enumerate(nodes):
+        g = min(nf.gpus[:per_node], key=lambda x: x.memory_total_mib)
+        key = (g.name, g.memory_total_mib)
+        groups.setdefault(key, []).append(i)
+        sms[key] = min(sms.get(key, g.sm), min(x.sm for x in nf.gpus[:per_node]))
+    kinds = [NodeKind(name, mib * 2**20, sms[(name, mib)], tuple(idx)) for (name, mib), idx in groups.items()]
+    return tuple(sorted(kinds, key=lambda k: (-k.capacity_bytes, k.nodes)))

@@ -35,6 +35,7 @@ class Option:
     kind: str = "settings"
     levers: frozenset = frozenset()  # the variant's own changes (an option needing more levers than another is
     # dominated by it)
+    pool_nodes: tuple[int, ...] = ()  # nodes of each verl resource pool, in order
 
     def to_dict(self) -> dict[str, Any]:
         return {"changes": list(self.changes), "overrides": dict(self.overrides), "peak_gib": round(self.peak_gib, 2),
@@ -172,6 +173,9 @@ def find_options(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any
             opt = _try(ev, step, strategies, user)
             if opt is not None:
                 found.append(opt)
+    pools = _node_pools(ev, strategies, user)
+    if pools is not None:
+        found.append(pools)
     if found:
         return pick(found)
     out = []
@@ -188,6 +192,22 @@ def find_options(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any
                 out.append(replace(opt, kind="lora (not allowed)"))
                 break
     return sorted(out, key=lambda o: o.cost)
+
+
+def _node_pools(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any]) -> Optional[Option]:
+    """verl resource pools by whole nodes (actor side on some nodes, critic/RM on the others) when the job's
+    entrypoint is verl's stock trainer, which cannot build them: shown as a change of entrypoint."""
+    s, hw = ev.s, ev.hw
+    if s.split_placement or not (s.critic or s.reward_model) or hw.nnodes < 2 or "split-nodes" not in strategies:
+        return None
+    opt = _try(ev, Variant(replace(s, split_placement=True), hw, ("pools",), (), 1.2, "pools"), ("split-nodes",), user)
+    if opt is None:
+        return None
+    k = opt.pool_nodes[0]
+    what = (f"actor/rollout/ref on {k} node(s), {'critic' if s.critic else 'reward model'} on the other "
+            f"{hw.nnodes - k} (verl resource pools by whole nodes: needs an entrypoint that builds them, as verl's "
+            "examples/split_placement does — verl.trainer.main_ppo puts every role in one pool)")
+    return replace(opt, changes=(what,) + opt.changes[1:], levers=frozenset({what}))
 
 
 def pick(found: list[Option], k: int = MAX_OPTIONS) -> list[Option]:
@@ -221,7 +241,7 @@ def _try(ev: Evaluator, v: Variant, strategies: tuple[str, ...], user: dict[str,
     if best.offload:
         changes.append(f"{OFFLOAD_NAMES[best.offload]} offload")
     return Option(tuple(changes), ov, _peak(best) / GIB, best.strategy, best.tp, OFFLOAD_NAMES[best.offload],
-                  v.cost + 0.4 * best.offload, v.kind, frozenset(v.changes))
+                  v.cost + 0.4 * best.offload, v.kind, frozenset(v.changes), tuple(p.nnodes for p in best.pools))
 
 
 def _peak(c: Candidate) -> float:

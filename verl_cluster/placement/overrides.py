@@ -28,7 +28,8 @@ ATTN_KEYS = (f"+{AR}.model.override_config.attn_implementation", "+critic.model.
 def build_overrides(c: Candidate, s: Settings) -> dict[str, Any]:
     main = c.pools[0]
     out: dict[str, Any] = {
-        "trainer.nnodes": main.nnodes,
+        # split-nodes: the pools take whole nodes of the cluster; the entrypoint splits trainer.nnodes among them
+        "trainer.nnodes": sum(p.nnodes for p in c.pools) if c.strategy == "split-nodes" else main.nnodes,
         # split: verl's examples/split_placement halves trainer.n_gpus_per_node itself
         "trainer.n_gpus_per_node": sum(len(p.gpu_indices) for p in c.pools) if c.strategy == "split"
         else len(main.gpu_indices),

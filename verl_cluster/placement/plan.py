@@ -62,6 +62,7 @@ class GpuSlot:
     roles: tuple[str, ...]
     peak_gib: float
     peak_phase: str
+    capacity_gib: float = 0.0  # this GPU's memory as planned (its pool's; mixed nodes differ)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class Plan:
     binding: str = ""  # the constraint that decides when it does not fit
     options: tuple[Option, ...] = ()  # the best feasible changed jobs when it does not fit, best first
     host_mem_gib: Optional[float] = None  # RAM per node the plan was checked against (None: unknown)
+    # verl resource pools: name, roles, hosts, GPUs per node, GPU memory, the Ray resource that pins it ("": none)
+    pools: tuple[dict[str, Any], ...] = ()
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -134,7 +137,8 @@ class Plan:
                 for r in self.roles
             },
             "gpus": [{"node": g.node, "host": g.host, "gpu": g.gpu, "roles": list(g.roles),
-                      "peak_gib": round(g.peak_gib, 2), "peak_phase": g.peak_phase} for g in self.gpus],
+                      "peak_gib": round(g.peak_gib, 2), "peak_phase": g.peak_phase,
+                      "capacity_gib": round(g.capacity_gib or self.capacity_gib, 2)} for g in self.gpus],
             "rollout": {"seqs_fit_per_replica": self.rollout_seqs_fit, "seqs_wanted_per_replica": self.rollout_seqs_wanted},
             "host_gib_per_node": round(self.host_gib_per_node, 2),
             "overrides": dict(self.overrides),
@@ -145,6 +149,7 @@ class Plan:
             "binding": self.binding,
             "options": [o.to_dict() for o in self.options],
             "host_mem_gib": None if self.host_mem_gib is None else round(self.host_mem_gib, 1),
+            "pools": [dict(p) for p in self.pools],
         }
 
 
@@ -174,7 +179,9 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     if want != "auto" and not make_pools(want, s, hw):
         need = {"split": "an entrypoint that builds two pools (verl.trainer.main_ppo puts every role in "
                          "global_pool), a critic or reward model and an even GPU count per node",
-                "separate-reward": "a reward model and ≥ 2 GPUs per node"}[want]
+                "separate-reward": "a reward model and ≥ 2 GPUs per node",
+                "split-nodes": "≥ 2 nodes, a critic or reward model and an entrypoint that builds pools "
+                               "(verl.trainer.main_ppo puts every role in global_pool)"}[want]
         raise ConfigError(f"strategy `{want}` needs {need}", "use --strategy colocate or auto")
     ev = Evaluator(s, shape, rm_shape, hw, prec, fill)
     best, tried = search(ev, strategies)
@@ -223,8 +230,18 @@ def _lora_line(s: Settings, shape: ModelShape) -> str:
 
 
 def _hw_line(hw: Hardware) -> str:
+    if hw.kinds:
+        kinds = " + ".join(f"{len(k.nodes)} node(s) x {hw.gpus_per_node} x {k.gpu_name} ({k.capacity_bytes / GIB:.1f} "
+                           f"GiB, SM {k.sm[0]}.{k.sm[1]})" for k in hw.kinds)
+        return f"hardware: {kinds}, P2P islands {_islands(hw)}"
     return (f"hardware: {hw.nnodes} node(s) x {hw.gpus_per_node} x {hw.gpu_name} ({hw.capacity_bytes / GIB:.1f} GiB, "
             f"SM {hw.sm[0]}.{hw.sm[1]}, P2P islands {_islands(hw)})")
+
+
+def _hw_short(hw: Hardware) -> str:
+    if hw.kinds:
+        return " + ".join(f"{len(k.nodes)}x{hw.gpus_per_node}x {k.gpu_name}" for k in hw.kinds)
+    return f"{hw.nnodes}x{hw.gpus_per_node}x {hw.gpu_name}"
 
 
 def _islands(hw: Hardware) -> str:
@@ -251,6 +268,8 @@ def _explain(best: Candidate, tried: list[Candidate], s: Settings, hw: Hardware,
                    + (f"; also feasible: {', '.join(others)}" if others else ""))
     else:
         out.append(f"strategy {best.strategy}: as asked")
+    if best.strategy == "split-nodes":
+        out.append(_by_kind_line(best, hw))
     if best.offload == 0:
         out.append("offload: none, every phase fits with params, grads and Adam states on the GPU")
     else:
@@ -295,6 +314,23 @@ def _explain(best: Candidate, tried: list[Candidate], s: Settings, hw: Hardware,
             line += f"; {ph.bigger[0]} would need {ph.bigger[1] / GIB:.1f} GiB"
         out.append(line)
     return out
+
+
+def _by_kind_line(c: Candidate, hw: Hardware) -> str:
+    """How the entrypoint must build the pools: verl's RayResourcePool(accelerator_type=R) asks every bundle for
+    a sliver of resource R, so a pool lands only on nodes whose `ray start` advertised R (cluster.yaml
+    `resources: {R: 1}` on those nodes)."""
+    parts = []
+    for p in c.pools:
+        hosts = ", ".join(hw.hosts[i] for i in p.node_ids)
+        parts.append(f"{p.name} ({'/'.join(p.roles)}): [{len(p.gpu_indices)}] x {p.nnodes} on {hosts} "
+                     f"({(p.capacity or hw.capacity_bytes) / GIB:.0f} GiB GPUs), Ray resource `{p.resource}`")
+    if not any(p.resource for p in c.pools):
+        return ("pools by whole nodes — " + "; ".join(parts).replace(", Ray resource ``", "") + ". The entrypoint "
+                "builds them (resource_pool_spec), as verl's examples/split_placement does; alike nodes need no pinning")
+    return ("pools by GPU kind — " + "; ".join(parts) + ". verl's stock trainer cannot pin a pool to nodes: the "
+            "entrypoint passes each pool's resource to RayResourcePool(accelerator_type=...), and cluster.yaml gives "
+            "those nodes `resources: {RESOURCE: 1}`")
 
 
 def _host_check(c: Candidate, hw: Hardware, warnings: list[str]) -> tuple[list[str], list[str]]:
@@ -342,7 +378,7 @@ def _problems(c: Candidate, hw: Hardware, seq_len: int) -> list[str]:
         what = "" if ph.micro is None else f" at micro batch {ph.micro}"
         line = (f"{ph.phase} needs {_rollout_need(c, ph) / GIB:.1f} GiB/GPU{what} ({_top(ph)}) on {pool.size} GPU(s) "
                 f"with {OFFLOAD_NAMES[c.offload]} offload, TP {c.tp}; {hw.gpu_name} has "
-                f"{hw.capacity_bytes / GIB:.1f} GiB")
+                f"{(pool.capacity or hw.capacity_bytes) / GIB:.1f} GiB")
         note = _rollout_note(c, ph, seq_len)
         out.append(line + (f" — {note}" if note else ""))
     return out
@@ -377,7 +413,7 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
     cap = hw.capacity_bytes
     role_plans, slots = [], []
     for pool in c.pools:
-        gpus = tuple((node, g) for node in range(pool.nnodes) for g in pool.gpu_indices)
+        gpus = tuple((node, g) for node in pool.node_ids for g in pool.gpu_indices)
         pool_phases = [p for p in c.phases if p.pool == pool.name]
         peak_phase = max(pool_phases, key=lambda p: _rollout_need(c, p)) if pool_phases else None
         for role in pool.roles:
@@ -395,13 +431,13 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
         for node, g in gpus:
             slots.append(GpuSlot(node, hw.hosts[node] if node < len(hw.hosts) else f"node{node}", g, pool.roles,
                                  (_rollout_need(c, peak_phase) if peak_phase else 0.0) / GIB,
-                                 peak_phase.phase if peak_phase else ""))
+                                 peak_phase.phase if peak_phase else "", (pool.capacity or cap) / GIB))
     role_plans.sort(key=lambda r: ROLE_ORDER.index(r.role))
     slots.sort(key=lambda x: (x.node, x.gpu))
     r = c.rollout
     return Plan(
         feasible=feasible, strategy=c.strategy, model=shape.name, params=shape.params,
-        hardware=f"{hw.nnodes}x{hw.gpus_per_node}x {hw.gpu_name}", capacity_gib=cap / GIB, nnodes=hw.nnodes,
+        hardware=_hw_short(hw), capacity_gib=cap / GIB, nnodes=hw.nnodes,
         gpus_per_node=hw.gpus_per_node, tp=c.tp, gpu_memory_utilization=c.util, offload=OFFLOAD_NAMES[c.offload],
         dtype=c.prec.train_dtype, attn=c.prec.attn, fill=fill, roles=tuple(role_plans), gpus=tuple(slots),
         overrides=build_overrides(c, s), reasons=tuple(reasons), warnings=tuple(warnings),
@@ -409,4 +445,7 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
         rollout_seqs_fit=r.seqs_fit if r else 0,
         host_mem_gib=None if hw.host_mem_bytes is None else hw.host_mem_bytes / GIB,
         rollout_seqs_wanted=wanted_concurrency(s, c.pools[0].size, c.tp),
+        pools=tuple({"name": p.name, "roles": list(p.roles), "hosts": [hw.hosts[i] for i in p.node_ids],
+                     "gpus_per_node": len(p.gpu_indices), "gpu_gib": round((p.capacity or cap) / GIB, 1),
+                     "ray_resource": p.resource} for p in c.pools),
     )

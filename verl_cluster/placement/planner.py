@@ -16,7 +16,7 @@ from verl_cluster.placement.memory import GIB, Part, TrainInputs
 from verl_cluster.placement.model_shape import ModelShape
 from verl_cluster.placement.settings import Settings
 
-STRATEGIES = ("colocate", "split", "separate-reward")
+STRATEGIES = ("colocate", "split", "separate-reward", "split-nodes")
 OFFLOAD_LEVELS = ((False, False), (False, True), (True, True))  # (param, optimizer) for actor and critic
 OFFLOAD_NAMES = ("none", "optimizer", "param+optimizer")
 UTIL_DEFAULT = 0.5  # verl's rollout.gpu_memory_utilization default
@@ -39,10 +39,17 @@ class Pool:
     gpu_indices: tuple[int, ...]  # GPU indices used on every node
     nnodes: int
     roles: tuple[str, ...]
+    nodes: tuple[int, ...] = ()  # the node indices it uses (empty: nodes 0 .. nnodes-1)
+    capacity: float = 0.0  # its smallest GPU's memory (0: the hardware's smallest)
+    resource: str = ""  # Ray custom resource that pins it to its nodes (split-nodes)
 
     @property
     def size(self) -> int:
         return len(self.gpu_indices) * self.nnodes
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        return self.nodes or tuple(range(self.nnodes))
 
 
 # verl's order of the trainer phases within a step (the rollout comes first and empties the cache)
@@ -93,7 +100,9 @@ class Candidate:
 
     def cost(self, kv_wanted: int) -> tuple:
         short = self.rollout is not None and self.rollout.seqs_fit < kv_wanted
-        return (self.offload, self.crosses_islands, STRATEGIES.index(self.strategy), short,
+        # split-nodes: the actor side (rollout and update, the heavier work) gets the most nodes that fit
+        actor_side = -self.pools[0].size if self.strategy == "split-nodes" else 0
+        return (self.offload, self.crosses_islands, STRATEGIES.index(self.strategy), short, actor_side,
                 -(self.micro("actor update") or 0), self.tp, -self.util)
 
 
@@ -156,6 +165,28 @@ def make_pools(strategy: str, s: Settings, hw: Hardware) -> list[tuple[Pool, ...
         second = tuple(r for r in everyone if r in ("critic", "reward"))
         return [(Pool("actor_rollout_ref_pool", tuple(range(g // 2)), nn, first),
                  Pool("critic_pool", tuple(range(g // 2, g)), nn, second))]
+    if strategy == "split-nodes":  # whole nodes per pool: actor/rollout/ref on some, critic/RM on the others
+        if not s.split_placement or not (s.critic or s.reward_model) or nn < 2:
+            return []
+        first = tuple(r for r in everyone if r in ("actor", "rollout", "ref"))
+        second = tuple(r for r in everyone if r in ("critic", "reward"))
+        out = []
+        if len(hw.kinds) >= 2:  # mixed nodes: the k largest GPU kinds for the actor side, pinned by Ray resources
+            for k in range(1, len(hw.kinds)):
+                big, small = hw.kinds[:k], hw.kinds[k:]
+                nb = tuple(sorted(i for kind in big for i in kind.nodes))
+                ns = tuple(sorted(i for kind in small for i in kind.nodes))
+                out.append((Pool("actor_rollout_ref_pool", tuple(range(g)), len(nb), first, nb,
+                                 min(x.capacity_bytes for x in big), _resource(big)),
+                            Pool("critic_pool", tuple(range(g)), len(ns), second, ns,
+                                 min(x.capacity_bytes for x in small), _resource(small))))
+            return out
+        # alike nodes (no pinning needed): the most actor nodes over which both pools' batches divide, and a half
+        fits = [k for k in range(nn - 1, 0, -1) if s.sequences % (k * g) == 0 and s.sequences % ((nn - k) * g) == 0]
+        for k in sorted(set(fits[:1] + [k for k in fits if k == nn // 2])):
+            out.append((Pool("actor_rollout_ref_pool", tuple(range(g)), k, first, tuple(range(k))),
+                        Pool("critic_pool", tuple(range(g)), nn - k, second, tuple(range(k, nn)))))
+        return out
     if strategy == "separate-reward":  # reward_model.enable_resource_pool: its own GPUs on every node
         if not s.reward_model or g < 2:
             return []
@@ -167,6 +198,10 @@ def make_pools(strategy: str, s: Settings, hw: Hardware) -> list[tuple[Pool, ...
                             Pool("reward_pool", tuple(range(g - k, g)), nn, ("reward",))))
         return out
     raise ValueError(strategy)
+
+
+def _resource(kinds) -> str:
+    return kinds[0].resource if len(kinds) == 1 else "+".join(k.resource for k in kinds)
 
 
 def _has(s: Settings, role: str) -> bool:
@@ -190,6 +225,9 @@ class Evaluator:
         # LoRA adapters' parameter counts (0: full fine-tuning)
         self.actor_adapter = shape.lora_params(s.lora_rank, s.lora_targets) if s.lora_rank else 0
         self.critic_adapter = shape.lora_params(s.critic_lora_rank, s.lora_targets) if s.critic_lora_rank else 0
+
+    def cap_of(self, pool: Pool) -> float:
+        return pool.capacity or self.cap
 
     # -- tokens per micro batch on one GPU --
     def tokens(self, micro: int, *, rmpad: bool, sp: int) -> float:
@@ -282,7 +320,7 @@ class Evaluator:
                 extra = carried - own
                 peak = ph.peak + extra
                 c.phases[i] = replace(ph, parts=ph.parts + (Part("cached from earlier phases", extra),), peak=peak,
-                                      fits=ph.fits and peak <= self.cap)
+                                      fits=ph.fits and peak <= self.cap_of(pool))
             carried = max(carried, own)
 
     def _others(self, c: Candidate, pool: Pool, role: str) -> float:
@@ -374,7 +412,8 @@ class Evaluator:
         for mb, toks in tries:
             parts = parts_of(mb or 1, toks)
             peak = mem.gpu_peak(mem.total(parts), others)
-            last = PhaseResult(role, phase, pool.name, mb, toks, parts, others, peak, peak <= self.cap, "", bigger)
+            last = PhaseResult(role, phase, pool.name, mb, toks, parts, others, peak, peak <= self.cap_of(pool), "",
+                               bigger)
             if last.fits:
                 break
             bigger = (mb if mb is not None else int(toks), peak)
@@ -386,11 +425,11 @@ class Evaluator:
     def _rollout(self, c: Candidate, pool: Pool, tp: int) -> None:
         s, shape = self.s, self.shape
         others = self._others(c, pool, "rollout")
-        total = self.hw.capacity_bytes
+        total = cap = self.cap_of(pool)
         colocated = any(r != "rollout" for r in pool.roles)
         in_flight = min(s.max_num_seqs, max(1, s.sequences * tp // pool.size))  # per vLLM replica (TP group)
         workspace = mem.sampler_workspace(shape, in_flight)
-        room = (self.cap - mem.VLLM_CONTEXT_BYTES - workspace - (mem.CUDA_CONTEXT_BYTES if colocated else 0.0)
+        room = (cap - mem.VLLM_CONTEXT_BYTES - workspace - (mem.CUDA_CONTEXT_BYTES if colocated else 0.0)
                 - others * (1 + mem.ALLOCATOR_MARGIN)) / total
         if s.gpu_memory_utilization is not None:
             util = s.gpu_memory_utilization
@@ -406,12 +445,12 @@ class Evaluator:
                                in_flight=in_flight, adapter_params=self.actor_adapter)
         c.rollout = r
         peak = mem.rollout_peak(r, others, colocated=colocated)
-        fits = peak <= self.cap and util >= UTIL_MIN - 1e-9 and r.seqs_fit >= 1
+        fits = peak <= cap and util >= UTIL_MIN - 1e-9 and r.seqs_fit >= 1
         note = ""
         if r.seqs_fit < 1:
             note = (f"KV cache {r.kv_cache / GIB:.2f} GiB holds no full {s.seq_len}-token sequence "
                     f"({r.kv_per_seq / GIB:.3f} GiB each) at gpu_memory_utilization {util}")
-        elif peak > self.cap:
+        elif peak > cap:
             note = f"gpu_memory_utilization {util} x {total / GIB:.1f} GiB plus what other roles keep resident"
         c.phases.append(PhaseResult("rollout", "generate", pool.name, None, float(s.seq_len), r.parts, others, peak,
                                     fits, note))

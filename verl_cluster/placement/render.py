@@ -62,7 +62,9 @@ def render(plan: Plan, con: Console, *, brief: bool = False) -> None:
 def _verdict(plan: Plan, con: Console) -> None:
     head = f"[bold]plan[/] {escape(plan.model)} ({plan.params / 1e9:.2f}B) on {escape(plan.hardware)}: "
     if plan.feasible:
-        con.print(head + f"[bold green]fits[/] — peak {plan.peak_gib:.1f} of {plan.capacity_gib:.1f} GiB/GPU; "
+        tight = max(plan.gpus, key=lambda g: g.peak_gib / (g.capacity_gib or plan.capacity_gib), default=None)
+        peak, cap = (tight.peak_gib, tight.capacity_gib or plan.capacity_gib) if tight else (0.0, plan.capacity_gib)
+        con.print(head + f"[bold green]fits[/] — peak {peak:.1f} of {cap:.1f} GiB/GPU; "
                   f"strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}")
         return
     con.print(head + "[bold red]does not fit as written[/]")
@@ -102,7 +104,7 @@ def _gpu_map(plan: Plan, con: Console) -> None:
     for g in plan.gpus:
         if g.node not in nodes[:MAP_NODES]:
             continue
-        t.add_row(escape(g.host), str(g.gpu), ",".join(g.roles), g.peak_phase, _bar(g.peak_gib, plan.capacity_gib))
+        t.add_row(escape(g.host), str(g.gpu), ",".join(g.roles), g.peak_phase, _bar(g.peak_gib, g.capacity_gib or plan.capacity_gib))
     if len(nodes) > MAP_NODES:
         t.caption = f"... {len(nodes) - MAP_NODES} more nodes, laid out the same"
     con.print(t)
