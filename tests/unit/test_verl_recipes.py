@@ -47,7 +47,9 @@ def test_recipe_fits_or_is_a_known_rejection(path):
     fill = FILL.get(path.stem, 1.0)
     p = plan_job(j, parse_gpus(j.placement.gpus), fill=fill)
     if fill < 1.0:
-        assert not plan_job(j, parse_gpus(j.placement.gpus)).feasible  # still true at worst case (say so)
+        worst = plan_job(j, parse_gpus(j.placement.gpus))
+        assert not worst.feasible  # still true at worst case, and the plan says at which real lengths it fits
+        assert worst.fits_at_fill is not None and worst.fits_at_fill >= fill and worst.fixes[0].startswith("as written")
     if path.stem in REJECTED:
         assert not p.feasible and p.binding.startswith(REJECTED[path.stem])
         assert p.options and p.options[0].peak_gib <= p.capacity_gib  # the planner's change fits

@@ -96,6 +96,8 @@ class Plan:
     host_mem_gib: Optional[float] = None  # RAM per node the plan was checked against (None: unknown)
     # verl resource pools: name, roles, hosts, GPUs per node, GPU memory, the Ray resource that pins it ("": none)
     pools: tuple[dict[str, Any], ...] = ()
+    # not feasible at the fill planned, but as written at this lower average fill (use_remove_padding): None if not
+    fits_at_fill: Optional[float] = None
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -150,6 +152,7 @@ class Plan:
             "options": [o.to_dict() for o in self.options],
             "host_mem_gib": None if self.host_mem_gib is None else round(self.host_mem_gib, 1),
             "pools": [dict(p) for p in self.pools],
+            "fits_at_fill": self.fits_at_fill,
         }
 
 
@@ -213,11 +216,37 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
         shown = closest(tried, hw.capacity_bytes)
         problems = _problems(shown, hw, s.seq_len)
         binding = _binding(shown, hw, problems)
+    fits_at = None
     if problems:
         options = find_options(ev, strategies, job.verl_overrides(), divisible=batch_divides(s, hw.total_gpus))
         fixes = _fix_lines(options)
+        if best is None and not shown.problems and prec.remove_padding:
+            fits_at = fill_that_fits(s, shape, rm_shape, hw, prec, fill, strategies)
+        if fits_at is not None:
+            fixes.insert(0, f"as written, if sequences average ≤ {fits_at:.0%} of prompt+response ({s.seq_len} tokens; "
+                            f"`plan --fill {fits_at:g}` shows that plan) — use_remove_padding packs real lengths, and "
+                            "most RL data sits well below the maximum; or one of the changes below at any length")
     plan_ = _assemble(shown, s, shape, hw, fill, reasons, warnings, problems, fixes, best is not None and not problems)
-    return replace(plan_, binding=binding, options=tuple(options))
+    return replace(plan_, binding=binding, options=tuple(options), fits_at_fill=fits_at)
+
+
+FILL_FLOOR = 0.2  # below this a "fits at real lengths" is no promise worth making
+
+
+def fill_that_fits(s: Settings, shape: ModelShape, rm_shape: ModelShape, hw: Hardware, prec, fill: float,
+                   strategies: tuple[str, ...]) -> Optional[float]:
+    """The largest average fill (0.05 steps, below the one planned) at which the job as written fits, or None.
+    Memory only grows with the tokens, so a bisection over the fill finds it in a few searches."""
+    lo, hi = round(FILL_FLOOR / 0.05), round(fill / 0.05) - 1  # in 0.05 units; hi: the first below `fill`
+    if hi < lo or search(Evaluator(s, shape, rm_shape, hw, prec, lo * 0.05), strategies)[0] is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if search(Evaluator(s, shape, rm_shape, hw, prec, mid * 0.05), strategies)[0] is not None:
+            lo = mid
+        else:
+            hi = mid - 1
+    return round(lo * 0.05, 2)
 
 
 def _lora_line(s: Settings, shape: ModelShape) -> str:
