@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from verl_cluster.config.cluster import ClusterSpec, NodeSpec
+from verl_cluster.errors import RunnerError
 from verl_cluster.lifecycle import node_script
 from verl_cluster.lifecycle.auth import ray_auth_env
 from verl_cluster.runners import CommandRunner, runner_for
@@ -76,6 +78,22 @@ class Node:
 
 def cluster_nodes(spec: ClusterSpec) -> list[Node]:
     return [Node(spec, role, n) for role, n in spec.nodes()]
+
+
+def fan_out(spec: ClusterSpec, verb: str, args: Callable[[Node], tuple[str, ...]], timeout: float) -> list[dict]:
+    """Run the node script's `verb` on every node at once: one dict per node, in order, with its `ip`; an
+    unreachable node gives {"ip", "error"} and never hides the others."""
+    def one(node: Node) -> dict:
+        try:
+            return {"ip": node.ip, **node.script(verb, *args(node), timeout=timeout)}
+        except RunnerError as e:
+            return {"ip": node.ip, "error": e.reason}
+        finally:
+            node.close()
+
+    nodes = cluster_nodes(spec)
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as ex:
+        return list(ex.map(one, nodes))
 
 
 def index_by_ip(gcs_nodes: list[dict], head_ip: str) -> dict[str, dict]:

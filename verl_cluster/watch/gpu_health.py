@@ -3,21 +3,10 @@ read through the node script on each node of the run when an attempt fails or ha
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.errors import RunnerError
-from verl_cluster.lifecycle.nodes import cluster_nodes
-
-
-def _one(node, since: float, expect: int) -> dict:
-    try:
-        return {"ip": node.ip, **node.script("gpuhealth", str(int(since)), str(expect), timeout=45)}
-    except RunnerError as e:
-        return {"ip": node.ip, "error": e.reason}
-    finally:
-        node.close()
+from verl_cluster.lifecycle.nodes import fan_out
 
 
 def judge(reports: list[dict]) -> Optional[tuple[str, str]]:
@@ -31,7 +20,4 @@ def judge(reports: list[dict]) -> Optional[tuple[str, str]]:
 
 
 def gpu_fault(spec: ClusterSpec, since: float, expect: dict[str, int]) -> Optional[tuple[str, str]]:
-    nodes = cluster_nodes(spec)
-    with ThreadPoolExecutor(max_workers=len(nodes)) as ex:
-        reports = list(ex.map(lambda n: _one(n, since, expect.get(n.ip, 0)), nodes))
-    return judge(reports)
+    return judge(fan_out(spec, "gpuhealth", lambda n: (str(int(since)), str(expect.get(n.ip, 0))), timeout=45))

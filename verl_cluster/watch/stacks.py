@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.errors import RunnerError
-from verl_cluster.lifecycle.nodes import cluster_nodes
-
-
-def _one(node, sid: str, ray_job_id: str) -> dict:
-    pyspy = os.path.join(os.path.dirname(node.spec.ray_executable(node.node)), "py-spy")
-    try:
-        return {"ip": node.ip, **node.script("stacks", node.spec.temp_dir, sid, ray_job_id, pyspy, timeout=120)}
-    except RunnerError as e:
-        return {"ip": node.ip, "error": e.reason}
-    finally:
-        node.close()
+from verl_cluster.lifecycle.nodes import fan_out
 
 
 def collect(spec: ClusterSpec, sid: str, ray_job_id: str, out: Path) -> tuple[Optional[Path], str, list[str]]:
     """(file written or None, one-line summary, the driver's stack's first lines)."""
-    nodes = cluster_nodes(spec)
-    with ThreadPoolExecutor(max_workers=len(nodes)) as ex:
-        found = list(ex.map(lambda n: _one(n, sid, ray_job_id), nodes))
+    def args(node) -> tuple[str, ...]:
+        pyspy = os.path.join(os.path.dirname(node.spec.ray_executable(node.node)), "py-spy")
+        return node.spec.temp_dir, sid, ray_job_id, pyspy
+
+    found = fan_out(spec, "stacks", args, timeout=120)
     text, dumped, why, first = [], 0, [], []
     for r in found:
         if "error" in r:
