@@ -245,3 +245,16 @@ def test_split_for_verl_main_ppo_is_refused_because_it_puts_every_role_in_one_po
     two_pools = replace(load_job(GSM8K, ["placement.strategy=split"]), entrypoint=None,
                         command=["python3", "examples/split_placement/main_ppo_split.py"])
     assert [x.level for x in check_strategy(two_pools, _recorded(TWO_GPUS))] == ["ok"]
+
+
+def test_strategy_split_nodes_on_one_node_and_on_stock_main_ppo_say_why():
+    from verl_cluster.launch.preflight import check_strategy
+
+    (f,) = check_strategy(_smoke("placement.strategy=split-nodes"), _recorded(ONE_GPU))
+    assert f.level == "error" and "split-nodes needs >= 2 nodes" in f.message and "this cluster has 1" in f.message
+    two = _recorded(TWO_GPUS) + _recorded(TWO_GPUS, host="10.0.0.9")
+    (ok,) = check_strategy(_smoke("placement.strategy=split-nodes"), two)  # gpu_smoke builds its own pools
+    assert ok.level == "ok" and "split-nodes: fits" in ok.message
+    from verl_cluster.config.job import load_job
+    (stock,) = check_strategy(load_job(GSM8K, ["placement.strategy=split-nodes"]), two)
+    assert stock.level == "error" and "global_pool" in stock.message

@@ -283,6 +283,13 @@ def _why_no_pools(want: str, s: Any, g: int, nnodes: int) -> str:
             return f"split needs >= 2 GPUs: one pool for actor+rollout(+ref), one for critic/reward; {have}"
         return (f"split needs an even GPU count per node: half for actor+rollout(+ref), half for critic/reward; "
                 f"{have}")
+    if want == "split-nodes":
+        if not s.split_placement:
+            return ("verl.trainer.main_ppo maps every role to one resource pool (global_pool); split-nodes needs a "
+                    "program that builds its pools (one for actor+rollout(+ref), one for critic/reward) on whole nodes")
+        if not (critic or reward):
+            return "split-nodes needs a critic or a reward model for its second pool; this job has neither"
+        return f"split-nodes needs >= 2 nodes, one pool on each side; this cluster has {nnodes}"
     if not reward:
         return "separate-reward needs a reward model (reward_model.enable: true); this job has none"
     return f"separate-reward needs >= 2 GPUs: one pool for the reward model, one for the other roles; {have}"
