@@ -131,3 +131,18 @@ def test_check_placement_flags_planned_gpus_that_collapse_or_split():
     assert any("maps to physical GPUs" in p for p in smoke.check_placement(lay, split))
     away = [dict(a, physical_gpu=str(a["gpu"]), node_ok=False) for a in lay["actors"]]
     assert any("is not on node" in p for p in smoke.check_placement(lay, away))
+
+
+def test_split_nodes_on_mixed_nodes_puts_each_pool_on_its_own_nodes():
+    # node0: a 24 GB card, node1/node2: 80 GB; the actor side must land on node1 and node2 (the job pins each
+    # placement group to its node with Ray's node:<ip> resource), the critic/reward pool on node0
+    plan = _plan("split-nodes", parse_gpus("1x2xRTX4090-24GB,2x2xH100-80GB"))
+    assert plan["strategy"] == "split-nodes"
+    lay = smoke.layout(plan)
+    nodes = {}
+    for g in lay["groups"]:
+        nodes.setdefault(g["pool"], set()).add(g["node"])
+    assert nodes == {"actor_rollout_ref_pool": {1, 2}, "critic_pool": {0}}
+    for a in lay["actors"]:
+        g = lay["groups"][a["group"]]
+        assert g["node"] == a["node"] and g["gpus"][a["bundle"]] == a["gpu"]
