@@ -100,7 +100,7 @@ def test_the_ppo_run_is_the_recorded_one():
     assert old["actor log-prob"] > 2.0 and old["generate"] > 0.15
 
 
-@pytest.mark.parametrize("phase", ["generate", "actor log-prob", "actor update", "critic values"])
+@pytest.mark.parametrize("phase", ["generate", "actor log-prob", "actor update", "critic values", "critic update"])
 def test_ppo_each_phase_within_ten_percent(phase):
     plan = replan_ppo()
     assert plan.feasible and plan.attn == "flash_attention_2"
@@ -109,12 +109,15 @@ def test_ppo_each_phase_within_ten_percent(phase):
     assert abs(predicted - measured) / measured <= 0.10, f"{phase}: predicted {predicted} GiB, measured {measured}"
 
 
-def test_ppo_critic_update_is_the_one_phase_under_by_more_than_ten_percent():
-    # predicted 19.65 GiB, measured 21.96 (-10.5%): not explained yet (docs/BENCHMARKS.md); kept visible here so a
-    # change of the model that closes or widens the gap shows up
+def test_ppo_critic_update_holds_the_log_prob_cache_beside_its_gradients():
+    # was -10.5% while the carried cache was compared with the whole transient: the critic update's gradients and
+    # gathered weights sit in other streams' pools, so only its default-stream part can reuse the actor
+    # log-prob's cached logits; what is left of them adds on top (predicted 20.77 GiB, measured 21.96: -5.4%)
     measured = next(r["gpu_gib"] for r in PPO["rows"] if r["phase"] == "critic update")
-    err = (phase_peaks(replan_ppo())["critic update"] - measured) / measured
-    assert -0.12 < err < -0.10
+    plan = replan_ppo().to_dict()
+    update = next(ph for ph in plan["roles"]["critic"]["phases"] if ph["phase"] == "critic update")
+    assert update["components"]["cached from earlier phases"] > 1.0
+    assert -0.07 < (update["peak_gib"] - measured) / measured < -0.03
 
 
 def test_ppo_shared_allocator_and_fused_loss_terms():

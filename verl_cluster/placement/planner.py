@@ -52,6 +52,9 @@ class Pool:
         return self.nodes or tuple(range(self.nnodes))
 
 
+# parts not in the default stream's cache: persistent states, and the pools of FSDP's post-backward (gradients,
+# their fp32 reduce copy) and unshard (gathered weights) streams
+OTHER_POOLS = ("params", "adam", "grads", "grad reduce", "gathered")
 # verl's order of the trainer phases within a step (the rollout comes first and empties the cache)
 STEP_ORDER = ("actor log-prob", "ref log-prob", "critic values", "critic update", "actor update")
 
@@ -306,22 +309,24 @@ class Evaluator:
     def _carry_cache(self, c: Candidate, pool: Pool) -> None:
         """Colocated trainer roles share one worker process per GPU, so one caching allocator: what an earlier
         phase of the step freed stays reserved (verl empties the cache only around the rollout). A phase's
-        transient (its working set beyond its role's params and Adam states) is at least the largest before it,
-        in verl's order. Measured on an H100 (0.5B PPO): the critic's values phase held the actor log-prob's
-        3.7 GiB of logits."""
+        transient on the default stream (activations, logits, the allocator's slack) is at least the largest
+        before it, in verl's order; gradients and unsharded weights live in other streams' pools, which cannot
+        reuse those blocks, so they add on top. Measured on an H100 (0.5B PPO): the critic's values phase held
+        the actor log-prob's 3.7 GiB of logits, and the critic update held them beside its gradients."""
         carried = 0.0
         for name in STEP_ORDER:
             i = next((k for k, ph in enumerate(c.phases) if ph.phase == name and ph.pool == pool.name), None)
             if i is None:
                 continue
             ph = c.phases[i]
-            own = sum(p.bytes for p in ph.parts if p.name not in ("params", "adam"))
+            own = sum(p.bytes for p in ph.parts if p.name not in OTHER_POOLS)
             if carried > own:
                 extra = carried - own
                 peak = ph.peak + extra
                 c.phases[i] = replace(ph, parts=ph.parts + (Part("cached from earlier phases", extra),), peak=peak,
                                       fits=ph.fits and peak <= self.cap_of(pool))
-            carried = max(carried, own)
+            if c.phases[i].fits:  # a phase that does not fit is where the step fails: nothing after it runs
+                carried = max(carried, own)
 
     def _others(self, c: Candidate, pool: Pool, role: str) -> float:
         return sum(mem.total(c.resident[r]) for r in pool.roles if r != role)
