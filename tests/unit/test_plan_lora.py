@@ -88,3 +88,19 @@ def test_a_typo_in_our_own_sections_is_an_error_not_a_verl_override():
         load(ROOT / "launch/gsm8k.yaml", ["watch.max_restart=2"])
     assert "watch.max_restarts" in e.value.hint
     assert load(ROOT / "launch/gsm8k.yaml", ["placement.allow_lora=true"]).placement.allow_lora
+
+
+def test_the_lora_options_overrides_compose_in_verls_own_config(monkeypatch):
+    """verl 0.9.1's Hydra config takes every key the LoRA option sets (actor and critic lora_rank included)."""
+    from verl_cluster.launch.preflight import check_verl
+    from verl_cluster.launch.request import merge_overrides
+    from verl_cluster.launch.verl_config import verl_available, verl_python
+
+    if not verl_available(verl_python()):
+        pytest.skip("verl is not importable here")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline, as preflight runs without the model
+    o = plan_job(job(allow=True), RTX).options[0]
+    lora = job(**o.overrides)
+    findings = check_verl(lora, merge_overrides(lora, plan_job(lora, RTX).overrides)[0])
+    assert [f.message for f in findings if f.level == "error"] == []
+    assert any(f.level == "ok" and "composes" in f.message for f in findings)
