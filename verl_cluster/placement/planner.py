@@ -303,30 +303,7 @@ class Evaluator:
                 c.host[role] = host
         for pool in pools:
             self._pool_phases(c, pool, tp, pin)
-            self._carry_cache(c, pool)
         return c
-
-    def _carry_cache(self, c: Candidate, pool: Pool) -> None:
-        """Colocated trainer roles share one worker process per GPU, so one caching allocator: what an earlier
-        phase of the step freed stays reserved (verl empties the cache only around the rollout). A phase's
-        transient on the default stream (activations, logits, the allocator's slack) is at least the largest
-        before it, in verl's order; gradients and unsharded weights live in other streams' pools, which cannot
-        reuse those blocks, so they add on top. Measured on an H100 (0.5B PPO): the critic's values phase held
-        the actor log-prob's 3.7 GiB of logits, and the critic update held them beside its gradients."""
-        carried = 0.0
-        for name in STEP_ORDER:
-            i = next((k for k, ph in enumerate(c.phases) if ph.phase == name and ph.pool == pool.name), None)
-            if i is None:
-                continue
-            ph = c.phases[i]
-            own = sum(p.bytes for p in ph.parts if p.name not in OTHER_POOLS)
-            if carried > own:
-                extra = carried - own
-                peak = ph.peak + extra
-                c.phases[i] = replace(ph, parts=ph.parts + (Part("cached from earlier phases", extra),), peak=peak,
-                                      fits=ph.fits and peak <= self.cap_of(pool))
-            if c.phases[i].fits:  # a phase that does not fit is where the step fails: nothing after it runs
-                carried = max(carried, own)
 
     def _others(self, c: Candidate, pool: Pool, role: str) -> float:
         return sum(mem.total(c.resident[r]) for r in pool.roles if r != role)
@@ -338,6 +315,10 @@ class Evaluator:
         _, opt_off = OFFLOAD_LEVELS[c.offload]
         if "rollout" in pool.roles:
             self._rollout(c, pool, tp)
+        todo: list[tuple[tuple, dict]] = []
+
+        def later(*args, **kw) -> None:
+            todo.append((args, kw))
         # actor and ref run the same model with the same settings
         actor_base = dict(shape=shape, params=shape.params, n=n, seq=s.seq_len, c=prec.c,
                           m=s.master_dtype_bytes_actor, attn=prec.attn, vocab_out=shape.vocab, verl_engine=True,
@@ -348,27 +329,28 @@ class Evaluator:
             extra = actor_extra = () if opt_off else (o,)  # grads are None outside the update step
             base = actor_base
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_actor // n)
-            self._search(c, pool, "actor", "actor update", s.actor_micro, _divisors_desc(mb_gpu), mb_gpu,
-                         lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_actor,
-                                                                   adapter=self.actor_adapter, **base)),
-                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens,
-                         budget_pinned=s.actor_tokens_pinned)
-            self._search(c, pool, "actor", "actor log-prob", s.logprob_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
-                         per_gpu_batch * s.sp_actor,
-                         lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
-                                                         params_on_gpu=True, extra=extra),
-                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
+            later(c, pool, "actor", "actor update", s.actor_micro, _divisors_desc(mb_gpu), mb_gpu,
+                  lambda mb, t, base=base: mem.train_phase(TrainInputs(
+                      tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_actor, adapter=self.actor_adapter, **base)),
+                  rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens,
+                  budget_pinned=s.actor_tokens_pinned)
+            later(c, pool, "actor", "actor log-prob", s.logprob_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
+                  per_gpu_batch * s.sp_actor,
+                  lambda mb, t, base=base, extra=extra: mem.forward_phase(
+                      TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base), params_on_gpu=True, extra=extra),
+                  rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens)
         if "ref" in pool.roles:
             base = actor_base
             # LoRA: the actor's own module with its adapters off computes the ref log-probs (its params and
             # Adam states are on the GPU, so they are not counted again as the actor's resident)
             in_actor = bool(self.actor_adapter) and "actor" in pool.roles
-            self._search(c, pool, "ref", "ref log-prob", s.ref_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
-                         per_gpu_batch * s.sp_actor,
-                         lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
-                                                         params_on_gpu=in_actor, extra=actor_extra if in_actor else ()),
-                         rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens,
-                         others_as="actor" if in_actor else "ref")
+            later(c, pool, "ref", "ref log-prob", s.ref_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
+                  per_gpu_batch * s.sp_actor,
+                  lambda mb, t, base=base, in_actor=in_actor: mem.forward_phase(
+                      TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base), params_on_gpu=in_actor,
+                      extra=actor_extra if in_actor else ()),
+                  rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens,
+                  others_as="actor" if in_actor else "ref")
         if "critic" in pool.roles:
             root = shape.embed_params + 2 * shape.hidden
             o = _adam(shape.value_model_params, self.critic_adapter, n, s.master_dtype_bytes_critic)
@@ -377,31 +359,50 @@ class Evaluator:
                         m=s.master_dtype_bytes_critic, attn=prec.attn, vocab_out=1, root_params=root,
                         verl_engine=True)
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // n)
-            self._search(c, pool, "critic", "critic update", s.critic_micro, _divisors_desc(mb_gpu), mb_gpu,
-                         lambda mb, t: mem.train_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic,
-                                                                   adapter=self.critic_adapter, **base)),
-                         rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens,
-                         budget_pinned=s.critic_tokens_pinned)
-            self._search(c, pool, "critic", "critic values", s.critic_fwd_micro,
-                         _divisors_desc(per_gpu_batch * s.sp_critic), per_gpu_batch * s.sp_critic,
-                         lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
-                                                         params_on_gpu=True, extra=extra),
-                         rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens)
+            later(c, pool, "critic", "critic update", s.critic_micro, _divisors_desc(mb_gpu), mb_gpu,
+                  lambda mb, t, base=base: mem.train_phase(TrainInputs(
+                      tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic, adapter=self.critic_adapter, **base)),
+                  rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens,
+                  budget_pinned=s.critic_tokens_pinned)
+            later(c, pool, "critic", "critic values", s.critic_fwd_micro,
+                  _divisors_desc(per_gpu_batch * s.sp_critic), per_gpu_batch * s.sp_critic,
+                  lambda mb, t, base=base, extra=extra: mem.forward_phase(
+                      TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base), params_on_gpu=True, extra=extra),
+                  rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens)
         if "reward" in pool.roles:
             rm = self.rm_shape
             base = dict(shape=rm, params=rm.value_model_params, n=n, seq=s.seq_len, c=prec.c, m=2, attn=prec.attn,
                         vocab_out=1, root_params=rm.embed_params + 2 * rm.hidden)
-            self._search(c, pool, "reward", "reward", s.reward_micro, _divisors_desc(per_gpu_batch), per_gpu_batch,
-                         lambda mb, t: mem.forward_phase(TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base),
-                                                         params_on_gpu=False),
-                         rmpad=False, sp=1, budget=None)
+            later(c, pool, "reward", "reward", s.reward_micro, _divisors_desc(per_gpu_batch), per_gpu_batch,
+                  lambda mb, t, base=base: mem.forward_phase(
+                      TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base), params_on_gpu=False),
+                  rmpad=False, sp=1, budget=None)
+
+        # verl's order within a step, each phase holding what the earlier ones left in the shared allocator;
+        # shown in the order above
+        shown = [args[3] for args, _ in todo]
+        carried = 0.0
+        for args, kw in sorted(todo, key=lambda t: STEP_ORDER.index(t[0][3]) if t[0][3] in STEP_ORDER else 99):
+            ph = self._search(*args, carried=carried, **kw)
+            if ph.fits:  # a phase that does not fit is where the step fails: nothing after it runs
+                carried = max(carried, _default_stream(ph.parts))
+        mine = [ph for ph in c.phases if ph.pool == pool.name and ph.phase in shown]
+        rest = [ph for ph in c.phases if not (ph.pool == pool.name and ph.phase in shown)]
+        c.phases[:] = rest + sorted(mine, key=lambda ph: shown.index(ph.phase))
 
     def _search(self, c: Candidate, pool: Pool, role: str, phase: str, pinned: Optional[int], candidates: list[int],
                 whole: int, parts_of: Callable[[int, float], tuple[Part, ...]], *, rmpad: bool, sp: int,
-                budget: Optional[int], budget_pinned: bool = False, others_as: Optional[str] = None) -> None:
+                budget: Optional[int], budget_pinned: bool = False, others_as: Optional[str] = None,
+                carried: float = 0.0) -> PhaseResult:
         """Largest micro batch that fits (or the pinned one); with dynamic batch size the token budget (the
         job's, when it sets one for an update). `others_as`: the role whose process runs the phase (residents
-        of every other role count), when not `role`."""
+        of every other role count), when not `role`. `carried`: the default-stream cache earlier phases of the
+        step left in the shared allocator (colocated trainer roles share one worker process per GPU, and verl
+        empties the cache only around the rollout): a phase's own default-stream transient (activations,
+        logits, allocator slack) reuses it, and what it does not cover adds to the peak; gradients and gathered
+        weights live in other streams' pools and add on top. Measured on an H100 (0.5B PPO): the critic's
+        values phase held the actor log-prob's 3.7 GiB of logits, the critic update held 1.1 GiB of them beside
+        its gradients."""
         others = self._others(c, pool, others_as or role)
         dynamic = self.s.dynamic_bsz and budget is not None
         if dynamic:
@@ -416,6 +417,8 @@ class Evaluator:
         last, bigger = None, None
         for mb, toks in tries:
             parts = parts_of(mb or 1, toks)
+            if carried > _default_stream(parts):
+                parts += (Part("cached from earlier phases", carried - _default_stream(parts)),)
             peak = mem.gpu_peak(mem.total(parts), others)
             last = PhaseResult(role, phase, pool.name, mb, toks, parts, others, peak, peak <= self.cap_of(pool), "",
                                bigger)
@@ -426,6 +429,7 @@ class Evaluator:
         if dynamic and last.fits:
             c.token_budget[phase] = int(last.tokens)
         c.phases.append(last)
+        return last
 
     def _rollout(self, c: Candidate, pool: Pool, tp: int) -> None:
         s, shape = self.s, self.shape
@@ -459,6 +463,10 @@ class Evaluator:
             note = f"gpu_memory_utilization {util} x {total / GIB:.1f} GiB plus what other roles keep resident"
         c.phases.append(PhaseResult("rollout", "generate", pool.name, None, float(s.seq_len), r.parts, others, peak,
                                     fits, note))
+
+
+def _default_stream(parts: tuple[Part, ...]) -> float:
+    return sum(p.bytes for p in parts if p.name not in OTHER_POOLS and p.name != "cached from earlier phases")
 
 
 def _adam(params: int, adapter: int, n: int, m: int) -> Part:
