@@ -104,3 +104,34 @@ def test_the_lora_options_overrides_compose_in_verls_own_config(monkeypatch):
     findings = check_verl(lora, merge_overrides(lora, plan_job(lora, RTX).overrides)[0])
     assert [f.message for f in findings if f.level == "error"] == []
     assert any(f.level == "ok" and "composes" in f.message for f in findings)
+
+
+def test_a_verl_lora_script_plans_as_lora(tmp_path, capsys):
+    """A script in verl's examples' style with LoRA keys: imported, planned with adapters (no ref copy on the host)."""
+    import json
+
+    from verl_cluster.cli import main
+
+    script = tmp_path / "run_lora.sh"
+    script.write_text("""set -x
+MODEL=${MODEL:-Qwen/Qwen2.5-3B-Instruct}
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_batch_size=64 \\
+    data.max_prompt_length=512 \\
+    data.max_response_length=512 \\
+    actor_rollout_ref.model.path=$MODEL \\
+    actor_rollout_ref.model.lora_rank=64 \\
+    actor_rollout_ref.model.lora_alpha=32 \\
+    actor_rollout_ref.model.target_modules=all-linear \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 \\
+    actor_rollout_ref.actor.use_kl_loss=True \\
+    actor_rollout_ref.rollout.n=4 \\
+    trainer.n_gpus_per_node=2 \\
+    trainer.nnodes=1 $@
+""")
+    rc = main(["plan", str(script), "--gpus", "1x2xRTX4090-24GB", "model.catalog=qwen2.5-3b", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["feasible"], d["binding"]
+    assert any(r.startswith("LoRA on all-linear: actor rank 64") for r in d["reasons"])
+    assert d["roles"]["ref"]["host_gib_per_gpu"] == 0
