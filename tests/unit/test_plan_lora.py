@@ -26,8 +26,8 @@ def test_7b_ppo_on_4090s_says_lora_would_fit_but_does_not_apply_it_unasked():
     p = plan_job(job(), RTX)
     assert not p.feasible and p.binding.startswith("actor update memory")
     assert [o.kind for o in p.options] == ["lora (not allowed)", "more nodes"]
-    assert "not applied" in p.options[0].changes[0]
-    assert "placement.allow_lora: true" in p.fixes[0]
+    assert "only if you allow it" in p.options[0].changes[0]
+    assert "placement.allow_lora=true" in p.fixes[0]
     assert p.options[0].overrides["actor_rollout_ref.model.lora_rank"] == 32
 
 

@@ -148,7 +148,7 @@ def _lora(base: Variant, allowed: bool = True) -> Variant:
     speed knob, and it is only applied when the job allows it (placement.allow_lora)."""
     b, r = base.s, base.s.lora_offer
     what = (f"LoRA rank {r} on all linear layers (adapters trained, base frozen; ref = actor without adapters)"
-            + ("" if allowed else " — not applied: the job does not allow LoRA (set placement.allow_lora: true)"))
+            + ("" if allowed else " — only if you allow it: it changes what is trained (placement.allow_lora=true)"))
     extra = (("critic.model.lora_rank", r),) if b.critic else ()
     return _with(base, replace(b, lora_rank=r, critic_lora_rank=r if b.critic else 0), what,
                  f"{AR}.model.lora_rank", r, 1.5, extra=extra)
