@@ -14,7 +14,7 @@ from verl_cluster.placement.settings import read_settings
 ROOT = Path(__file__).resolve().parents[2]
 PPO = load_job(ROOT / "launch/gsm8k.yaml")
 GRPO = load_job(ROOT / "launch/gsm8k_grpo.yaml")
-RTX = parse_gpus("2x8xRTX4090-24GB")
+RTX = parse_gpus("1x8xRTX4090-24GB")  # 2x8 fits full fine-tuning at the limit (expandable segments)
 
 
 def job(base=PPO, catalog="qwen2.5-7b", allow=False, **overrides):

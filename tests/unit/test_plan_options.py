@@ -55,7 +55,7 @@ def test_batch_shapes_are_the_smallest_changes_that_divide():
 
 def test_memory_binding_names_the_phase_and_more_gpus_fix():
     p = plan_job(job("llama-3.1-70b"), parse_gpus("1x8xH100-80GB"))
-    assert not p.feasible and p.binding.startswith("actor update memory: ") and "GiB/GPU >" in p.binding
+    assert not p.feasible and p.binding.startswith("actor update memory: ") and "at the least >" in p.binding
     more = [o for o in p.options if o.kind == "more nodes"]
     assert more and "GPUs" in more[0].changes[0] and more[0].overrides["trainer.nnodes"] > 1
     assert all(o.kind in ("more nodes", "lora (not allowed)") for o in p.options)

@@ -58,6 +58,15 @@ FRAGMENT_UNITS = 1.8
 # rows (fp32 and bf16 base) are the hold-out (tests/fixtures/calibration_h100_lora.json, docs/BENCHMARKS.md).
 LORA_FRAGMENT_SAVED = 2.0
 HOST_BASE_BYTES = 2.0 * GIB  # per GPU worker process on the host: torch/CUDA libraries, dataloader
+# At the GPU's limit. The reserved working set above is what the caching allocator holds when memory is plentiful;
+# near the limit it frees its cached blocks and retries before failing. With `expandable_segments:True` (verl 0.9's
+# trainer turns it on for every training phase, `set_expandable_segments`) that is enough for a step whose live
+# tensors fit: measured on an H100 80GB, the same FSDP updates with and without it (scripts/gpu_calib_alloc.sh,
+# docs/BENCHMARKS.md): 1.5B 7x4096 (live 76.7 GiB, 85.1 reserved predicted) and 3B 2x8192 ran with it and failed
+# without; 3B 5x4096 (77.9 GiB live predicted) failed both ways. The live peak plus this share of it (at least
+# PRESSURE_SLACK_MIN) must fit.
+PRESSURE_SLACK = 0.02
+PRESSURE_SLACK_MIN = 0.5 * GIB
 
 
 @dataclass(frozen=True)
@@ -308,6 +317,13 @@ def rollout_memory(shape: ModelShape, *, total_bytes: float, util: float, tp: in
 def gpu_peak(phase_working: float, others_resident: float) -> float:
     """A torch phase's GPU peak: context + its reserved working set + what other roles keep (x margin)."""
     return CUDA_CONTEXT_BYTES + phase_working + others_resident * (1 + ALLOCATOR_MARGIN)
+
+
+def pressure_need(live: float, others_resident: float) -> float:
+    """The least a torch phase needs when the allocator runs at the GPU's limit with expandable segments:
+    context + its live tensors (+ PRESSURE_SLACK) + what other roles keep (x margin)."""
+    slack = max(live * PRESSURE_SLACK, PRESSURE_SLACK_MIN)
+    return CUDA_CONTEXT_BYTES + live + slack + others_resident * (1 + ALLOCATOR_MARGIN)
 
 
 def rollout_peak(r: RolloutMemory, others_resident: float, *, colocated: bool) -> float:

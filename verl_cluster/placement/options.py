@@ -240,8 +240,13 @@ def _try(ev: Evaluator, v: Variant, strategies: tuple[str, ...], user: dict[str,
             changes.append(f"{k}: {was} → {ov[k]}")
     if best.offload:
         changes.append(f"{OFFLOAD_NAMES[best.offload]} offload")
+    limit = [p.phase for p in best.phases if p.at_limit]
+    if limit:
+        changes.append(f"{', '.join(limit)} at the GPU's limit")
+    # a plan with room beats one at the limit (longer sequences than planned would fail there)
     return Option(tuple(changes), ov, _peak(best) / GIB, best.strategy, best.tp, OFFLOAD_NAMES[best.offload],
-                  v.cost + 0.4 * best.offload, v.kind, frozenset(v.changes), tuple(p.nnodes for p in best.pools))
+                  v.cost + 0.4 * best.offload + (1.0 if limit else 0.0), v.kind, frozenset(v.changes),
+                  tuple(p.nnodes for p in best.pools))
 
 
 def _peak(c: Candidate) -> float:

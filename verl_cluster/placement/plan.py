@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -210,6 +212,9 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     if best is not None:
         reasons += _explain(best, tried, s, hw, want)
         problems, fixes = _host_check(best, hw, warnings)
+        warnings += [f"{p.phase} runs at the GPU's limit ({p.note.split(': ', 1)[1]}): real sequences "
+                     "longer than planned, or other processes on the GPU, will run out of memory there"
+                     for p in best.phases if p.at_limit]
         shown = best
         binding = problems[0] if problems else ""
     else:
@@ -223,21 +228,25 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
         if best is None and not shown.problems and prec.remove_padding:
             fits_at = fill_that_fits(s, shape, rm_shape, hw, prec, fill, strategies)
         if fits_at is not None:
-            fixes.insert(0, f"as written, if sequences average ≤ {fits_at:.0%} of prompt+response ({s.seq_len} tokens; "
+            fixes.insert(0, f"as written, if sequences average ≤ {fits_at:.0%} of prompt+response "
+                            f"({int(fits_at * s.seq_len)} of {s.seq_len} tokens; "
                             f"`plan --fill {fits_at:g}` shows that plan) — use_remove_padding packs real lengths, and "
                             "most RL data sits well below the maximum; or one of the changes below at any length")
     plan_ = _assemble(shown, s, shape, hw, fill, reasons, warnings, problems, fixes, best is not None and not problems)
     return replace(plan_, binding=binding, options=tuple(options), fits_at_fill=fits_at)
 
 
-FILL_FLOOR = 0.2  # below this a "fits at real lengths" is no promise worth making
+# Below this average sequence a "fits at real lengths" is no promise worth making (GSM8K's prompt alone, with the
+# chat template and verl's instruction, is ~150 tokens); as a share of prompt+response, at least 5%.
+FILL_FLOOR_TOKENS = 256
 
 
 def fill_that_fits(s: Settings, shape: ModelShape, rm_shape: ModelShape, hw: Hardware, prec, fill: float,
                    strategies: tuple[str, ...]) -> Optional[float]:
     """The largest average fill (0.05 steps, below the one planned) at which the job as written fits, or None.
     Memory only grows with the tokens, so a bisection over the fill finds it in a few searches."""
-    lo, hi = round(FILL_FLOOR / 0.05), round(fill / 0.05) - 1  # in 0.05 units; hi: the first below `fill`
+    lo = max(1, math.ceil(FILL_FLOOR_TOKENS / max(1, s.seq_len) / 0.05 - 1e-9))  # in 0.05 units
+    hi = round(fill / 0.05) - 1  # the first below `fill`
     if hi < lo or search(Evaluator(s, shape, rm_shape, hw, prec, lo * 0.05), strategies)[0] is None:
         return None
     while lo < hi:
@@ -405,7 +414,9 @@ def _problems(c: Candidate, hw: Hardware, seq_len: int) -> list[str]:
             continue
         pool = next(p for p in c.pools if p.name == ph.pool)
         what = "" if ph.micro is None else f" at micro batch {ph.micro}"
-        line = (f"{ph.phase} needs {_rollout_need(c, ph) / GIB:.1f} GiB/GPU{what} ({_top(ph)}) on {pool.size} GPU(s) "
+        least = (f", {ph.least / GIB:.1f} GiB at the least (live tensors, the allocator at its limit)"
+                 if ph.least else "")
+        line = (f"{ph.phase} needs {_rollout_need(c, ph) / GIB:.1f} GiB/GPU{what} ({_top(ph)}{least}) on {pool.size} GPU(s) "
                 f"with {OFFLOAD_NAMES[c.offload]} offload, TP {c.tp}; {hw.gpu_name} has "
                 f"{(pool.capacity or hw.capacity_bytes) / GIB:.1f} GiB")
         note = _rollout_note(c, ph, seq_len)
@@ -424,8 +435,9 @@ def _binding(c: Candidate, hw: Hardware, problems: list[str]) -> str:
         return "KV cache for one sequence: " + next((x for x in problems if x.startswith("generate")), rollout.note)
     if bad:
         worst = max(bad, key=lambda p: _rollout_need(c, p))
-        return (f"{worst.phase} memory: {_rollout_need(c, worst) / GIB:.1f} GiB/GPU > {hw.capacity_bytes / GIB:.1f} "
-                f"GiB ({_top(worst)})")
+        least = f", {worst.least / GIB:.1f} at the least" if worst.least else ""
+        return (f"{worst.phase} memory: {_rollout_need(c, worst) / GIB:.1f} GiB/GPU{least} > "
+                f"{hw.capacity_bytes / GIB:.1f} GiB ({_top(worst)})")
     return problems[0] if problems else ""
 
 

@@ -72,6 +72,8 @@ class PhaseResult:
     fits: bool
     note: str = ""
     bigger: Optional[tuple[int, float]] = None  # the next larger micro batch / token budget tried, and its peak
+    least: float = 0.0  # torch phases: what it needs with the allocator at the GPU's limit (live tensors, context)
+    at_limit: bool = False  # fits only at the limit: the reserved peak with room is over the GPU's memory
 
     @property
     def working(self) -> float:
@@ -330,7 +332,7 @@ class Evaluator:
             base = actor_base
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_actor // n)
             later(c, pool, "actor", "actor update", s.actor_micro, _divisors_desc(mb_gpu), mb_gpu,
-                  lambda mb, t, base=base: mem.train_phase(TrainInputs(
+                  lambda mb, t, base=base: mem.update_step(TrainInputs(
                       tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_actor, adapter=self.actor_adapter, **base)),
                   rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens,
                   budget_pinned=s.actor_tokens_pinned)
@@ -360,7 +362,7 @@ class Evaluator:
                         verl_engine=True)
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // n)
             later(c, pool, "critic", "critic update", s.critic_micro, _divisors_desc(mb_gpu), mb_gpu,
-                  lambda mb, t, base=base: mem.train_phase(TrainInputs(
+                  lambda mb, t, base=base: mem.update_step(TrainInputs(
                       tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic, adapter=self.critic_adapter, **base)),
                   rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens,
                   budget_pinned=s.critic_tokens_pinned)
@@ -391,7 +393,7 @@ class Evaluator:
         c.phases[:] = rest + sorted(mine, key=lambda ph: shown.index(ph.phase))
 
     def _search(self, c: Candidate, pool: Pool, role: str, phase: str, pinned: Optional[int], candidates: list[int],
-                whole: int, parts_of: Callable[[int, float], tuple[Part, ...]], *, rmpad: bool, sp: int,
+                whole: int, parts_of: Callable[[int, float], "tuple[Part, ...] | mem.UpdateStep"], *, rmpad: bool, sp: int,
                 budget: Optional[int], budget_pinned: bool = False, others_as: Optional[str] = None,
                 carried: float = 0.0) -> PhaseResult:
         """Largest micro batch that fits (or the pinned one); with dynamic batch size the token budget (the
@@ -414,20 +416,25 @@ class Evaluator:
             tries = [(pinned, self.tokens(pinned, rmpad=rmpad, sp=sp))]
         else:
             tries = [(mb, self.tokens(mb, rmpad=rmpad, sp=sp)) for mb in candidates]
-        last, bigger = None, None
+        last, bigger, cap = None, None, self.cap_of(pool)
+        tight: Optional[PhaseResult] = None  # a try that fits only with the allocator at the limit
         for mb, toks in tries:
-            parts = parts_of(mb or 1, toks)
+            got = parts_of(mb or 1, toks)
+            parts, live = (got.parts, got.allocated) if isinstance(got, mem.UpdateStep) else (got, mem.total(got))
             if carried > _default_stream(parts):
                 parts += (Part("cached from earlier phases", carried - _default_stream(parts)),)
-            peak = mem.gpu_peak(mem.total(parts), others)
-            last = PhaseResult(role, phase, pool.name, mb, toks, parts, others, peak, peak <= self.cap_of(pool), "",
-                               bigger)
+            peak, least = mem.gpu_peak(mem.total(parts), others), mem.pressure_need(live, others)
+            last = PhaseResult(role, phase, pool.name, mb, toks, parts, others, peak, peak <= cap, "", bigger, least)
             if last.fits:
                 break
+            if least <= cap:  # at the limit, the smallest micro batch / budget: the most room left
+                tight = replace(last, peak=cap, fits=True, at_limit=True, note=_tight_note(peak, least, cap))
             bigger = (mb if mb is not None else int(toks), peak)
         assert last is not None
-        if dynamic and last.fits:
-            c.token_budget[phase] = int(last.tokens)
+        if not last.fits and tight is not None:  # nothing fits with room to spare
+            last = tight
+        if dynamic and last.fits:  # a pinned budget stays as the job wrote it (fewer tokens only hold it less full)
+            c.token_budget[phase] = int(budget) if budget_pinned else int(last.tokens)
         c.phases.append(last)
         return last
 
@@ -463,6 +470,12 @@ class Evaluator:
             note = f"gpu_memory_utilization {util} x {total / GIB:.1f} GiB plus what other roles keep resident"
         c.phases.append(PhaseResult("rollout", "generate", pool.name, None, float(s.seq_len), r.parts, others, peak,
                                     fits, note))
+
+
+def _tight_note(peak: float, need: float, cap: float) -> str:
+    return (f"at the GPU's limit: {need / GIB:.1f} GiB of live tensors (with context and others' states) fit in "
+            f"{cap / GIB:.1f} GiB, the {peak / GIB:.1f} GiB the allocator would reserve with room do not; it runs "
+            "because verl trains with expandable_segments (the allocator gives its cache back at the limit)")
 
 
 def _default_stream(parts: tuple[Part, ...]) -> float:
