@@ -107,7 +107,9 @@ class Candidate:
         short = self.rollout is not None and self.rollout.seqs_fit < kv_wanted
         # split-nodes: the actor side (rollout and update, the heavier work) gets the most nodes that fit
         actor_side = -self.pools[0].size if self.strategy == "split-nodes" else 0
-        return (self.offload, self.crosses_islands, STRATEGIES.index(self.strategy), short, actor_side,
+        # room first: a phase at the GPU's limit is the first to fail when real sequences run longer than planned
+        at_limit = any(p.at_limit for p in self.phases)
+        return (at_limit, self.offload, self.crosses_islands, STRATEGIES.index(self.strategy), short, actor_side,
                 -(self.micro("actor update") or 0), self.tp, -self.util)
 
 
