@@ -55,7 +55,12 @@ def gather_node_facts(spec: "ClusterSpec", *, runners=None, timeout: float = 90.
         hint = (f"also unreachable: {others}. " if others else "") + \
             "`verl-cluster doctor CLUSTER.yaml` shows why; or plan from recorded facts with --facts FILE.json"
         raise RunnerError(host, f"cannot gather facts for the plan: {reason}", hint)
-    return [got[h] for h in hosts]  # type: ignore[misc]
+    from verl_cluster.facts.ray_view import as_ray_sees
+
+    # the GPUs Ray is given on each node (its `gpus:` / the allocation's count, its CUDA_VISIBLE_DEVICES), not
+    # every GPU NVML lists: verl's placement groups ask Ray for them
+    return [as_ray_sees(got[h], node.gpus, {**spec.ray.env, **node.env})  # type: ignore[arg-type]
+            for (_, node), h in zip(spec.nodes(), hosts)]
 
 
 def plan_for_job(job: "JobSpec", spec: "ClusterSpec", strategy: Optional[str] = None, fill: float = 1.0, *,
