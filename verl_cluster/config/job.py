@@ -35,6 +35,10 @@ class PlacementSpec:
     gpus: Optional[str] = None  # hypothetical hardware, e.g. 2x8xH100-80GB (plan --gpus wins)
     allow_lora: bool = False  # the planner may propose LoRA (adapters trained, base frozen) when nothing else fits
     lora_rank: int = 32  # the rank it proposes
+    # the planner may run a training phase at the GPU's limit (its live tensors fit, the allocator gives its cache
+    # back: verl trains with expandable segments) when nothing fits with room; false: plans with room only
+    # (`submit --watch` sets it after an OOM)
+    at_limit: bool = True
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ class Option:
 
     def to_dict(self) -> dict[str, Any]:
         return {"changes": list(self.changes), "overrides": dict(self.overrides), "peak_gib": round(self.peak_gib, 2),
-                "strategy": self.strategy, "tp": self.tp, "offload": self.offload}
+                "strategy": self.strategy, "tp": self.tp, "offload": self.offload, "kind": self.kind}
 
 
 @dataclass(frozen=True)

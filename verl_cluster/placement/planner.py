@@ -426,14 +426,15 @@ class Evaluator:
             own = mem.gpu_peak(mem.total(parts), others)  # without what earlier phases left cached
             if carried > _default_stream(parts):
                 parts += (Part("cached from earlier phases", carried - _default_stream(parts)),)
-            peak, least = mem.gpu_peak(mem.total(parts), others), mem.pressure_need(live, others)
+            peak = mem.gpu_peak(mem.total(parts), others)
+            least = mem.pressure_need(live, others) if self.s.at_limit else 0.0  # 0: plans with room only
             # earlier phases' cached blocks are given back when memory runs short (both allocators free their
             # cache and retry before failing): they fill the GPU up to its memory but never make a phase fail
             last = PhaseResult(role, phase, pool.name, mb, toks, parts, others, min(peak, max(own, cap)), own <= cap,
                                "", bigger, least)
             if last.fits:
                 break
-            if least <= cap:  # at the limit, the smallest micro batch / budget: the most room left
+            if 0 < least <= cap:  # at the limit, the smallest micro batch / budget: the most room left
                 tight = replace(last, peak=cap, fits=True, at_limit=True, note=_tight_note(own, least, cap))
             bigger = (mb if mb is not None else int(toks), peak)
         assert last is not None

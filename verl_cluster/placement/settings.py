@@ -77,6 +77,7 @@ class Settings:
     lora_targets: tuple[str, ...] = ("all-linear",)
     allow_lora: bool = False  # placement.allow_lora: the planner may propose LoRA
     lora_offer: int = 32  # placement.lora_rank: the rank it proposes
+    at_limit: bool = True  # placement.at_limit: a phase may run at the GPU's limit when nothing fits with room
 
     @property
     def seq_len(self) -> int:
@@ -234,7 +235,8 @@ def read_settings(job: JobSpec) -> Settings:
         raise ConfigError(f"placement.lora_rank must be a positive rank, got {job.placement.lora_rank}",
                           "use 16, 32 or 64")
     s = replace(s, lora_rank=lora, critic_lora_rank=critic_lora, lora_targets=_targets(r.raw(f"{AR}.model.target_modules")),
-                allow_lora=job.placement.allow_lora, lora_offer=job.placement.lora_rank)
+                allow_lora=job.placement.allow_lora, lora_offer=job.placement.lora_rank,
+                at_limit=job.placement.at_limit)
     if s.ppo_mini_batch_size > s.train_batch_size:
         raise ConfigError(f"overrides: `{AR}.actor.ppo_mini_batch_size` ({mini}) exceeds data.train_batch_size "
                           f"({train_batch})", "verl asserts train_batch_size >= ppo_mini_batch_size")

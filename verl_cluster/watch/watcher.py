@@ -95,6 +95,8 @@ class Watcher:
             if wait > 0:
                 time.sleep(wait)
             self.run_spec = spec
+            if d.cls == "oom":
+                self._room_after_oom(spec)
             self.resubmit(spec, wait)
 
     def _record(self, out: Outcome) -> None:
@@ -278,6 +280,19 @@ class Watcher:
 
         plan = placement_plan(self.job, spec)
         return plan.feasible is not False, plan.note
+
+    def _room_after_oom(self, spec: ClusterSpec) -> None:
+        """An OOM under a plan that ran a phase at the GPU's limit: the next attempts are planned with room."""
+        from verl_cluster.watch.room import room_after_oom
+
+        old = list(self.st.overrides)
+        try:
+            new, what = room_after_oom(lambda ov: load_job(self.st.job_file, list(ov)), old, spec)
+        except Exception as e:  # noqa: BLE001 - planning trouble must not stop the resume itself
+            new, what = old, f"could not plan again ({getattr(e, 'message', None) or e}): resuming with the same settings"
+        self.st.overrides = new
+        self.st.save()
+        self.emit("oom", "re-planned with room" if new != old else "same settings", what)
 
     # ---- resume ----
     def resubmit(self, spec: ClusterSpec, waited: float) -> str:
