@@ -6,7 +6,8 @@ Arguments are verl-style `key=value` words:
   trainer.total_training_steps=10 trainer.save_freq=2 trainer.default_local_dir=/shared/ckpt
   trainer.resume_mode=auto|disable  resumable.step_s=1.0
 Fault knobs (for tests): resumable.raise_at=N (ValueError at step N), resumable.hang_at=N (stops printing, once per
-checkpoint folder), resumable.die_at=N (the process exits 1 at step N, every attempt).
+checkpoint folder), resumable.die_at=N (the process exits 1 at step N, every attempt), resumable.oom_at=N (fails at
+step N with CUDA's out-of-memory message, once per checkpoint folder).
 Every finished step is appended to `<default_local_dir>/steps.log` as `<ray job id> <step>`.
 """
 
@@ -26,6 +27,10 @@ def parse_args(argv):
         if sep:
             out[k.lstrip("+")] = v
     return out
+
+
+class OutOfMemoryError(RuntimeError):
+    """What torch raises when a GPU runs out of memory (torch.OutOfMemoryError), for the fault knob."""
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -55,7 +60,8 @@ def main() -> int:
     folder = args.get("trainer.default_local_dir", "checkpoints")
     resume = args.get("trainer.resume_mode", "disable")
     step_s = float(args.get("resumable.step_s", 1.0))
-    raise_at, hang_at, die_at = (int(args.get(f"resumable.{k}", 0)) for k in ("raise_at", "hang_at", "die_at"))
+    raise_at, hang_at, die_at, oom_at = (int(args.get(f"resumable.{k}", 0))
+                                         for k in ("raise_at", "hang_at", "die_at", "oom_at"))
     os.makedirs(folder, exist_ok=True)
     print("starting", flush=True)
     ray.init(address="auto", logging_level="ERROR")
@@ -72,6 +78,10 @@ def main() -> int:
         if step == die_at:
             print(f"dying at step {step}", flush=True)
             os._exit(1)
+        if step == oom_at and not os.path.exists(os.path.join(folder, ".oom")):
+            open(os.path.join(folder, ".oom"), "w").close()
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                                   "79.19 GiB of which 1.06 GiB is free.")
         if step == hang_at and not os.path.exists(os.path.join(folder, ".hung")):
             open(os.path.join(folder, ".hung"), "w").close()
             print(f"hanging at step {step}", flush=True)

@@ -96,6 +96,21 @@ def test_user_error_is_not_retried(lab3):
     assert "is shared by all 3 nodes" in r.stderr  # preflight: the checkpoint folder is one for every node
 
 
+def test_an_oom_is_retried_and_says_what_it_did_about_the_plan(lab3):
+    path = lab3[1]
+    j, ckpt = job(lab3, "oom", steps=6, oom_at=4, step_s=0.2)
+    r = cli(lab3, "submit", j, "-c", path, "--watch")
+    assert r.returncode == 0, r.stderr[-3000:]
+    st, events = run_state(lab3, first_sid(r.stderr))
+    assert st["state"] == "succeeded" and st["restarts"] == 1, show(events)
+    assert st["attempts"][0]["class"] == "oom"
+    oom = [e for e in events if e["class"] == "oom" and e["action"] in ("same settings", "re-planned with room")]
+    assert len(oom) == 1 and oom[0]["action"] == "same settings", show(events)
+    assert oom[0]["evidence"].startswith("not a verl trainer")  # no plan to change; a verl trainer's is unit-tested
+    done = [s for steps in steps_by_attempt(ckpt) for s in steps]
+    assert sorted(set(done)) == list(range(1, 7))  # resumed from global_step_3, nothing lost
+
+
 def test_preflight_finds_a_node_local_checkpoint_dir(lab3):
     path, (head, w1, w2) = lab3[1], lab3[2]
     j, _ = job(lab3, "localck")
