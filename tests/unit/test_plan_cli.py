@@ -187,3 +187,15 @@ def test_cluster_flag_plans_on_gathered_facts(capsys, monkeypatch):
 def test_heterogeneous_facts_exit_1(capsys):
     assert main(["plan", PPO, "--gpus", "1x8xH100-80GB,1x4xH100-80GB"]) == 1
     assert "different GPU counts" in capsys.readouterr().err
+
+
+def test_a_plan_at_the_gpus_limit_says_so_first_and_placement_at_limit_false_refuses_it(capsys):
+    qwen3 = str(ROOT / "tests/fixtures/verl_recipes/run_qwen3-8b.yaml")
+    assert main(["plan", qwen3, "--brief"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "fits at the GPU's limit (actor update: no room for longer sequences than planned)" in first
+    assert main(["plan", qwen3]) == 0
+    assert "79.6 at the limit" in capsys.readouterr().out  # the phase's row
+    assert main(["plan", qwen3, "placement.at_limit=false", "--json"]) == 1  # room only: the pinned micro 32 has none
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["binding"].startswith("actor update memory") and "at the least" not in doc["binding"]

@@ -36,6 +36,8 @@ def render(plan: Plan, con: Console, *, brief: bool = False) -> None:
         for ph in role.phases:
             comps = ", ".join(f"{c.name} {c.gib:.2f}" for c in ph.components if c.gib >= 0.005)
             peak = f"{ph.peak_gib:.1f}" if ph.fits else f"[red]{ph.peak_gib:.1f}[/]"
+            if ph.note.startswith("at the GPU's limit"):  # runs because the allocator gives its cache back
+                peak = f"[yellow]{ph.peak_gib:.1f} at the limit[/]"
             t.add_row(ph.phase, "-" if ph.micro_batch is None else str(ph.micro_batch), str(ph.tokens),
                       escape(comps), peak)
         extra = f"resident between phases {role.resident_gib:.2f} GiB/GPU; host {role.host_gib_per_gpu:.2f} GiB/GPU"
@@ -64,7 +66,10 @@ def _verdict(plan: Plan, con: Console) -> None:
     if plan.feasible:
         tight = max(plan.gpus, key=lambda g: g.peak_gib / (g.capacity_gib or plan.capacity_gib), default=None)
         peak, cap = (tight.peak_gib, tight.capacity_gib or plan.capacity_gib) if tight else (0.0, plan.capacity_gib)
-        con.print(head + f"[bold green]fits[/] — peak {peak:.1f} of {cap:.1f} GiB/GPU; "
+        limit = [ph.phase for r in plan.roles for ph in r.phases if ph.note.startswith("at the GPU's limit")]
+        verdict = (f"[bold yellow]fits at the GPU's limit[/] ({escape(', '.join(limit))}: no room for longer "
+                   "sequences than planned)" if limit else "[bold green]fits[/]")
+        con.print(head + f"{verdict} — peak {peak:.1f} of {cap:.1f} GiB/GPU; "
                   f"strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}")
         return
     con.print(head + "[bold red]does not fit as written[/]")
