@@ -60,3 +60,19 @@ def test_the_plan_uses_the_gpus_ray_gets(tmp_path, monkeypatch):
     p = plan_job(load_job(ROOT / "launch/gsm8k.yaml"), facts)
     assert p.overrides["trainer.n_gpus_per_node"] == 4
     assert plan_job(load_job(ROOT / "launch/gsm8k.yaml"), [rtx8()]).overrides["trainer.n_gpus_per_node"] == 8
+
+
+def test_the_probes_own_cuda_visible_devices_counts_unless_the_node_sets_one():
+    from dataclasses import replace
+
+    f = replace(rtx8(), cuda_visible_devices="4,5,6,7")  # e.g. a Slurm step given the last four GPUs
+    seen = as_ray_sees(f, None, {})
+    assert [g.uuid for g in seen.gpus] == [g.uuid for g in rtx8().gpus[4:]] and [g.index for g in seen.gpus] == [0, 1, 2, 3]
+    assert [g.uuid for g in as_ray_sees(f, None, {"CUDA_VISIBLE_DEVICES": "0"}).gpus] == [rtx8().gpus[0].uuid]
+
+
+def test_the_probe_reports_its_cuda_visible_devices(monkeypatch):
+    from verl_cluster.diagnostics import probe_node
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert probe_node.collect(None)["cuda_visible_devices"] == "2,3"

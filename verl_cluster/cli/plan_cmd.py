@@ -65,8 +65,9 @@ def local_node_facts() -> NodeFacts:
     """This machine, as the diagnostics probe sees it (NVML via ctypes: GPUs, P2P/NVLink pairs, and the
     package facts - torch, flash-attn - the planner's dtype and attention choices read)."""
     from verl_cluster.diagnostics.gather import local_facts
+    from verl_cluster.facts.ray_view import as_ray_sees
 
-    return local_facts(head_ip=None, deep=False)
+    return as_ray_sees(local_facts(head_ip=None, deep=False), None)  # this shell's CUDA_VISIBLE_DEVICES counts
 
 
 def hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]:

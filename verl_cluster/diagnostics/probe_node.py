@@ -396,6 +396,8 @@ def collect(head_ip=None, python=None, import_timeout=60.0, deep=False):
         "swap_total_mib": swap,
         "cpu_count": os.cpu_count(),
         "nvml_error": nvml_error,
+        # what Ray started from the same environment would be limited to (Slurm sets it in GPU job steps)
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "probe_time": time.time(),
     }
 

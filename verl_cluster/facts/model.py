@@ -80,6 +80,7 @@ class NodeFacts:
     route_source: Optional[str] = None  # source address the kernel uses towards the head
     rdma_active_ports: list[str] = field(default_factory=list)  # "mlx5_0:1" for ports in state ACTIVE
     python_executable: Optional[str] = None
+    cuda_visible_devices: Optional[str] = None  # in the probe's environment (a Slurm step's GPUs, a user's shell)
 
     def p2p_islands(self) -> list[list[int]]:
         """GPU indices grouped so that every pair inside a group can peer (connected components)."""

@@ -1,8 +1,9 @@
 """The GPUs of a node as Ray (and so verl) will use them, not as NVML lists them.
 
 A node's `gpus:` in cluster.yaml (or the Slurm allocation's count) becomes `ray start --num-gpus N`, and a
-`CUDA_VISIBLE_DEVICES` in its `env:` reaches the raylet: Ray then hands out the first N visible devices, renumbered
-from 0 as CUDA does. NVML sees every GPU of the machine, so facts are narrowed to that view before planning.
+`CUDA_VISIBLE_DEVICES` in its `env:` (or in the environment its commands start in: a Slurm step's GPUs) reaches the
+raylet: Ray then hands out the first N visible devices, renumbered from 0 as CUDA does. NVML sees every GPU of the
+machine, so facts are narrowed to that view before planning.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def visible_indices(facts: NodeFacts, gpus: Optional[int], cuda_visible: Optiona
 
 def as_ray_sees(facts: NodeFacts, gpus: Optional[int], env: Optional[dict] = None) -> NodeFacts:
     """`facts` with only the GPUs Ray gets on this node, renumbered 0.. in device order (pairs kept between them)."""
-    keep = visible_indices(facts, gpus, (env or {}).get("CUDA_VISIBLE_DEVICES"))
+    # the node's configured env wins; else what the probe, started the way Ray is, found in its environment
+    keep = visible_indices(facts, gpus, (env or {}).get("CUDA_VISIBLE_DEVICES", facts.cuda_visible_devices))
     if keep == sorted(g.index for g in facts.gpus):
         return facts
     new = {old: i for i, old in enumerate(keep)}
