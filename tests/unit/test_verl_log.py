@@ -139,3 +139,33 @@ def test_real_ppo_run_with_a_critic_summary():
     assert s["checkpoints"] == ["/root/ckpt/ppo05/global_step_3"]
     assert "critic/vf_loss" in p.steps[3] and s["validation"]["val-core/openai/gsm8k/acc/mean@1"] == 0.0
     assert describe(s)[0] == "verl: 3 step(s), last 3, step time 30.86 s, 769.6 tokens/s/GPU"
+
+
+def test_the_block_shown_is_the_failing_traceback_not_the_shutdown_noise_after_it():
+    from verl_cluster.launch.verl_log import classify, traceback_block
+
+    job = ["step 1", "step 2", "Traceback (most recent call last):", '  File "resumable_job.py", line 80, in <module>',
+           "    sys.exit(main())", '  File "resumable_job.py", line 70, in main',
+           '    raise ValueError(f"bad value at step {step}")', "ValueError: bad value at step 3"]
+    noise = ["Exception ignored in atexit callback: <function shutdown at 0x7f>"] + [
+        f'  File "/ray/_private/worker.py", line {i}, in shutdown' for i in range(30)] + [
+        "RuntimeError: can't register atexit after shutdown"]
+    lines = job + noise
+    err = classify(lines)
+    assert err.kind == "user-code" and err.line == "ValueError: bad value at step 3"
+    block = traceback_block(lines, err.line)
+    assert block == job[2:]  # header to the error line, none of what came after
+    long = job[:3] + [f'  File "f.py", line {i}, in g' for i in range(50)] + job[-1:]
+    cut = traceback_block(long, err.line, limit=20)
+    assert len(cut) == 20 and cut[0].startswith("Traceback") and cut[1] == "  ..." and cut[-1] == job[-1]
+    assert traceback_block(["a", "b", "c"], "nothing like it") == ["a", "b", "c"]
+
+
+def test_shutdown_noise_with_its_own_traceback_header_is_skipped_too():
+    from verl_cluster.launch.verl_log import classify, traceback_block
+
+    job = ["Traceback (most recent call last):", '  File "job.py", line 3, in <module>', "ValueError: bad value at step 3"]
+    noise = ["Exception ignored in atexit callback: <function shutdown at 0x7f>", "Traceback (most recent call last):",
+             '  File "/ray/_private/worker.py", line 1, in shutdown', "RuntimeError: can't register atexit after shutdown"]
+    err = classify(job + noise)
+    assert err.line == "ValueError: bad value at step 3" and traceback_block(job + noise, err.line) == job

@@ -93,15 +93,32 @@ def classify(lines: list[str]) -> Optional[Failure]:
     return Failure("user-code", "the job raised an exception", "read the traceback (verl-cluster logs JOB)", err[:300])
 
 
+def traceback_block(lines: list[str], evidence: str, limit: int = 20) -> list[str]:
+    """The traceback that ends at the evidence line (its header kept, the middle cut to `limit` lines), so what
+    is shown is the job's own error and not the lines printed after it (Ray's and the interpreter's shutdown
+    noise); the last lines of the log when the evidence is not in a traceback."""
+    ends = [i for i, line in enumerate(lines) if evidence and line.strip()[:300] == evidence]
+    if ends:
+        end = ends[-1]
+        starts = [i for i in range(end) if "Traceback (most recent call last)" in lines[i]]
+        if starts and end - starts[-1] < 500:
+            block = lines[starts[-1]:end + 1]
+            return block if len(block) <= limit else [block[0], "  ..."] + block[-(limit - 2):]
+    return lines[-limit:]
+
+
 # what Python and Ray print while the interpreter exits after the job's own exception
 _SHUTDOWN_NOISE = re.compile(r"can't register atexit after shutdown|after interpreter shutdown|"
                              r"sys\.meta_path is None|Python is likely shutting down")
 
 
 def _error_line(block: list[str]) -> str:
+    """The block's error line: the last `...Error: ...` that is not shutdown noise printed after it (an
+    `Exception ignored in atexit callback` without a traceback header of its own lands in the same block)."""
     after = [x.strip() for x in block if x.strip()]
-    return next((x for x in reversed(after) if re.match(r"^(\(\S+ pid=\d+\)\s*)?[\w.]+(Error|Exception)\b", x)),
-                after[-1] if after else "")
+    errors = [x for x in after if re.match(r"^(\(\S+ pid=\d+\)\s*)?[\w.]+(Error|Exception)\b", x)]
+    return next((x for x in reversed(errors) if not _SHUTDOWN_NOISE.search(x)),
+                errors[-1] if errors else (after[-1] if after else ""))
 
 
 @dataclass
