@@ -56,7 +56,7 @@ def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
         return PlanInfo({}, False, {}, _strategy_note(job, facts) or f"placement planner: {msg}")
     summary = plan.to_dict() if hasattr(plan, "to_dict") else {}
     note = "placement planned" + (f" ({plan.strategy})" if getattr(plan, "strategy", None) else "")
-    limit = [ph.phase for r in plan.roles for ph in r.phases if ph.note.startswith("at the GPU's limit")]
+    limit = plan.at_limit_phases()
     if limit:  # it runs, with no room for longer sequences: say so where the user looks before a long run
         note += f"; {', '.join(limit)} at the GPU's limit (`verl-cluster plan {job.source or 'JOB'}` says why)"
     if not plan.feasible:

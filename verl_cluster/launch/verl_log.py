@@ -93,10 +93,10 @@ def classify(lines: list[str]) -> Optional[Failure]:
     return Failure("user-code", "the job raised an exception", "read the traceback (verl-cluster logs JOB)", err[:300])
 
 
-def traceback_block(lines: list[str], evidence: str, limit: int = 20) -> list[str]:
+def traceback_block(lines: list[str], evidence: str, limit: int = 20, tail: Optional[int] = None) -> list[str]:
     """The traceback that ends at the evidence line (its header kept, the middle cut to `limit` lines), so what
     is shown is the job's own error and not the lines printed after it (Ray's and the interpreter's shutdown
-    noise); the last lines of the log when the evidence is not in a traceback."""
+    noise); the last `tail` (default `limit`) lines of the log when the evidence is not in a traceback."""
     ends = [i for i, line in enumerate(lines) if evidence and line.strip()[:300] == evidence]
     if ends:
         end = ends[-1]
@@ -104,7 +104,7 @@ def traceback_block(lines: list[str], evidence: str, limit: int = 20) -> list[st
         if starts and end - starts[-1] < 500:
             block = lines[starts[-1]:end + 1]
             return block if len(block) <= limit else [block[0], "  ..."] + block[-(limit - 2):]
-    return lines[-limit:]
+    return lines[-(tail or limit):]
 
 
 # what Python and Ray print while the interpreter exits after the job's own exception

@@ -43,6 +43,7 @@ class PhasePlan:
     peak_gib: float  # GPU peak while this phase runs: + others' resident, context, allocator margin
     fits: bool
     note: str = ""
+    at_limit: bool = False  # fits only with the allocator at the GPU's limit (the note says why)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,10 @@ class Plan:
             if r.role == name:
                 return r
         raise KeyError(name)
+
+    def at_limit_phases(self) -> list[str]:
+        """The phases that fit only with the allocator at the GPU's limit."""
+        return [ph.phase for r in self.roles for ph in r.phases if ph.at_limit]
 
     @property
     def peak_gib(self) -> float:
@@ -467,7 +472,7 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
                 phases=tuple(PhasePlan(p.phase, p.micro, int(p.tokens),
                                        tuple(Component(x.name, x.bytes / GIB) for x in p.parts),
                                        p.working / GIB, _rollout_need(c, p) / GIB, p.fits,
-                                       _rollout_note(c, p, s.seq_len)) for p in phases),
+                                       _rollout_note(c, p, s.seq_len), p.at_limit) for p in phases),
             ))
         for node, g in gpus:
             slots.append(GpuSlot(node, hw.hosts[node] if node < len(hw.hosts) else f"node{node}", g, pool.roles,

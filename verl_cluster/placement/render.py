@@ -36,7 +36,7 @@ def render(plan: Plan, con: Console, *, brief: bool = False) -> None:
         for ph in role.phases:
             comps = ", ".join(f"{c.name} {c.gib:.2f}" for c in ph.components if c.gib >= 0.005)
             peak = f"{ph.peak_gib:.1f}" if ph.fits else f"[red]{ph.peak_gib:.1f}[/]"
-            if ph.note.startswith("at the GPU's limit"):  # runs because the allocator gives its cache back
+            if ph.at_limit:  # runs because the allocator gives its cache back
                 peak = f"[yellow]{ph.peak_gib:.1f} at the limit[/]"
             t.add_row(ph.phase, "-" if ph.micro_batch is None else str(ph.micro_batch), str(ph.tokens),
                       escape(comps), peak)
@@ -66,7 +66,7 @@ def _verdict(plan: Plan, con: Console) -> None:
     if plan.feasible:
         tight = max(plan.gpus, key=lambda g: g.peak_gib / (g.capacity_gib or plan.capacity_gib), default=None)
         peak, cap = (tight.peak_gib, tight.capacity_gib or plan.capacity_gib) if tight else (0.0, plan.capacity_gib)
-        limit = [ph.phase for r in plan.roles for ph in r.phases if ph.note.startswith("at the GPU's limit")]
+        limit = plan.at_limit_phases()
         verdict = (f"[bold yellow]fits at the GPU's limit[/] ({escape(', '.join(limit))}: no room for longer "
                    "sequences than planned)" if limit else "[bold green]fits[/]")
         con.print(head + f"{verdict} — peak {peak:.1f} of {cap:.1f} GiB/GPU; "

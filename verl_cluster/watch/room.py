@@ -18,11 +18,6 @@ from verl_cluster.config.job import JobSpec
 ROOM = "placement.at_limit=false"
 
 
-def at_limit_phases(plan) -> list[str]:
-    """The phases a Plan runs at the GPU's limit."""
-    return [ph.phase for r in plan.roles for ph in r.phases if ph.note.startswith("at the GPU's limit")]
-
-
 def same_training(option: dict) -> bool:
     """An option that changes how the step runs, not what is trained (nor on which nodes)."""
     return option.get("kind", "settings") == "settings" and not any(
@@ -44,33 +39,33 @@ def room_after_oom(load: Callable[[list[str]], JobSpec], overrides: list[str], s
         return overrides, "not a verl trainer: no plan to change, resuming with the same settings"
     facts = gather_node_facts(spec) if facts is None else facts
 
-    def fits(words: list[str]) -> bool:
-        return plan_job(load(overrides + [ROOM] + words), facts).feasible
+    def fits(pairs: list[tuple[str, str]]) -> bool:
+        return plan_job(load(overrides + [ROOM] + [f"{k}={v}" for k, v in pairs]), facts).feasible
 
     before = plan_job(job, facts)
-    phases = ", ".join(at_limit_phases(before))
+    phases = ", ".join(before.at_limit_phases())
     if not phases:
         return overrides, "the plan had room for every phase: resuming with the same settings (lower the micro " \
                           "batches or token budgets if it happens again)"
     after = plan_job(load(overrides + [ROOM]), facts)
     was = {**before.overrides, **job.verl_overrides()}  # what the attempt that failed ran with
-    words: list[str] = []
+    words: list[tuple[str, str]] = []  # (verl key, value as Hydra reads it)
     if not after.feasible:
         option = next((o for o in after.options if same_training(o.to_dict())), None)
         if option is None:
             return overrides, f"{phases} ran at the GPU's limit and nothing that keeps the training the same has " \
                               f"room: resuming with the same settings (`verl-cluster plan JOB {ROOM}` lists the " \
                               "changes that would)"
-        words = [f"{k}={hydra_value(v)}" for k, v in option.overrides.items() if _differs(was.get(k), v)]
+        words = [(k, hydra_value(v)) for k, v in option.overrides.items() if _differs(was.get(k), v)]
         for w in list(words):  # keep only what room needs: the others stay as the job had them
             if fits([x for x in words if x != w]):
                 words.remove(w)
         if not fits(words):
             return overrides, f"{phases} ran at the GPU's limit; no change found with room: resuming with the same settings"
-    changed = [f"{w.split('=', 1)[0]}: {hydra_value(was[w.split('=', 1)[0]]) if w.split('=', 1)[0] in was else 'unset'}"
-               f" → {w.split('=', 1)[1]}" for w in words]
-    return overrides + [ROOM] + words, (f"{phases} ran at the GPU's limit; the next attempts are planned with room"
-                                        + (": " + "; ".join(changed) if changed else ""))
+    changed = [f"{k}: {hydra_value(was[k]) if k in was else 'unset'} → {v}" for k, v in words]
+    return overrides + [ROOM] + [f"{k}={v}" for k, v in words], (
+        f"{phases} ran at the GPU's limit; the next attempts are planned with room"
+        + (": " + "; ".join(changed) if changed else ""))
 
 
 def _differs(a: Any, b: Any) -> bool:

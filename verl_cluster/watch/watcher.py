@@ -202,9 +202,8 @@ class Watcher:
         from verl_cluster.launch.verl_log import traceback_block
 
         d = diagnose(lines, row.message, lost[1] if lost else None)
-        # the failing traceback itself (header to error line), then the log's last lines after it
-        shown = traceback_block(lines, d.evidence)
-        return Outcome("FAILED", d, lost[0] if lost else "", shown if shown != lines[-20:] else lines[-40:])
+        # the failing traceback itself (header to error line); else the log's last lines
+        return Outcome("FAILED", d, lost[0] if lost else "", traceback_block(lines, d.evidence, tail=40))
 
     def _dump_stacks(self, sid: str, ray_job_id: str) -> None:
         """py-spy dumps of the hung job's driver and workers on every node, to stacks-<sid>.txt in the run folder
