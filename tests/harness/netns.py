@@ -201,6 +201,30 @@ class NetnsLab:
         if sshd:
             self._wait_port(host, 22)
 
+    def extra_sshd(self, host: Host, port: int, key_name: str = "extra") -> Path:
+        """A second sshd in `host` on `port` with a host key of its own (new each call with a new key_name);
+        returns the key's .pub. It stops with the host, or with stop_extra_sshd."""
+        key = host.home / f"host_{key_name}"
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+        conf = host.home / f"sshd_{port}_config"
+        base = (host.home / "sshd_config").read_text()
+        conf.write_text(base.replace("Port 22\n", f"Port {port}\n")
+                        .replace(f"HostKey {host.home}/host_ed25519\n", f"HostKey {key}\n")
+                        .replace(f"PidFile {host.home}/sshd.pid\n", f"PidFile {host.home}/sshd_{port}.pid\n"))
+        host.run(["/usr/sbin/sshd", "-f", str(conf), "-E", str(host.home / f"sshd_{port}.log")], check=True)
+        self._wait_port(host, port)
+        return Path(f"{key}.pub")
+
+    def stop_extra_sshd(self, host: Host, port: int) -> None:
+        pidfile = host.home / f"sshd_{port}.pid"
+        pid = pidfile.read_text().split()[0]
+        host.run(["kill", pid], check=True)
+        for _ in range(100):
+            if host.run(["kill", "-0", pid]).returncode != 0:
+                break
+            time.sleep(0.05)
+        pidfile.unlink(missing_ok=True)
+
     def _wait_port(self, host: Host, port: int, timeout: float = 10) -> None:
         import socket
 

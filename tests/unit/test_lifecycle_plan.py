@@ -63,7 +63,10 @@ def test_fingerprint_ignores_token_location_but_not_config(tmp_path):
 
 
 def test_masked_env_hides_secrets(tmp_path):
-    cmd = plan_start(spec(tmp_path, "ray:\n  ray_executable: /r\n  env: {HF_TOKEN: hf_abc, WANDB_API_KEY: k1}\n"))[0]
+    p = tmp_path / "s.yaml"
+    p.write_text("cluster_name: c\nhead: {host: 10.9.0.1}\n"
+                 "ray:\n  ray_executable: /r\n  env: {HF_TOKEN: hf_abc, WANDB_API_KEY: k1}\n")
+    cmd = plan_start(load_cluster(p))[0]
     shown = json.dumps(cmd.to_json())
     assert "hf_abc" not in shown and "k1" not in shown and "RAY_AUTH_TOKEN_PATH" in shown
 

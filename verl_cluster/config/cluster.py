@@ -14,14 +14,16 @@ from verl_cluster.config.loader import load
 from verl_cluster.errors import ConfigError
 
 LOCAL_HOSTS = ("localhost", "local", "127.0.0.1")
+# what a field holds, checked at load (verl_cluster/config/names.py)
+USER, PATH, EXE, ENV = {"kind": "user"}, {"kind": "path"}, {"kind": "executable"}, {"keys": "env_name"}
 
 
 @dataclass(frozen=True)
 class SshSpec:
-    user: Optional[str] = None  # default: ~/.ssh/config, then the current user
+    user: Optional[str] = field(default=None, metadata=USER)  # default: ~/.ssh/config, then the current user
     port: int = 22
-    key_file: Optional[str] = None  # default: ~/.ssh/config IdentityFile, agent, ~/.ssh/id_*
-    known_hosts_file: str = "~/.ssh/known_hosts"
+    key_file: Optional[str] = field(default=None, metadata=PATH)  # default: ~/.ssh/config IdentityFile, agent, ~/.ssh/id_*
+    known_hosts_file: str = field(default="~/.ssh/known_hosts", metadata=PATH)
     connect_timeout_s: float = 10.0
     command_timeout_s: float = 120.0
     keepalive_s: int = 15
@@ -31,17 +33,17 @@ class SshSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    host: str = MISSING
-    node_ip: Optional[str] = None  # address Ray advertises; default: host (must then be an IP)
-    ssh_user: Optional[str] = None
+    host: str = field(default=MISSING, metadata={"kind": "host"})
+    node_ip: Optional[str] = field(default=None, metadata={"kind": "ip"})  # address Ray advertises; default: host
+    ssh_user: Optional[str] = field(default=None, metadata=USER)
     ssh_port: Optional[int] = None
-    ssh_key_file: Optional[str] = None
+    ssh_key_file: Optional[str] = field(default=None, metadata=PATH)
     gpus: Optional[int] = None  # default: NVML count on that node
     cpus: Optional[int] = None
     resources: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
-    ray_executable: Optional[str] = None  # per-node override of ray.ray_executable
-    env: dict[str, str] = field(default_factory=dict)
+    ray_executable: Optional[str] = field(default=None, metadata=EXE)  # per-node override of ray.ray_executable
+    env: dict[str, str] = field(default_factory=dict, metadata=ENV)
 
     @property
     def is_local(self) -> bool:
@@ -71,11 +73,13 @@ class PortsSpec:
 
 @dataclass(frozen=True)
 class RaySpec:
-    ray_executable: Optional[str] = None  # absolute path on the nodes; default: the `ray` beside this Python
-    temp_dir: str = "/tmp/vc-{cluster_name}"  # short: Ray's unix sockets must stay under 107 chars
+    # absolute path on the nodes; default: the `ray` beside this Python
+    ray_executable: Optional[str] = field(default=None, metadata=EXE)
+    # short: Ray's unix sockets must stay under 107 chars
+    temp_dir: str = field(default="/tmp/vc-{cluster_name}", metadata=PATH)
     object_store_memory: Optional[int] = None
     start_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict, metadata=ENV)
     ports: PortsSpec = field(default_factory=PortsSpec)
     start_timeout_s: float = 90.0
     register_timeout_s: float = 60.0
@@ -84,14 +88,14 @@ class RaySpec:
 @dataclass(frozen=True)
 class NetworkSpec:
     backend: str = field(default="auto", metadata={"choices": ("auto", "ucx", "tcp")})
-    interface: str = "auto"  # auto or an interface name, e.g. eth1
+    interface: str = field(default="auto", metadata=PATH)  # auto or an interface name, e.g. eth1
 
 
 @dataclass(frozen=True)
 class SecuritySpec:
     auth: str = field(default="token", metadata={"choices": ("token", "none")})
     dashboard_host: str = field(default="loopback", metadata={"choices": ("loopback", "private", "all")})
-    token_file: str = "~/.verl-cluster/{cluster_name}/auth_token"
+    token_file: str = field(default="~/.verl-cluster/{cluster_name}/auth_token", metadata=PATH)
 
 
 @dataclass(frozen=True)
@@ -99,9 +103,9 @@ class SlurmSpec:
     """launcher: slurm — nodes come from the allocation, commands reach them through srun."""
 
     job_id: Optional[str] = None  # default: SLURM_JOB_ID of this shell
-    srun: str = "srun"
+    srun: str = field(default="srun", metadata=EXE)
     srun_args: list[str] = field(default_factory=list)  # added to every srun, e.g. [--mpi=none]
-    log_dir: str = "~/.verl-cluster/slurm"  # the Ray steps' output, one file per node
+    log_dir: str = field(default="~/.verl-cluster/slurm", metadata=PATH)  # the Ray steps' output, one file per node
 
 
 @dataclass(frozen=True)

@@ -12,20 +12,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from verl_cluster.config.loader import apply_dotlist, build, read_yaml
+from verl_cluster.config.cluster import ENV, PATH
+from verl_cluster.config.loader import apply_dotlist, build, read_yaml, short, where
+from verl_cluster.config.names import HINTS, env_name_problem
 from verl_cluster.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    path: Optional[str] = None  # local HF dir (on the nodes) or hub name
+    path: Optional[str] = field(default=None, metadata=PATH)  # local HF dir (on the nodes) or hub name
     catalog: Optional[str] = None  # shape from the shipped catalog, e.g. qwen2.5-0.5b
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    train_files: list[str] = field(default_factory=list)
-    val_files: list[str] = field(default_factory=list)
+    train_files: list[str] = field(default_factory=list, metadata=PATH)
+    val_files: list[str] = field(default_factory=list, metadata=PATH)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,10 @@ class PlacementSpec:
     # back: verl trains with expandable segments) when nothing fits with room; false: plans with room only
     # (`submit --watch` sets it after an OOM)
     at_limit: bool = True
+    # the lengths real sequences have, when the user knows them (plan/submit plan at them as well as at the worst
+    # case): average share of prompt+response a sequence uses, or the responses' average in tokens
+    fill: Optional[float] = None
+    mean_response_tokens: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -67,14 +73,15 @@ class JobSpec:
     command: list[str] = field(default_factory=list)  # or a command (argv)
     args: list[str] = field(default_factory=list)  # extra argv after the module / command
     launcher: str = field(default="auto", metadata={"choices": ("auto", "ray", "torchrun")})
-    cluster: Optional[str] = None  # cluster.yaml, relative to this file; default cluster_configs/local.yaml
+    cluster: Optional[str] = field(default=None, metadata=PATH)  # cluster.yaml, relative to this file; default cluster_configs/local.yaml
     model: ModelSpec = field(default_factory=ModelSpec)
     data: DataSpec = field(default_factory=DataSpec)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     overrides: dict[str, Any] = field(default_factory=dict)  # verl Hydra overrides, verl key names
-    env: dict[str, str] = field(default_factory=dict)
-    secrets: list[str] = field(default_factory=list)  # names of env vars read from the submitting shell
-    working_dir: Optional[str] = None  # local code shipped with the job (Ray runtime_env working_dir)
+    env: dict[str, str] = field(default_factory=dict, metadata=ENV)
+    # names of env vars read from the submitting shell
+    secrets: list[str] = field(default_factory=list, metadata={"kind": "env_name"})
+    working_dir: Optional[str] = field(default=None, metadata=PATH)  # local code shipped with the job (Ray runtime_env working_dir)
     runtime_env: dict[str, Any] = field(default_factory=dict)  # extra runtime_env keys (pip, excludes, ...)
     torchrun: TorchrunSpec = field(default_factory=TorchrunSpec)
     watch: WatchSpec = field(default_factory=WatchSpec)
@@ -176,6 +183,10 @@ def job_from_data(data: Any, src: str, cli_overrides: list[str] | None = None, l
         data = dict(data, overrides={**(data.get("overrides") or {}), **extra})
     job = build(JobSpec, data, src, lines or {})
     job = replace(job, source=src)
+    for k in (job.runtime_env.get("env_vars") or {}) if isinstance(job.runtime_env.get("env_vars"), dict) else ():
+        if env_name_problem(str(k)):
+            raise ConfigError(f"{where(src, lines or {}, ('runtime_env', 'env_vars', k))}: `runtime_env.env_vars` key "
+                              f"`{short(k, 80)}` {env_name_problem(str(k))}", HINTS["env_name"])
     if bool(job.entrypoint) == bool(job.command):
         raise ConfigError(f"{src}: set exactly one of `entrypoint` (a Python module) or `command` (an argv list)",
                           "e.g. entrypoint: verl.trainer.main_ppo")

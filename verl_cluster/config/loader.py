@@ -17,57 +17,142 @@ from typing import Any, Union
 import yaml
 from omegaconf import OmegaConf
 
+from verl_cluster.config.names import HINTS, KINDS
 from verl_cluster.errors import ConfigError
 
 Lines = dict  # tuple(path) -> 1-based line number
 
 
-def read_yaml(path: str | os.PathLike) -> tuple[Any, Lines]:
-    """Parse a YAML file; return the data and the line of every mapping key / list item."""
+# Limits on input, checked before anything is built: a config is a few KB; these stop YAML bombs (aliases that
+# expand exponentially, a merge key that refers to itself), deep nesting and huge files within a fraction of a second.
+MAX_BYTES = 1 << 20
+MAX_VALUES = 100_000  # scalars, mappings and sequences, every alias expanded
+MAX_DEPTH = 64
+MAX_SCALAR = 1 << 16  # characters in one value
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 20x faster, same safe constructors
+
+
+def read_text_bounded(path: str | os.PathLike, what: str = "file") -> str:
+    """A config/script file's text, refused (not read) when larger than MAX_BYTES."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with open(p, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise ConfigError(f"{p}: file not found", "check the path (relative paths are from the current directory)")
+        raise ConfigError(f"{short(p)}: file not found", "check the path (relative paths are from the current directory)")
     except IsADirectoryError:
-        raise ConfigError(f"{p}: is a directory, expected a YAML file")
-    except (PermissionError, UnicodeDecodeError, OSError) as e:
-        raise ConfigError(f"{p}: cannot read: {e.__class__.__name__}: {e}")
-    return parse_yaml_text(text, str(p))
+        raise ConfigError(f"{short(p)}: is a directory, expected a YAML file")
+    except OSError as e:
+        raise ConfigError(f"{short(p)}: cannot read: {e.__class__.__name__}: {e.strerror or e}")
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"{short(p)}: larger than {MAX_BYTES >> 20} MiB; not a {what} this tool reads",
+                          "check that this is the file you meant")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{short(p)}: cannot read: not UTF-8 text (byte {e.start})")
+
+
+def read_yaml(path: str | os.PathLike) -> tuple[Any, Lines]:
+    """Parse a YAML file; return the data and the line of every mapping key / list item."""
+    return parse_yaml_text(read_text_bounded(path, "YAML file"), short(path))
 
 
 def parse_yaml_text(text: str, source: str) -> tuple[Any, Lines]:
+    """Safe YAML within the limits above; a key written twice in one mapping is an error naming both lines."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"{source}: larger than {MAX_BYTES >> 20} MiB; not a YAML file this tool reads")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        _check_bounds(text, source)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            lines: Lines = {}
+            if node is not None:
+                _collect_lines(node, (), lines, source)
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
+        where_ = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{where}: invalid YAML: {problem}")
-    except (RecursionError, ValueError, OverflowError) as e:
-        raise ConfigError(f"{source}: invalid YAML: {e}")
-    lines: Lines = {}
-    if node is not None:
-        _collect_lines(node, (), lines)
+        raise ConfigError(f"{where_}: invalid YAML: {short(problem)}")
+    except (RecursionError, ValueError, OverflowError, MemoryError) as e:
+        raise ConfigError(f"{source}: invalid YAML: {type(e).__name__}: {short(str(e))}")
     return data, lines
 
 
-def _collect_lines(node: yaml.Node, path: tuple, lines: Lines) -> None:
+def _check_bounds(text: str, source: str) -> None:
+    """One pass over the parser's events (no data built): size with aliases expanded, nesting, value length."""
+    open_: list[list] = []  # per open collection: [values inside so far, its anchor]
+    sizes: dict[str, int] = {}  # anchor -> values it stands for
+    total = 0
+    for ev in yaml.parse(text, Loader=_Loader):
+        line = getattr(ev, "start_mark", None)
+        at = f"{source}:{line.line + 1}" if line else source
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            open_.append([1, ev.anchor])
+            if len(open_) > MAX_DEPTH:
+                raise ConfigError(f"{at}: nested more than {MAX_DEPTH} levels deep", "flatten the structure")
+            continue
+        if isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            n, anchor = open_.pop()
+        elif isinstance(ev, yaml.ScalarEvent):
+            n, anchor = 1, ev.anchor
+            if len(ev.value) > MAX_SCALAR:
+                raise ConfigError(f"{at}: a value of {len(ev.value)} characters (at most {MAX_SCALAR} are read)",
+                                  "check that this is the file you meant")
+        elif isinstance(ev, yaml.AliasEvent):
+            if ev.anchor not in sizes:
+                if any(a == ev.anchor for _, a in open_):
+                    raise ConfigError(f"{at}: alias *{short(ev.anchor)} refers to the value it is inside of "
+                                      "(recursive YAML)", "write the values out")
+                continue  # an unknown anchor: the composer reports it with its line
+            n, anchor = sizes[ev.anchor], None
+        else:
+            continue
+        if anchor:
+            sizes[anchor] = n
+        if open_:
+            open_[-1][0] = min(open_[-1][0] + n, MAX_VALUES + 1)
+        else:
+            total += n
+        if total > MAX_VALUES or (open_ and open_[-1][0] > MAX_VALUES) or n > MAX_VALUES:
+            raise ConfigError(f"{at}: expands to more than {MAX_VALUES} values (YAML aliases or a huge file)",
+                              "write the values out; a config needs far fewer")
+
+
+def _collect_lines(node: yaml.Node, path: tuple, lines: Lines, source: str = "<yaml>") -> None:
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
         for k, v in node.value:
             key = k.value if isinstance(k, yaml.ScalarNode) else str(k.value)
-            lines[path + (key,)] = k.start_mark.line + 1
-            _collect_lines(v, path + (key,), lines)
+            line = k.start_mark.line + 1
+            if key != "<<" and isinstance(k, yaml.ScalarNode):
+                if key in seen:
+                    raise ConfigError(f"{source}:{line}: `{dotted(path + (short(key, 80),))}` is set twice, on line "
+                                      f"{seen[key]} and line {line}", "keep one of them (YAML keeps only the last)")
+                seen[key] = line
+            lines[path + (key,)] = line
+            _collect_lines(v, path + (key,), lines, source)
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
-            _collect_lines(v, path + (i,), lines)
+            _collect_lines(v, path + (i,), lines, source)
+
+
+def short(value: Any, limit: int = 200) -> str:
+    """A value as it may appear in a message: one line, at most `limit` characters (control characters escaped)."""
+    raw = str(value)
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in raw[:limit])
+    return text if len(raw) <= limit else f"{text}... ({len(raw)} chars)"
 
 
 def dotted(path: tuple) -> str:
     out = ""
     for p in path:
+        p = p if isinstance(p, int) else short(p, 80)
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
     return out or "(top level)"
 
@@ -129,15 +214,19 @@ class Validator:
                 self.fail(path, f"`{dotted(path)}` must be {_type_name(tp)}, got {_describe(value)}")
             (item_tp,) = typing.get_args(tp)[:1] or (Any,)
             for i, item in enumerate(value):
-                self.check(item, item_tp, path + (i,))
+                self.check(item, item_tp, path + (i,), meta)
             return
         if origin is dict or tp is dict:
             if not isinstance(value, dict):
                 self.fail(path, f"`{dotted(path)}` must be a mapping, got {_describe(value)}")
             args = typing.get_args(tp)
+            key_kind = (meta or {}).get("keys")
             for k, v in value.items():
                 if not isinstance(k, str):
-                    self.fail(path, f"`{dotted(path)}` keys must be strings, got {k!r}")
+                    self.fail(path, f"`{dotted(path)}` keys must be strings, got {short(repr(k), 80)}")
+                if key_kind and KINDS[key_kind](k):
+                    self.fail(path + (k,), f"`{dotted(path)}` key `{short(k, 80)}` {KINDS[key_kind](k)}",
+                              HINTS[key_kind])
                 if args:
                     self.check(v, args[1], path + (k,))
             return
@@ -151,11 +240,14 @@ class Validator:
         }.get(tp, True)
         if not ok:
             self.fail(path, f"`{dotted(path)}` must be {_type_name(tp)}, got {_describe(value)}")
+        kind = (meta or {}).get("kind")
+        if kind and isinstance(value, str) and KINDS[kind](value):
+            self.fail(path, f"`{dotted(path)}` {short(repr(value), 80)} {KINDS[kind](value)}", HINTS[kind])
         choices = (meta or {}).get("choices")
         if choices and str(value) not in choices:
             near = difflib.get_close_matches(str(value), choices, n=1)
             hint = f"did you mean `{near[0]}`?" if near else None
-            self.fail(path, f"`{dotted(path)}` must be one of {', '.join(choices)}; got {value!r}", hint)
+            self.fail(path, f"`{dotted(path)}` must be one of {', '.join(choices)}; got {short(repr(value), 80)}", hint)
 
     def check_dataclass(self, value: Any, cls: type, path: tuple) -> None:
         if not isinstance(value, dict):
@@ -164,7 +256,7 @@ class Validator:
         hints = typing.get_type_hints(cls)
         for key in value:
             if key not in fields:
-                near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+                near = difflib.get_close_matches(str(key)[:100], list(fields), n=1, cutoff=0.6)
                 hint = f"did you mean `{near[0]}`?" if near else f"valid keys here: {', '.join(fields)}"
                 self.fail(path + (key,), f"unknown key `{dotted(path + (key,))}`", hint)
         for name, f in fields.items():
@@ -184,7 +276,7 @@ def _describe(value: Any) -> str:
         return "a list"
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
-    return f"{type(value).__name__} {value!r}"[:80]
+    return short(f"{type(value).__name__} {value!r}", 80)
 
 
 def build(cls: type, data: dict, source: str = "<config>", lines: Lines | None = None):

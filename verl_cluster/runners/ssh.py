@@ -21,7 +21,8 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 import paramiko
 
-from verl_cluster.errors import ConnectError, HostKeyError, RunnerError
+from verl_cluster.config.names import env_name_problem, host_problem, user_problem
+from verl_cluster.errors import ConfigError, ConnectError, HostKeyError, RunnerError
 from verl_cluster.runners.base import CommandTimeout, Result
 
 
@@ -45,12 +46,14 @@ def host_key_name(host: str, port: int) -> str:
 class _RememberNewKey(paramiko.MissingHostKeyPolicy):
     """Accept a host never seen before and append it to known_hosts (trust on first use)."""
 
-    def __init__(self, path: Path, port: int):
-        self.path, self.port = path, port
+    def __init__(self, path: Path):
+        self.path = path
 
     def missing_host_key(self, client, hostname, key):
+        # paramiko passes the name it looked up: already `[host]:port` for a port other than 22, so it is written
+        # as given (wrapped again it would never match, and every later key, a changed one too, would be "new")
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        line = f"{host_key_name(hostname, self.port)} {key.get_name()} {key.get_base64()}\n"
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "a") as f:
             f.write(line)
@@ -58,6 +61,10 @@ class _RememberNewKey(paramiko.MissingHostKeyPolicy):
 
 def _resolve(target: SshTarget) -> tuple[str, int, str, list[str], Optional[str]]:
     """Apply ~/.ssh/config (HostName, User, Port, IdentityFile, ProxyCommand) under explicit settings."""
+    # the host and user are substituted (%h, %r) into a ProxyCommand that paramiko splits into words and runs here
+    for value, problem in ((target.host, host_problem), (target.user, user_problem)):
+        if value is not None and problem(value):
+            raise ConfigError(f"SSH target {value!r} {problem(value)}", "fix the host/user in the cluster config")
     hostname, port, user, keys, proxy = target.host, target.port, target.user, [], None
     cfg_path = Path("~/.ssh/config").expanduser()
     if target.use_ssh_config and cfg_path.is_file():
@@ -74,6 +81,13 @@ def _resolve(target: SshTarget) -> tuple[str, int, str, list[str], Optional[str]
     if target.key_file:
         keys = [os.path.expanduser(target.key_file)]
     return hostname, port, user or getpass.getuser(), keys, proxy
+
+
+def _check_env_names(env: Mapping[str, str]) -> None:
+    """`env` would take a `-S...` name as an option and a shell runs what follows `export X=1;`: names only."""
+    bad = next((k for k in env if env_name_problem(str(k))), None)
+    if bad is not None:
+        raise ConfigError(f"environment variable name {bad!r} {env_name_problem(str(bad))}")
 
 
 class SshProcess:
@@ -135,7 +149,7 @@ class SshRunner:
                     raise ConnectError(t.host, f"cannot read known_hosts {known}: {str(e)[:200]}",
                                       "fix or remove the broken line")
             client.set_missing_host_key_policy(
-                _RememberNewKey(known, port) if t.accept_new_host_keys else paramiko.RejectPolicy())
+                _RememberNewKey(known) if t.accept_new_host_keys else paramiko.RejectPolicy())
             sock = paramiko.ProxyCommand(proxy) if proxy else None
             where = f"{user}@{hostname}:{port}"
             try:
@@ -190,6 +204,7 @@ class SshRunner:
         if timeout:
             full += ["timeout", "-k", "5", f"{max(1, int(timeout))}"]
         if env:
+            _check_env_names(env)
             full += ["env"] + [f"{k}={v}" for k, v in env.items()]
         return shlex.join(full + list(argv))
 
@@ -227,6 +242,7 @@ class SshRunner:
         deletes before exec, so values (a job's secrets) never appear on a command line or in `ps`."""
         full, path = list(argv), None
         if env:
+            _check_env_names(env)
             text = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in env.items())
             path = self.put_text(text, f"~/.verl-cluster/env-{secrets.token_hex(8)}.sh", 0o600)
             full = ["sh", "-c", '. "$1" && rm -f "$1" && shift && exec "$@"', "sh", path, *full]

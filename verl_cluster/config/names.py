@@ -1,0 +1,81 @@
+"""What a host, a user, a path or an environment variable name may be. Checked where config is read (and again at
+the SSH boundary), because these values reach places that parse them: ~/.ssh/config substitutes the host into a
+ProxyCommand that is split into words, `env` reads a leading `-` as an option, a shell reads `export K=...`."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Callable, Optional
+
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}\$?")  # POSIX portable names (+ a trailing $ for machines)
+_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ZONE = re.compile(r"[A-Za-z0-9_.-]+")
+_SHELL_SPECIAL = set(";&|$`<>")
+
+
+def _control(s: str) -> Optional[str]:
+    bad = next((c for c in s if ord(c) < 32 or ord(c) == 127), None)
+    return None if bad is None else f"holds a control character ({bad!r})"
+
+
+def ip_problem(s: str) -> Optional[str]:
+    addr, _, zone = s.partition("%")
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        return "is not an IPv4 or IPv6 address"
+    if zone and not (":" in addr and _ZONE.fullmatch(zone)):
+        return "has a bad IPv6 zone"
+    return None
+
+
+def host_problem(s: str) -> Optional[str]:
+    """A DNS/ssh-config host name, an IPv4 address or an IPv6 literal (no brackets, no port, no spaces)."""
+    if ip_problem(s) is None:
+        return None
+    if len(s) <= 253 and _HOSTNAME.fullmatch(s) and not s.replace(".", "").isdigit():
+        return None
+    return "is not a host name, IPv4 or IPv6 address"
+
+
+def user_problem(s: str) -> Optional[str]:
+    return None if _USER.fullmatch(s) else "is not a user name (letters, digits, _ . -, not starting with -)"
+
+
+def path_problem(s: str) -> Optional[str]:
+    return _control(s)
+
+
+def executable_problem(s: str) -> Optional[str]:
+    """A program run as one argv word: a path, without control or shell characters (a `;` there is a mistake)."""
+    if _control(s):
+        return _control(s)
+    if not s.strip() or set(s) & _SHELL_SPECIAL:
+        return "is not a program path (it is run as one word: no ; & | $ ` < >)"
+    return None
+
+
+def env_name_problem(s: str) -> Optional[str]:
+    return None if _ENV.fullmatch(s) else "is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+
+
+KINDS: dict[str, Callable[[str], Optional[str]]] = {
+    "host": host_problem, "ip": ip_problem, "user": user_problem, "path": path_problem,
+    "executable": executable_problem, "env_name": env_name_problem,
+}
+HINTS = {
+    "host": "write a host name (gpu-1, gpu-1.example.org), an IPv4 address or an IPv6 address; set the SSH port "
+            "with ssh.port / ssh_port",
+    "ip": "write the address Ray advertises, e.g. 10.0.0.2",
+    "user": "write the login name only; the port and options have their own fields",
+    "path": "remove the control characters",
+    "executable": "write the absolute path of the program, e.g. /opt/venv/bin/ray",
+    "env_name": "environment variable names are letters, digits and _, not starting with a digit",
+}
+
+
+def is_env_name(s: str) -> bool:
+    return env_name_problem(s) is None
