@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from verl_cluster.config.loader import short
+from verl_cluster.config.names import path_problem
 from verl_cluster.errors import ConfigError
 
 _TIME = re.compile(r"^(\d+|\d+:\d{2}(:\d{2})?|\d+-\d+(:\d{2}){0,2})$")  # Slurm's --time forms
@@ -37,6 +39,17 @@ class BatchRequest:
 
 
 def validate(req: BatchRequest) -> None:
+    # #SBATCH lines and comments cannot be quoted: a newline in a value there starts a script line that runs
+    lines = [("the job file's path", req.job_file), ("--log-dir", req.log_dir), ("the Python path", req.python),
+             *(("--sbatch-arg", a) for a in req.sbatch_args)]
+    for what, v in lines:
+        if path_problem(v):
+            raise ConfigError(f"{what} {short(repr(v), 120)} {path_problem(v)}: it would start a new line of the "
+                              "batch script", "rename it, or pass a value without newlines or control characters")
+    for a in req.sbatch_args:
+        if not a.startswith("-"):
+            raise ConfigError(f"--sbatch-arg {short(repr(a), 120)} is not an sbatch option",
+                              "write it as an option, e.g. --sbatch-arg=--constraint=h100")
     if req.nodes < 1:
         raise ConfigError(f"--nodes must be >= 1, got {req.nodes}")
     if req.gpus_per_node < 0:
