@@ -30,7 +30,10 @@ def record(submission_id: str, cluster_file: str, cluster_name: str, job_name: s
            "cluster": cluster_name, "job": job_name, "submitted_at": time.time(), **extra}
     try:
         jobs_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
-        (jobs_dir() / f"{submission_id}.json").write_text(json.dumps(doc) + "\n")
+        # 0600 from the first byte: the record holds the job's overrides
+        fd = os.open(jobs_dir() / f"{submission_id}.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc) + "\n")
     except OSError:
         pass
 
