@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Callable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
@@ -79,3 +79,28 @@ HINTS = {
 
 def is_env_name(s: str) -> bool:
     return env_name_problem(s) is None
+
+
+# A variable is secret when its name is listed (a job's `secrets:`), when a word of it (split at `_`) holds SECRET,
+# PASSWORD, PASSWD or CREDENTIAL, or when its last word ends with TOKEN, KEY or PASS (HF_TOKEN, WANDB_API_KEY,
+# OPENAI_APIKEY, DB_PASS). Not when the last word says it is a path (RAY_AUTH_TOKEN_PATH), and not for TOKEN/KEY
+# inside a name (TOKENIZERS_PARALLELISM, MAX_TOKEN_LEN, KEYBOARD_LAYOUT): verl scripts set those as settings.
+STRONG_WORDS = ("SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+LAST_WORD_ENDINGS = ("TOKEN", "KEY", "PASS")
+_NOT_SECRET_LAST = ("PATH", "PATHS", "FILE", "DIR")
+MASK = "***"
+
+
+def is_secret_name(name: str, listed: Iterable[str] = ()) -> bool:
+    if name in listed:
+        return True
+    words = [w for w in str(name).upper().split("_") if w]
+    if not words or words[-1] in _NOT_SECRET_LAST:
+        return False
+    return any(s in w for w in words for s in STRONG_WORDS) or words[-1].endswith(LAST_WORD_ENDINGS)
+
+
+def masked_env(env: Mapping[str, Any], listed: Iterable[str] = ()) -> dict[str, Any]:
+    """The environment as it may be printed: every secret value replaced by ***."""
+    listed = tuple(listed)
+    return {k: (MASK if is_secret_name(k, listed) else v) for k, v in env.items()}

@@ -16,9 +16,9 @@ from typing import Any, Mapping, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec
+from verl_cluster.config.names import MASK, masked_env  # noqa: F401 - MASK: what tests and callers compare with
 from verl_cluster.errors import ConfigError
 
-MASK = "***"
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:@+\-]+$")
 PYTHONS = ("python", "python3")
 
@@ -137,10 +137,6 @@ def resolve_working_dir(job: JobSpec) -> Optional[str]:
     if not p.is_dir():
         raise ConfigError(f"{job.source}: working_dir `{job.working_dir}` is not a directory ({p})")
     return str(p.resolve())
-
-
-def masked_env(env: Mapping[str, str], secrets: tuple[str, ...]) -> dict[str, str]:
-    return {k: (MASK if k in secrets else v) for k, v in env.items()}
 
 
 @dataclass(frozen=True)

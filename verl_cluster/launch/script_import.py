@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from verl_cluster.config.job import JobSpec, job_from_data, load_job
+from verl_cluster.config.loader import read_text_bounded, short
 from verl_cluster.errors import ConfigError
 from verl_cluster.launch.shell_words import ARGS, PYTHON, Field, looks_secret, read_script
 
@@ -184,13 +185,8 @@ def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[s
 
 
 def import_script(path: str | os.PathLike, environ: Optional[Mapping[str, str]] = None) -> ImportedJob:
-    src = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ConfigError(f"{src}: cannot read: {e.strerror or e}")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{src}: not a text file", "pass a bash script or a job spec (.yaml)")
+    src = short(path)
+    text = read_text_bounded(path, "script")
     run = read_script(text, src, environ)
     env = {**run.exported, **run.program.prefix_env}
     imp = build_import(run.program.argv, src, env, run.secrets)

@@ -17,12 +17,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from verl_cluster.config.names import is_secret_name
 from verl_cluster.errors import ConfigError
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
 PYTHON = re.compile(r"(.*/)?python[0-9.]*")
-SECRET = re.compile(r"(?i)(^|_)(api_?key|key|token|secret|password|passwd|credentials?)$")
 ARGS = "\0args"  # where "$@" stood: the command line's key=value go there
 SHELL_LOGIC = ("if", "then", "elif", "else", "fi", "for", "while", "until", "do", "done", "case", "esac",
                "function", "select", "[", "[[", "test", "{", "}", "!")
@@ -39,8 +39,8 @@ OPERATOR_HELP = {
 
 
 def looks_secret(name: str) -> bool:
-    """WANDB_API_KEY, HF_TOKEN, *_SECRET, *_PASSWORD: values never printed or written."""
-    return bool(SECRET.search(name))
+    """WANDB_API_KEY, HF_TOKEN, *_SECRET, *_PASSWORD: values never printed or written (the one rule, in names.py)."""
+    return is_secret_name(name)
 
 
 @dataclass
@@ -269,7 +269,18 @@ _ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.m
               ast.Pow: operator.pow}
 
 
+INT64 = 1 << 63  # bash arithmetic is 64-bit: a value outside it is refused, not computed (9**9**9 never ends)
+MAX_ARITH_CHARS = 200
+
+
 def _arith(node: ast.AST, value_of) -> int:
+    v = _arith_node(node, value_of)
+    if not -INT64 <= v < INT64:
+        raise ValueError("out of 64-bit range")
+    return v
+
+
+def _arith_node(node: ast.AST, value_of) -> int:
     if isinstance(node, ast.Expression):
         return _arith(node.body, value_of)
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
@@ -286,6 +297,8 @@ def _arith(node: ast.AST, value_of) -> int:
                 raise ZeroDivisionError
             q = abs(a) // abs(b)  # bash truncates toward zero
             return q if (a >= 0) == (b >= 0) else -q
+        if isinstance(node.op, ast.Pow) and (b < 0 or (abs(a) > 1 and b >= 64)):
+            raise ValueError("exponent out of range")
         if type(node.op) in _ARITH_OPS:
             return _ARITH_OPS[type(node.op)](a, b)
     raise ValueError
@@ -377,10 +390,13 @@ class Evaluator:
                 self.fail(line, f"$(({expr})): ${name} is `{v}`, not an integer")
                 return 0
         text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", r"\1", expr)
+        shown = expr if len(expr) <= 60 else expr[:60] + "..."
+        if len(text) > MAX_ARITH_CHARS:
+            self.fail(line, f"$(({shown})) is longer than {MAX_ARITH_CHARS} characters", "write the number itself")
         try:
             return str(_arith(ast.parse(text.strip(), mode="eval"), value_of))
-        except (SyntaxError, ValueError, ZeroDivisionError):
-            self.fail(line, f"$(({expr})) is not understood (integers, + - * / % ** and parentheses are)",
+        except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
+            self.fail(line, f"$(({shown})) is not understood (64-bit integers, + - * / % ** and parentheses are)",
                       "write the number itself")
             return ""
 

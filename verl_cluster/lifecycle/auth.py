@@ -8,6 +8,7 @@ from pathlib import Path
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ConfigError
+from verl_cluster.runners.local import private_dirs
 
 
 def remote_token_path(spec: ClusterSpec) -> str:
@@ -31,7 +32,7 @@ def ensure_token(spec: ClusterSpec) -> Path | None:
         if not path.read_text().strip():
             raise ConfigError(f"token file {path} is empty", "delete it; `up` generates a new one")
         return path
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dirs(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32) + "\n")

@@ -10,10 +10,9 @@ import json
 from dataclasses import dataclass, field
 
 from verl_cluster.config.cluster import ClusterSpec, NodeSpec
+from verl_cluster.config.names import masked_env
 from verl_cluster.diagnostics.backend import config_network_env
 from verl_cluster.lifecycle.auth import ray_auth_env, remote_token_path
-
-SECRET_KEYS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,7 @@ class NodeCommand:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def masked_env(self) -> dict[str, str]:
-        return {k: ("****" if any(s in k.upper() for s in SECRET_KEYS) and "PATH" not in k else v)
-                for k, v in self.env.items()}
+        return masked_env(self.env)
 
     def to_json(self) -> dict:
         return {"host": self.host, "role": self.role, "ip": self.ip, "argv": list(self.argv),

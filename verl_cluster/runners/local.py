@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
+import secrets
 import signal
 import subprocess
 from pathlib import Path
@@ -11,6 +11,21 @@ from typing import Iterator, Mapping, Sequence
 
 from verl_cluster.errors import RunnerError
 from verl_cluster.runners.base import CommandTimeout, Result
+
+
+def private_dirs(folder: Path) -> None:
+    """Create the missing folders of `folder`, each 0700 (mkdir(parents=True) makes the parents 0755)."""
+    missing = []
+    for p in [folder, *folder.parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another writer: theirs, left as it is
+            continue
+        os.chmod(p, 0o700)  # mkdir's mode goes through the umask
 
 
 class LocalProcess:
@@ -82,21 +97,30 @@ class LocalRunner:
 
     def put_file(self, local_path: str, remote_path: str, mode: int = 0o600) -> str:
         dst = Path(os.path.expanduser(remote_path))
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if Path(local_path).resolve() != dst.resolve():
-            shutil.copyfile(local_path, dst)
-        os.chmod(dst, mode)
-        return str(dst)
+        if dst.exists() and Path(local_path).resolve() == dst.resolve():
+            os.chmod(dst, mode)
+            return str(dst)
+        with open(local_path, "rb") as src:
+            return self._put(src.read(), dst, mode)
 
     def put_text(self, text: str, remote_path: str, mode: int = 0o600) -> str:
-        dst = Path(os.path.expanduser(remote_path))
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}-{id(text)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, dst)  # atomic: a reader never sees a half-written file
+        return self._put(text.encode(), Path(os.path.expanduser(remote_path)), mode)
+
+    @staticmethod
+    def _put(data: bytes, dst: Path, mode: int) -> str:
+        """Missing folders 0700, the file at `mode` from its first byte, renamed into place (a reader never sees
+        a half-written file, and a token is never readable by others, even for a moment)."""
+        private_dirs(dst.parent)
+        tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode & 0o700)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return str(dst)
 
     def close(self) -> None:
