@@ -98,10 +98,13 @@ def quick_check(spec, as_json: bool) -> tuple[bool, dict | None]:
 
 
 def run_up(args) -> int:
+    from verl_cluster.lifecycle.auth import refuse_open_dashboard
     from verl_cluster.lifecycle.commands import plan_start
     from verl_cluster.lifecycle.up import up
 
     spec = load_cluster_args(args)
+    refuse_open_dashboard(spec)
+    warn_open(spec)
     if args.dry_run:
         cmds = plan_start(spec)
         if args.json:
@@ -115,9 +118,6 @@ def run_up(args) -> int:
                     out.print("  via:  " + escape(" ".join(_srun_prefix(spec, c.host))))
             out.print("(dry run: nothing was started; backend env from `check` is added at `up` time)")
         return EXIT_OK
-    if spec.security.dashboard_host == "all":
-        err.print("[yellow]warning:[/] the dashboard/Jobs API will listen on 0.0.0.0: anyone who reaches the "
-                  "port can run code on this cluster (ShadowRay, CVE-2023-48022). Keep token auth on.")
     node_env, reasons = node_env_for(spec, refresh=args.restart)
     with _ProgressTable(spec, enabled=not args.json and err.is_terminal) as prog:
         report = up(spec, restart=args.restart, node_env=node_env,
@@ -146,6 +146,14 @@ def run_up(args) -> int:
     elif report.healthy:
         out.print(f"next: verl-cluster status -c {escape(args.cluster)}   |   stop: verl-cluster down -c {escape(args.cluster)}")
     return EXIT_OK if report.healthy and check_ok else EXIT_UNHEALTHY
+
+
+def warn_open(spec) -> None:
+    """Loud, on stderr, before anything else: a cluster others can run code on."""
+    from verl_cluster.lifecycle.auth import open_cluster_warnings
+
+    for w in open_cluster_warnings(spec):
+        err.print(f"[bold red]WARNING:[/] {escape(w)}")
 
 
 def _srun_prefix(spec, host: str) -> list[str]:
@@ -199,6 +207,7 @@ def run_status(args) -> int:
     from verl_cluster.lifecycle.status import cluster_status
 
     spec = load_cluster_args(args)
+    warn_open(spec)
     st = cluster_status(spec)
     command = f"verl-cluster dashboard -c {args.cluster}"
     if args.json:

@@ -96,6 +96,9 @@ class SecuritySpec:
     auth: str = field(default="token", metadata={"choices": ("token", "none")})
     dashboard_host: str = field(default="loopback", metadata={"choices": ("loopback", "private", "all")})
     token_file: str = field(default="~/.verl-cluster/{cluster_name}/auth_token", metadata=PATH)
+    # dashboard_host: all with auth: none lets anyone who reaches the dashboard port run code on every node; `up`
+    # refuses that unless this says it is meant (a lab network that is yours alone)
+    allow_open_dashboard: bool = False
 
 
 @dataclass(frozen=True)

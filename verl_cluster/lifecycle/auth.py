@@ -39,6 +39,30 @@ def ensure_token(spec: ClusterSpec) -> Path | None:
     return path
 
 
+def open_cluster_warnings(spec: ClusterSpec) -> list[str]:
+    """What `up` and `status` say, loudly, about a cluster that lets others run code on it."""
+    sec, out = spec.security, []
+    if sec.auth == "none":
+        out.append(f"security.auth is none: Ray runs WITHOUT authentication. Anyone who can reach the GCS port "
+                   f"({spec.head.gcs_port}), the Ray Client port ({spec.head.ray_client_port}) or a node's ports can "
+                   "run code on every node. Use it only on a network where everyone may; set security.auth: token.")
+    if sec.dashboard_host == "all":
+        out.append(f"the dashboard/Jobs API listens on 0.0.0.0:{spec.head.dashboard_port}: anyone who reaches the "
+                   "port can run code on this cluster (ShadowRay, CVE-2023-48022)"
+                   + (", and auth is off." if sec.auth == "none" else ". Keep token auth on."))
+    return out
+
+
+def refuse_open_dashboard(spec: ClusterSpec) -> None:
+    """dashboard_host all + auth none is a cluster anyone on the network can take over: only when acknowledged."""
+    sec = spec.security
+    if sec.dashboard_host == "all" and sec.auth == "none" and not sec.allow_open_dashboard:
+        raise ConfigError(f"{spec.source}: security.dashboard_host all with security.auth none: anyone who reaches "
+                          f"port {spec.head.dashboard_port} could run code on every node (ShadowRay)",
+                          "set security.auth: token (or dashboard_host: loopback); if this network is yours alone, "
+                          "say so with security.allow_open_dashboard: true")
+
+
 def ray_auth_env(spec: ClusterSpec, token_path: str | os.PathLike | None = None) -> dict[str, str]:
     """Environment a Ray process (node, driver, Jobs client) needs to join this cluster.
     Default token_path: the local token file."""

@@ -8,7 +8,7 @@ from typing import Optional
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError
-from verl_cluster.lifecycle.auth import node_token_path
+from verl_cluster.lifecycle.auth import node_token_path, open_cluster_warnings
 from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners import fan_out
 
@@ -94,6 +94,7 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
                 st.problems.append(f"jobs: {table['jobs_error']}")
             known = {by_ip[n.ip]["node_id"] for n in nodes if n.ip in by_ip}
             st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["node_id"] not in known]
+        st.problems += open_cluster_warnings(spec)
         st.problems += _ray_version_problems(spec, st)
         if getattr(spec, "launcher", "ssh") == "slurm":
             from verl_cluster.slurm.spec import drained

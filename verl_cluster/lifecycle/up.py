@@ -17,7 +17,7 @@ from typing import Callable, Optional
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError
-from verl_cluster.lifecycle.auth import ensure_token, node_token_path, remote_token_path
+from verl_cluster.lifecycle.auth import ensure_token, node_token_path, refuse_open_dashboard, remote_token_path
 from verl_cluster.lifecycle.commands import NodeCommand, plan_start
 from verl_cluster.lifecycle.nodes import Node, Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners import fan_out
@@ -74,6 +74,7 @@ class _Up:
         self.out = {n.host: NodeOutcome(n.host, n.role, n.ip) for n in self.nodes}
         self.probes: dict[str, Probe] = {}
         self.cmds: dict[str, NodeCommand] = {}
+        refuse_open_dashboard(spec)
         self.token = ensure_token(spec)
         self.head_launching = threading.Event()
 
