@@ -1,0 +1,326 @@
+"""Reshard checkpoints written by verl 0.9.1's own FSDPCheckpointManager (FSDP2, gloo CPU ranks), load them
+through the same manager on the new world size, and compare every tensor with the state gathered at save time.
+
+The ranks are torch.multiprocessing processes running verl's `apply_fsdp2` on a tiny Qwen2 (actor: causal LM
+with tied embeddings; critic: token-classification value head), one AdamW step each, then
+`FSDPCheckpointManager.save_checkpoint` into `global_step_1/{actor,critic}` as verl's PPO trainer lays it out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+
+import torch.multiprocessing as mp  # noqa: E402
+
+from verl_cluster.reshard import plan_reshard, reshard, resume_world_size_problem  # noqa: E402
+
+ROLES = ("actor", "critic")
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "verl_ckpt_ws1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _build(role: str, world: int, seed: int):
+    """verl's FSDP2 wrapping (apply_fsdp2) of a tiny model, its AdamW and lr scheduler."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
+    from verl.utils.fsdp_utils import apply_fsdp2
+
+    torch.manual_seed(seed)
+    # 130 rows: not divisible by 3 or 4, so some ranks hold shorter pieces
+    cfg = Qwen2Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=130, tie_word_embeddings=(role == "actor"), num_labels=1)
+    model = Qwen2ForCausalLM(cfg) if role == "actor" else Qwen2ForTokenClassification(cfg)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=["fsdp"])
+    apply_fsdp2(model, {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32),
+                        "reshard_after_forward": True}, {})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    return model, opt, sched
+
+
+def _full_state(model, opt) -> dict:
+    """Every parameter and optimizer moment, gathered, by parameter name (a collective: all ranks call it)."""
+    out = {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        out[f"param/{n}"] = p.detach().full_tensor().clone()
+    for p, st in opt.state.items():
+        for k, v in st.items():
+            v = v.full_tensor() if hasattr(v, "full_tensor") else v
+            out[f"optim/{names[id(p)]}/{k}"] = v.detach().clone()
+    return out
+
+
+def _manager(model, opt, sched):
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    return FSDPCheckpointManager(model, opt, sched)
+
+
+def save_worker(rank: int, world: int, port: int, root: str) -> None:
+    _init(rank, world, port)
+    step_dir = Path(root) / "global_step_1"
+    expected = {}
+    for role in ROLES:
+        model, opt, sched = _build(role, world, seed=1)
+        torch.manual_seed(100 + rank)  # each rank trains on its own batch
+        ids = torch.randint(0, 130, (2, 6))
+        out = model(input_ids=ids)
+        loss = out.logits.float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        sched.step()
+        torch.manual_seed(1000 + rank)  # a distinct RNG state per rank, to see what extra_state carries
+        _manager(model, opt, sched).save_checkpoint(str(step_dir / role), global_step=1)
+        expected.update({f"{role}/{k}": v for k, v in _full_state(model, opt).items()})
+    if rank == 0:
+        torch.save({"dataloader_position": 7}, step_dir / "data.pt")  # as the PPO trainer's driver does
+        (Path(root) / "latest_checkpointed_iteration.txt").write_text("1")
+        torch.save(expected, Path(root) / "expected.pt")
+    torch.distributed.destroy_process_group()
+
+
+def load_worker(rank: int, world: int, port: int, step_dir: str, out: str) -> None:
+    _init(rank, world, port)
+    loaded = {}
+    rng = {}
+    for role in ROLES:
+        model, opt, sched = _build(role, world, seed=2)  # other weights: the load must replace them
+        _manager(model, opt, sched).load_checkpoint(os.path.join(step_dir, role))
+        rng[role] = torch.get_rng_state()
+        loaded.update({f"{role}/{k}": v for k, v in _full_state(model, opt).items()})
+        loaded[f"{role}/lr_scheduler_epoch"] = torch.tensor(sched.last_epoch)
+    if rank == 0:
+        torch.save(loaded, Path(out) / "loaded.pt")
+    torch.save(rng, Path(out) / f"rng_{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+# ranks fork from one server that imported verl once (a fresh interpreter per rank spends seconds importing)
+PRELOAD = ["torch", "transformers", "verl.utils.fsdp_utils", "verl.utils.checkpoint.fsdp_checkpoint_manager"]
+
+
+def spawn(fn, world: int, *args) -> None:
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=True, start_method="forkserver")
+
+
+def _make(tmp_path_factory, world: int) -> Path:
+    root = tmp_path_factory.mktemp(f"ckpt_ws{world}")
+    spawn(save_worker, world, str(root))
+    return root
+
+
+@pytest.fixture(scope="module")
+def ckpt4(tmp_path_factory):
+    return _make(tmp_path_factory, 4)
+
+
+@pytest.fixture(scope="module")
+def ckpt2(tmp_path_factory):
+    return _make(tmp_path_factory, 2)
+
+
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _assert_loaded_equal(root: Path, out: Path) -> None:
+    expected = torch.load(root / "expected.pt", weights_only=False)
+    loaded = torch.load(out / "loaded.pt", weights_only=False)
+    params = [k for k in expected if "/param/" in k]
+    moments = [k for k in expected if k.endswith("/exp_avg") or k.endswith("/exp_avg_sq")]
+    assert params and moments
+    for k, v in expected.items():
+        assert k in loaded, k
+        assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape, k
+        assert torch.equal(loaded[k], v), f"{k} differs after the reshard"
+    for role in ROLES:
+        assert int(loaded[f"{role}/lr_scheduler_epoch"]) == 1  # the scheduler's position came along
+
+
+def test_layout_is_the_one_verl_writes(ckpt4):
+    """The files verl's manager wrote, and the tensor types in them, are the layout the reshard reads."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    step = ckpt4 / "global_step_1"
+    for role in ROLES:
+        names = {p.name for p in (step / role).iterdir()}
+        assert {f"{k}_world_size_4_rank_{r}.pt" for k in ("model", "optim", "extra_state") for r in range(4)} <= names
+        assert json.loads((step / role / "fsdp_config.json").read_text()) == {"FSDP_version": 2, "world_size": 4}
+        assert (step / role / "huggingface" / "config.json").is_file()
+        model = torch.load(step / role / "model_world_size_4_rank_3.pt", weights_only=False, map_location="cpu")
+        assert model and all(isinstance(v, DTensor) and v.placements == (Shard(0),) for v in model.values())
+        optim = torch.load(step / role / "optim_world_size_4_rank_3.pt", weights_only=False, map_location="cpu")
+        assert set(optim) == {"state", "param_groups"}
+        st = optim["state"][0]
+        assert isinstance(st["exp_avg"], DTensor) and isinstance(st["exp_avg_sq"], DTensor)
+        assert not isinstance(st["step"], DTensor)
+        extra = torch.load(step / role / "extra_state_world_size_4_rank_3.pt", weights_only=False)
+        assert set(extra) == {"lr_scheduler", "rng"} and {"cpu", "numpy", "random"} <= set(extra["rng"])
+    # tied embeddings: verl saves both keys, one DTensor
+    model = torch.load(step / "actor" / "model_world_size_4_rank_0.pt", weights_only=False, map_location="cpu")
+    assert model["lm_head.weight"]._local_tensor.data_ptr() == model["model.embed_tokens.weight"]._local_tensor.data_ptr()
+
+
+def test_4_to_2_to_4_is_bit_identical_and_loads(ckpt4, tmp_path):
+    src = _digest(ckpt4 / "global_step_1")
+    two = reshard(ckpt4, 2, out_dir=tmp_path / "ws2")
+    assert two.plan.from_world_size == 4 and (tmp_path / "ws2" / "latest_checkpointed_iteration.txt").read_text() == "1"
+    assert two.peak_anon_bytes > 0 and two.largest_tensor_bytes == 130 * 32 * 4
+    four = reshard(tmp_path / "ws2", 4, out_dir=tmp_path / "ws4")
+    assert four.plan.from_world_size == 2
+    assert _digest(ckpt4 / "global_step_1") == src  # the source is untouched
+    back = tmp_path / "ws4" / "global_step_1"
+    for role in ROLES:
+        for kind in ("model", "optim"):
+            for r in range(4):
+                a = torch.load(ckpt4 / "global_step_1" / role / f"{kind}_world_size_4_rank_{r}.pt",
+                               weights_only=False, map_location="cpu")
+                b = torch.load(back / role / f"{kind}_world_size_4_rank_{r}.pt", weights_only=False,
+                               map_location="cpu")
+                _assert_same_tree(a, b, f"{role}/{kind}/{r}")
+        for r in range(4):  # the RNG of ranks that existed on both sides is carried byte for byte
+            a = torch.load(ckpt4 / "global_step_1" / role / f"extra_state_world_size_4_rank_{r}.pt", weights_only=False)
+            b = torch.load(back / role / f"extra_state_world_size_4_rank_{r}.pt", weights_only=False)
+            assert a["lr_scheduler"] == b["lr_scheduler"]
+            if r < 2:
+                assert torch.equal(a["rng"]["cpu"], b["rng"]["cpu"])
+            else:  # ranks 2, 3 did not exist at world size 2: re-seeded, not copies of another rank
+                assert not torch.equal(a["rng"]["cpu"], b["rng"]["cpu"])
+    assert (back / "data.pt").read_bytes() == (ckpt4 / "global_step_1" / "data.pt").read_bytes()
+    out = tmp_path / "loaded2"
+    out.mkdir()
+    spawn(load_worker, 2, str(tmp_path / "ws2" / "global_step_1"), str(out))
+    _assert_loaded_equal(ckpt4, out)
+
+
+def _assert_same_tree(a, b, where: str) -> None:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(a, DTensor):
+        assert isinstance(b, DTensor), where
+        assert a.placements == b.placements and a.shape == b.shape and a.dtype == b.dtype, where
+        assert a.device_mesh == b.device_mesh, where
+        assert torch.equal(a._local_tensor, b._local_tensor), where
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _assert_same_tree(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_tree(x, y, f"{where}/{i}")
+    else:
+        assert a == b, where
+
+
+def test_2_to_3_in_place_loads_on_3_ranks(ckpt2, tmp_path):
+    step = ckpt2 / "global_step_1"
+    before = _digest(step)
+    assert "has no files for world size 3" in resume_world_size_problem(ckpt2, 3)
+    assert resume_world_size_problem(ckpt2, 2) is None
+    result = reshard(ckpt2, 3)
+    assert [r.split(":")[1].strip().split(" ")[0] for r in result.rng[:3]] == ["carried", "carried", "re-seeded"]
+    after = _digest(step)
+    assert {k: v for k, v in after.items() if k in before and "fsdp_config" not in k} == \
+        {k: v for k, v in before.items() if "fsdp_config" not in k}  # every W file is kept as it was
+    for role in ROLES:
+        assert json.loads((step / role / "fsdp_config.json").read_text())["world_size"] == 3
+        assert {f"model_world_size_3_rank_{r}.pt" for r in range(3)} <= {p.name for p in (step / role).iterdir()}
+    assert not any(p.name.startswith(".reshard") for p in step.iterdir())
+    assert resume_world_size_problem(ckpt2, 3) is None and resume_world_size_problem(ckpt2, 2) is None
+    assert plan_reshard(ckpt2, 3).nothing_to_do
+    out = tmp_path / "loaded3"
+    out.mkdir()
+    spawn(load_worker, 3, str(step), str(out))
+    _assert_loaded_equal(ckpt2, out)
+    rngs = [torch.load(out / f"rng_{r}.pt", weights_only=False)["actor"] for r in range(3)]
+    assert not torch.equal(rngs[0], rngs[2]) and not torch.equal(rngs[1], rngs[2])
+
+
+def _fixture_dir() -> Path | None:
+    env = os.environ.get("VERL_CLUSTER_WS1_CKPT")
+    path = Path(env) if env else FIXTURE
+    return path if path.is_dir() else None
+
+
+@pytest.mark.skipif(_fixture_dir() is None, reason="no world-size-1 verl checkpoint (tests/fixtures/verl_ckpt_ws1 "
+                                                   "or VERL_CLUSTER_WS1_CKPT)")
+def test_real_gpu_checkpoint_ws1_to_2(tmp_path):
+    """A checkpoint a real verl run wrote on a GPU machine: resharded 1 -> 2 for CPU and loaded by 2 gloo ranks."""
+    src = _fixture_dir()
+    result = reshard(src, 2, out_dir=tmp_path / "ws2", device="cpu")
+    assert result.plan.from_world_size == 1
+    step = tmp_path / "ws2" / f"global_step_{result.plan.step}"
+    out = tmp_path / "loaded"
+    out.mkdir()
+    spawn(fixture_load_worker, 2, str(step), str(out))
+    full = torch.load(out / "loaded.pt", weights_only=False)
+    original = {}
+    for role in result.plan.roles:
+        sd = torch.load(Path(result.plan.step_dir) / role / "model_world_size_1_rank_0.pt", weights_only=False,
+                        map_location="cpu")
+        original.update({f"{role}/{k}": v.to_local() if hasattr(v, "to_local") else v for k, v in sd.items()})
+    assert original and set(original) <= set(full)
+    for k, v in original.items():
+        assert torch.equal(full[k].to(v.dtype), v), k
+
+
+def fixture_load_worker(rank: int, world: int, port: int, step_dir: str, out: str) -> None:
+    """Load the resharded fixture through verl's manager into a model built from its saved HF config."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    _init(rank, world, port)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from verl.utils.fsdp_utils import apply_fsdp2
+
+    full = {}
+    for role in sorted(p.name for p in Path(step_dir).iterdir() if p.is_dir()):
+        cfg = AutoConfig.from_pretrained(os.path.join(step_dir, role, "huggingface"))
+        cls = AutoModelForTokenClassification if role == "critic" else AutoModelForCausalLM
+        model = cls.from_config(cfg, torch_dtype=torch.float32)
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=["fsdp"])
+        apply_fsdp2(model, {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32),
+                            "reshard_after_forward": True}, {})
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        _manager(model, opt, None).load_checkpoint(os.path.join(step_dir, role))
+        full.update({f"{role}/{n}": p.detach().full_tensor() for n, p in model.state_dict().items()
+                     if hasattr(p, "full_tensor")})
+    if rank == 0:
+        torch.save(full, Path(out) / "loaded.pt")
+    torch.distributed.destroy_process_group()

@@ -1,0 +1,260 @@
+"""Plan and run a reshard of one `global_step_N` from its saved world size W to M.
+
+In place (the default), the M rank files are written into a scratch folder inside the step
+(`.reshard-ws{M}.tmp/`), synced, and only then renamed beside the W files (names differ, nothing is overwritten:
+the step resumes on W and on M); each role's `fsdp_config.json` is switched to M last. With `out`, the whole
+step is written as `OUT/.reshard-global_step_N.tmp/`, renamed to `OUT/global_step_N`, and only then is
+`OUT/latest_checkpointed_iteration.txt` written. An interrupted reshard leaves the source untouched and a
+scratch folder that the next run removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from verl_cluster.reshard.layout import (TRACKER, NotReshardable, StepCheckpoint, rank_file, read_step)
+
+Progress = Optional[Callable[[str], None]]
+
+
+@dataclass(frozen=True)
+class FileOp:
+    op: str  # "reshard" | "extra" | "copy" | "config"
+    dest: str
+    sources: tuple[str, ...]
+    bytes: int  # bytes read
+
+
+@dataclass(frozen=True)
+class ReshardPlan:
+    step_dir: str
+    step: int
+    roles: tuple[str, ...]
+    from_world_size: int
+    world_size: int
+    fsdp_size: int
+    out_dir: Optional[str]  # None: in place
+    scratch: str
+    ops: tuple[FileOp, ...]
+    nothing_to_do: bool = False
+    notes: tuple[str, ...] = ()
+    device: Optional[str] = None  # write tensors for this device type ("cpu") instead of the saved one
+
+    @property
+    def reads(self) -> list[str]:
+        return sorted({s for op in self.ops for s in op.sources})
+
+    @property
+    def writes(self) -> list[str]:
+        return [op.dest for op in self.ops]
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(op.bytes for op in self.ops)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ops"] = [asdict(o) for o in self.ops]
+        d["reads"], d["writes"], d["bytes_read"] = self.reads, self.writes, self.bytes_read
+        return d
+
+
+@dataclass
+class ReshardResult:
+    plan: ReshardPlan
+    seconds: float = 0.0
+    bytes_written: int = 0
+    peak_anon_bytes: int = 0  # peak anonymous resident memory of this process during the reshard
+    start_anon_bytes: int = 0
+    hwm_bytes: int = 0
+    largest_tensor_bytes: int = 0
+    largest_tensor: str = ""
+    rng: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["plan"] = self.plan.to_dict()
+        return d
+
+
+def _size(p: Path) -> int:
+    return p.stat().st_size if p.is_file() else sum(q.stat().st_size for q in p.rglob("*") if q.is_file())
+
+
+def plan_reshard(ckpt_dir: str | os.PathLike, world_size: int, *, step: Optional[int] = None,
+                 out_dir: str | os.PathLike | None = None, fsdp_size: Optional[int] = None,
+                 from_world_size: Optional[int] = None, device: Optional[str] = None) -> ReshardPlan:
+    """What a reshard of `ckpt_dir` (a checkpoint root or a global_step_N folder) to `world_size` reads and
+    writes. Raises NotReshardable (exit 2) for a checkpoint it does not understand."""
+    if world_size < 1:
+        raise NotReshardable(f"--world-size must be at least 1, got {world_size}")
+    ckpt = read_step(Path(ckpt_dir), step)
+    w = from_world_size or ckpt.world_size()
+    for role in ckpt.roles:
+        if w not in role.world_sizes:
+            raise NotReshardable(f"{role.path}: no complete set of rank files for world size {w}")
+    fsdp = _target_fsdp_size(ckpt, w, world_size, fsdp_size)
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None and (out / ckpt.path.name).exists():
+        raise NotReshardable(f"{out / ckpt.path.name} exists already", "pick another --out folder")
+    done = out is None and all(world_size in r.world_sizes for r in ckpt.roles)
+    scratch = (out / f".reshard-{ckpt.path.name}.tmp") if out is not None else (ckpt.path / f".reshard-ws{world_size}.tmp")
+    ops: list[FileOp] = []
+    if not done:
+        for role in ckpt.roles:
+            base = scratch / role.name if role.path != ckpt.path else scratch
+            for kind in role.kinds:
+                srcs = tuple(str(role.path / rank_file(kind, w, r)) for r in range(w))
+                per = sum(os.path.getsize(s) for s in srcs)
+                for j in range(world_size):
+                    op = "extra" if kind == "extra_state" else "reshard"
+                    ops.append(FileOp(op, str(base / rank_file(kind, world_size, j)), srcs,
+                                      per // world_size if op == "reshard" else os.path.getsize(srcs[min(j, w - 1)])))
+            ops.append(FileOp("config", str(base / "fsdp_config.json"), (), 0))
+            if out is not None:
+                for p in sorted(role.path.iterdir()):
+                    if p.name not in ("fsdp_config.json",) and not _is_rank_file(p.name):
+                        ops.append(FileOp("copy", str(base / p.name), (str(p),), _size(p)))
+        if out is not None:
+            for name in ckpt.other_files:
+                ops.append(FileOp("copy", str(scratch / name), (str(ckpt.path / name),), _size(ckpt.path / name)))
+    notes = []
+    if done:
+        notes.append(f"every role already has files for world size {world_size}")
+    if any(r.lora for r in ckpt.roles):
+        notes.append("LoRA run: adapter (and any base) tensors are DTensors like the rest and are resharded the same way")
+    return ReshardPlan(str(ckpt.path), ckpt.step, tuple(r.name for r in ckpt.roles), w, world_size, fsdp,
+                       str(out) if out is not None else None, str(scratch), tuple(ops), done, tuple(notes), device)
+
+
+def _is_rank_file(name: str) -> bool:
+    from verl_cluster.reshard.layout import RANK_FILE
+
+    return bool(RANK_FILE.match(name))
+
+
+def _target_fsdp_size(ckpt: StepCheckpoint, w: int, m: int, fsdp_size: Optional[int]) -> int:
+    """Ranks a tensor is sharded over on the new world size: verl's fsdp_size (-1 or >= world: all ranks)."""
+    if fsdp_size is None or fsdp_size < 0 or fsdp_size >= m:
+        return m
+    if m % fsdp_size:
+        raise NotReshardable(f"--fsdp-size {fsdp_size} does not divide --world-size {m}")
+    return fsdp_size
+
+
+def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult:
+    """Run `plan`: write into its scratch folder, then switch (see the module doc)."""
+    import torch  # noqa: F401 - fail early, before any folder is made
+
+    from verl_cluster.reshard.dtensor_files import reshard_file_set
+    from verl_cluster.reshard.extra import write_extra
+    from verl_cluster.reshard.memory import PeakMemory
+    from verl_cluster.reshard.shards import MeshShape
+    from verl_cluster.reshard.torchfile import UnsupportedContent, forget_locations
+
+    result = ReshardResult(plan)
+    if plan.nothing_to_do:
+        return result
+    scratch = Path(plan.scratch)
+    if scratch.exists():
+        shutil.rmtree(scratch)  # an earlier run's, interrupted
+    t0 = time.monotonic()
+    target = MeshShape(plan.world_size, plan.fsdp_size)
+    try:
+        with PeakMemory() as mem:
+            groups: dict[tuple, list[FileOp]] = {}
+            for op in plan.ops:
+                Path(op.dest).parent.mkdir(parents=True, exist_ok=True)
+                if op.op == "reshard":
+                    groups.setdefault(op.sources, []).append(op)
+                elif op.op == "extra":
+                    j = int(Path(op.dest).stem.rsplit("_", 1)[1])
+                    result.rng.append(write_extra([Path(s) for s in op.sources], j, Path(op.dest)))
+                elif op.op == "copy":
+                    src = Path(op.sources[0])
+                    (shutil.copytree if src.is_dir() else shutil.copy2)(src, op.dest)
+                elif op.op == "config":
+                    _write_config(Path(op.dest), Path(plan.step_dir), plan)
+            for srcs, ops in groups.items():
+                if progress:
+                    progress(f"{Path(srcs[0]).parent.name}: {Path(srcs[0]).name.split('_world_size')[0]} "
+                             f"{plan.from_world_size} -> {plan.world_size} ranks")
+                try:
+                    stats = reshard_file_set([Path(s) for s in srcs], [Path(o.dest) for o in ops], target,
+                                             plan.device, progress)
+                except UnsupportedContent as e:
+                    raise NotReshardable(str(e), "only verl's FSDP2 checkpoints (DTensor shards) are resharded")
+                result.bytes_written += stats.bytes_written
+                if stats.largest_tensor_bytes > result.largest_tensor_bytes:
+                    result.largest_tensor_bytes = stats.largest_tensor_bytes
+                    result.largest_tensor = stats.largest_tensor
+            _sync_tree(scratch)
+        result.peak_anon_bytes, result.start_anon_bytes, result.hwm_bytes = mem.peak_anon, mem.start_anon, mem.hwm
+        _switch(plan, scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    finally:
+        forget_locations()
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _write_config(dest: Path, step_dir: Path, plan: ReshardPlan) -> None:
+    role = dest.parent.name if dest.parent.name != Path(plan.scratch).name else None
+    src = (step_dir / role / "fsdp_config.json") if role else step_dir / "fsdp_config.json"
+    data = json.loads(src.read_text()) if src.is_file() else {"FSDP_version": 2}
+    data["world_size"] = plan.world_size
+    dest.write_text(json.dumps(data, indent=4))
+
+
+def _sync_tree(root: Path) -> None:
+    for p in sorted(root.rglob("*"), reverse=True):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _replace_file(dest: Path, text: str) -> None:
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.write_text(text)
+    with open(tmp) as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dest)
+
+
+def _switch(plan: ReshardPlan, scratch: Path) -> None:
+    if plan.out_dir is not None:
+        out = Path(plan.out_dir)
+        os.rename(scratch, out / Path(plan.step_dir).name)
+        _replace_file(out / TRACKER, str(plan.step))
+        return
+    step_dir = Path(plan.step_dir)
+    configs = []
+    for p in sorted(scratch.rglob("*")):
+        if p.is_dir():
+            continue
+        dest = step_dir / p.relative_to(scratch)
+        if p.name == "fsdp_config.json":
+            configs.append((dest, p.read_text()))
+        else:
+            os.rename(p, dest)  # a new name beside the W files: nothing is replaced
+    for dest, text in configs:
+        _replace_file(dest, text)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def reshard(ckpt_dir: str | os.PathLike, world_size: int, *, step: Optional[int] = None,
+            out_dir: str | os.PathLike | None = None, fsdp_size: Optional[int] = None,
+            device: Optional[str] = None, progress: Progress = None) -> ReshardResult:
+    """Plan and apply in one call (the library entry point `watch` uses)."""
+    plan = plan_reshard(ckpt_dir, world_size, step=step, out_dir=out_dir, fsdp_size=fsdp_size, device=device)
+    return apply_reshard(plan, progress)

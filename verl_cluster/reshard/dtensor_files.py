@@ -1,0 +1,153 @@
+"""Reshard one kind of rank file (model or optimizer) from W source files to M new ones.
+
+Each source file is opened as a tree with its DTensors as references (`torchfile`). The trees of all ranks are
+walked together; every DTensor becomes, for new rank j, a DTensor with the same global shape, dtype and stride,
+the new mesh and placement, and a local tensor that is read from the source pieces covering rank j's rows only
+when the writer reaches it. Everything else (optimizer steps, param_groups, buffers) is rank 0's, unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from verl_cluster.reshard.shards import MeshShape, Pieces, assemble, chunk_bounds, gather_pieces, new_mesh, new_spec
+from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, TorchFile, UnsupportedContent, WrapperRef,
+                                            normalize_location, open_torch_file, write_torch_file)
+
+
+@dataclass
+class FileSetStats:
+    dtensors: int = 0
+    bytes_written: int = 0
+    largest_tensor_bytes: int = 0
+    largest_tensor: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _pair_dtensors(trees: list[Any], path: str, out: dict[int, tuple[str, list[WrapperRef]]]) -> None:
+    """Find each DTensor of rank 0's tree and the same one in every other rank's tree."""
+    first = trees[0]
+    if isinstance(first, WrapperRef):
+        if id(first) not in out:
+            if not all(isinstance(t, WrapperRef) for t in trees):
+                raise UnsupportedContent(f"{path} is a DTensor on some ranks only")
+            out[id(first)] = (path, list(trees))
+        return
+    if isinstance(first, dict):
+        for k in first:
+            if not all(isinstance(t, dict) and k in t for t in trees):
+                raise UnsupportedContent(f"rank files differ in structure at {path}/{k}")
+            _pair_dtensors([t[k] for t in trees], f"{path}/{k}", out)
+    elif isinstance(first, (list, tuple)) and not hasattr(first, "_fields"):
+        if not all(isinstance(t, (list, tuple)) and len(t) == len(first) for t in trees):
+            raise UnsupportedContent(f"rank files differ in structure at {path}")
+        for i in range(len(first)):
+            _pair_dtensors([t[i] for t in trees], f"{path}/{i}", out)
+
+
+def _rebuild(o: Any, replace: dict[int, Any]) -> Any:
+    if id(o) in replace:
+        return replace[id(o)]
+    if isinstance(o, dict):
+        new = type(o)() if type(o) is not dict else {}
+        for k, v in o.items():
+            new[k] = _rebuild(v, replace)
+        return new
+    if isinstance(o, list):
+        return [_rebuild(v, replace) for v in o]
+    if isinstance(o, tuple) and not hasattr(o, "_fields"):
+        return tuple(_rebuild(v, replace) for v in o)
+    return o
+
+
+def _wrapper_args(args: tuple, location: str) -> tuple:
+    """The wrapper's own device follows its local tensor's written location."""
+    dev = torch.device(location)
+    return tuple(dev if isinstance(a, torch.device) else a for a in args)
+
+
+@dataclass
+class _Planned:
+    path: str
+    source: WrapperRef
+    pieces: Pieces
+
+
+def reshard_file_set(sources: list[Path], dests: list[Path], target: MeshShape, device: Optional[str] = None,
+                     progress: Optional[Callable[[str], None]] = None) -> FileSetStats:
+    """Write `dests` (one per new rank) from `sources` (one per old rank, in rank order)."""
+    files: list[TorchFile] = []
+    stats = FileSetStats()
+    try:
+        for p in sources:
+            try:
+                files.append(open_torch_file(str(p)))
+            except UnsupportedContent as e:
+                raise UnsupportedContent(f"{p}: {e}") from None
+        pairs: dict[int, tuple[str, list[WrapperRef]]] = {}
+        _pair_dtensors([f.obj for f in files], "", pairs)
+        planned: dict[int, _Planned] = {}
+        for key, (path, refs) in pairs.items():
+            try:
+                pieces = gather_pieces(files, refs)
+            except UnsupportedContent as e:
+                raise UnsupportedContent(f"{sources[0].name}{path}: {e}") from None
+            planned[key] = _Planned(path, refs[0], pieces)
+            if pieces.nbytes > stats.largest_tensor_bytes:
+                stats.largest_tensor_bytes, stats.largest_tensor = pieces.nbytes, path.lstrip("/")
+        stats.dtensors = len(planned)
+        for j, dest in enumerate(dests):
+            out_obj = _rank_tree(files[0].obj, planned, target, j, device)
+            stats.bytes_written += write_torch_file(str(dest), out_obj, device)
+            if progress:
+                progress(f"wrote {dest.name}")
+    finally:
+        for f in files:
+            f.close()
+    return stats
+
+
+def _rank_tree(tree: Any, planned: dict[int, _Planned], target: MeshShape, rank: int,
+               device: Optional[str]) -> Any:
+    meshes: dict[int, Any] = {}
+    storages: dict[tuple, OutStorage] = {}
+    replace: dict[int, Any] = {}
+    for key, item in planned.items():
+        src, pieces = item.source, item.pieces
+        mesh_dev = device
+        src_mesh = src.spec.mesh
+        if id(src_mesh) not in meshes:
+            meshes[id(src_mesh)] = new_mesh(src_mesh, target, rank, mesh_dev)
+        idx = target.coordinate(rank)[-1]
+        a, b = chunk_bounds(pieces.shape[pieces.dim], target.fsdp_size)[idx]
+        local_shape = pieces.shape[:pieces.dim] + (b - a,) + pieces.shape[pieces.dim + 1:]
+        stride, acc = [], 1
+        for s in reversed(local_shape):
+            stride.append(acc)
+            acc *= s
+        local = src.local
+        loc = normalize_location(local.storage.location, device)
+        skey = (local.storage.key, local.offset, tuple(local.shape))
+        st = storages.get(skey)
+        if st is None:
+            numel = 1
+            for s in local_shape:
+                numel *= s
+            st = storages[skey] = OutStorage(local.dtype, numel, loc,
+                                             produce=_producer(pieces, a, b))
+        out_local = OutTensor(st, 0, local_shape, tuple(reversed(stride)), local.requires_grad, local.extra)
+        slots = dict(src.slots)
+        slots["_local_tensor"] = out_local
+        slots["_spec"] = new_spec(src.spec, meshes[id(src_mesh)], target, pieces.dim)
+        state = tuple(slots if isinstance(p, dict) and "_local_tensor" in p else p for p in src.state) \
+            if isinstance(src.state, tuple) else slots
+        replace[key] = WrapperRef(src.func, src.new_type, _wrapper_args(src.args, loc), state)
+    return _rebuild(tree, replace)
+
+
+def _producer(pieces: Pieces, a: int, b: int) -> Callable[[], torch.Tensor]:
+    return lambda: assemble(pieces, a, b)

@@ -1,0 +1,179 @@
+"""Where each rank's piece of a DTensor lies, and the DTensor metadata of a new world size.
+
+FSDP2 (`fully_shard`) gives every parameter — and every optimizer moment, which has the parameter's placement —
+the placement `Shard(0)` over the `fsdp` mesh dim (and `Replicate()` over `ddp` when verl's `fsdp_size` builds
+a 2-D HSDP mesh). A rank's local piece is its `torch.chunk` of the dim: ceil(n / shards) rows each, the last
+ranks shorter or empty. Resharding is therefore exact: the new pieces are row ranges of the same bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from verl_cluster.reshard.torchfile import TensorRef, TorchFile, UnsupportedContent, WrapperRef
+
+
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Row ranges of `torch.chunk(n rows, parts)` as DTensor's Shard places them: empty ranges at the end."""
+    size = -(-n // parts) if n else 0
+    return [(min(i * size, n), min((i + 1) * size, n)) for i in range(parts)]
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """The device mesh of a world size as verl builds it: 1-D `fsdp`, or 2-D (`ddp`, `fsdp`) with fsdp_size."""
+
+    world_size: int
+    fsdp_size: int  # ranks a tensor is sharded over
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        if self.fsdp_size >= self.world_size:
+            return (self.world_size,)
+        return (self.world_size // self.fsdp_size, self.fsdp_size)
+
+    @property
+    def dim_names(self) -> tuple[str, ...]:
+        return ("fsdp",) if len(self.sizes) == 1 else ("ddp", "fsdp")
+
+    def coordinate(self, rank: int) -> tuple[int, ...]:
+        return (rank,) if len(self.sizes) == 1 else (rank // self.fsdp_size, rank % self.fsdp_size)
+
+
+def source_mesh_shape(world_size: int, ref: WrapperRef) -> MeshShape:
+    sizes = tuple(ref.spec.mesh.mesh.shape)
+    total = 1
+    for s in sizes:
+        total *= s
+    if total != world_size:
+        raise UnsupportedContent(f"a DTensor on a {'x'.join(map(str, sizes))} mesh in a world of {world_size} ranks")
+    if len(sizes) > 2:
+        raise UnsupportedContent(f"a {len(sizes)}-D device mesh (only verl's fsdp and ddp x fsdp meshes)")
+    return MeshShape(world_size, sizes[-1])
+
+
+def shard_dim(ref: WrapperRef) -> tuple[int, int]:
+    """(mesh dim, tensor dim) of the one Shard placement; every other mesh dim must be Replicate."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    found = None
+    for mesh_dim, p in enumerate(ref.spec.placements):
+        if type(p) is Shard:
+            if found is not None:
+                raise UnsupportedContent("a tensor sharded over two mesh dims (tensor parallel?)")
+            found = (mesh_dim, p.dim)
+        elif type(p) is not Replicate:
+            raise UnsupportedContent(f"placement {p} (only Shard and Replicate)")
+    if found is None:
+        raise UnsupportedContent("a DTensor with no Shard placement")
+    return found
+
+
+@dataclass
+class Pieces:
+    """The source pieces of one DTensor: for each shard index, the file and local ref that hold it."""
+
+    shape: tuple[int, ...]
+    dim: int  # tensor dim it is sharded along
+    sources: list[tuple[TorchFile, TensorRef, tuple[int, int]]]  # (file, local ref, global range on `dim`)
+
+    @property
+    def nbytes(self) -> int:
+        n = torch.empty(0, dtype=self.sources[0][1].dtype).element_size()
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def gather_pieces(files: list[TorchFile], refs: list[WrapperRef]) -> Pieces:
+    """Match each source rank's local piece of one DTensor to its range of the global tensor."""
+    first = refs[0]
+    mesh_dim, dim = shard_dim(first)
+    mesh = source_mesh_shape(len(files), first)
+    shape = tuple(first.spec.tensor_meta.shape)
+    parts = mesh.sizes[mesh_dim]
+    bounds = chunk_bounds(shape[dim], parts)
+    chosen: dict[int, tuple[TorchFile, TensorRef, tuple[int, int]]] = {}
+    for rank, (tf, ref) in enumerate(zip(files, refs)):
+        coord = mesh.coordinate(rank)
+        if any(c != 0 for d, c in enumerate(coord) if d != mesh_dim):
+            continue  # a replica: the first replica's pieces are the tensor
+        idx = coord[mesh_dim]
+        local = ref.local
+        a, b = bounds[idx]
+        want = shape[:dim] + (b - a,) + shape[dim + 1:]
+        if tuple(local.shape) != want:
+            raise UnsupportedContent(f"rank {rank}'s piece has shape {tuple(local.shape)}, expected {want} "
+                                     f"(an uneven sharding this tool does not know)")
+        chosen[idx] = (tf, local, (a, b))
+    if len(chosen) != parts:
+        raise UnsupportedContent(f"pieces for {len(chosen)} of {parts} shards")
+    return Pieces(shape, dim, [chosen[i] for i in range(parts)])
+
+
+def assemble(pieces: Pieces, a: int, b: int) -> torch.Tensor:
+    """Range [a, b) along the sharded dim, read from the pieces that cover it (contiguous, exactly sized)."""
+    dim = pieces.dim
+    out_shape = pieces.shape[:dim] + (b - a,) + pieces.shape[dim + 1:]
+    dtype = pieces.sources[0][1].dtype
+    if dim == 0:
+        out = torch.empty(out_shape, dtype=dtype)
+        for tf, ref, (s, e) in pieces.sources:
+            lo, hi = max(a, s), min(b, e)
+            if lo < hi:
+                tf.read_into(ref, lo - s, hi - s, out[lo - a:hi - a])
+        return out
+    parts = []
+    for tf, ref, (s, e) in pieces.sources:
+        lo, hi = max(a, s), min(b, e)
+        if lo < hi:
+            parts.append(tf.read(ref).narrow(dim, lo - s, hi - lo))
+    return torch.cat(parts, dim=dim).contiguous() if parts else torch.empty(out_shape, dtype=dtype)
+
+
+def new_mesh(src_mesh: Any, target: MeshShape, rank: int, device: str | None) -> Any:
+    """The source DeviceMesh's pickled state, changed to `rank` of a `target` mesh (same torch classes and
+    fields as the saving run's, so the loading run's mesh compares equal to it)."""
+    mesh = object.__new__(type(src_mesh))
+    state = dict(vars(src_mesh))
+    state.pop("_pg_registry", None)
+    sizes = target.sizes
+    strides = tuple(int(torch.tensor(sizes[i + 1:]).prod()) if i + 1 < len(sizes) else 1 for i in range(len(sizes)))
+    state["_layout"] = type(src_mesh._layout).from_sizes_strides(sizes, strides)
+    state["_rank_map"] = torch.arange(target.world_size, dtype=src_mesh._rank_map.dtype)
+    state["_flatten_rank_map"] = tuple(range(target.world_size))
+    state["_mesh_dim_names"] = target.dim_names
+    state["_rank"] = rank
+    state["_coordinate_on_dim"] = target.coordinate(rank)
+    state["_hash"] = None
+    state["_flatten_mapping"] = {}
+    names = list(state.get("_dim_group_names") or [])
+    if names and len(names) != len(sizes):
+        state["_dim_group_names"] = (names * len(sizes))[-len(sizes):]
+    if device:
+        state["_device_type"] = device
+    mesh.__dict__.update(state)
+    mesh._pg_registry = {}
+    return mesh
+
+
+def new_spec(src_spec: Any, mesh: Any, target: MeshShape, dim: int) -> Any:
+    from torch.distributed.tensor import Replicate, Shard
+
+    placements = (Shard(dim),) if len(target.sizes) == 1 else (Replicate(), Shard(dim))
+    spec = copy.copy(src_spec)
+    fields = {f.name for f in dataclasses.fields(spec)} if dataclasses.is_dataclass(spec) else set()
+    object.__setattr__(spec, "mesh", mesh)
+    object.__setattr__(spec, "placements", placements)
+    if "shard_order" in fields:
+        object.__setattr__(spec, "shard_order", type(src_spec).compute_default_shard_order(placements)
+                           if hasattr(type(src_spec), "compute_default_shard_order") else src_spec.shard_order)
+    for cached in ("_hash",):
+        if cached in vars(spec):
+            object.__setattr__(spec, cached, None)
+    return spec

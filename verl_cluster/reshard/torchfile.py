@@ -1,0 +1,389 @@
+"""Read and write `torch.save` files a tensor at a time.
+
+`torch.load` reads every storage of a file; a 7B optimizer shard does not fit that way next to its neighbours.
+Here a file's pickle is read alone: plain (small) tensors are materialised, while each DTensor's local tensor
+stays a `TensorRef` (storage key, dtype, shape, stride) whose bytes are read later with `pread` from the
+record's offset in the (uncompressed) zip. Writing mirrors `torch.save`: the pickle goes first — it needs
+only shapes — then each storage record is produced and written when its turn comes, so one tensor's bytes
+are in memory at a time.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+DTENSOR_CLASS = ("torch.distributed.tensor", "DTensor")
+SHARDED_TENSOR_MODULE = "torch.distributed._shard.sharded_tensor"
+
+
+class UnsupportedContent(Exception):
+    """The file holds something this reader does not reshard (named in the message)."""
+
+
+@dataclass
+class StorageRef:
+    """A storage record of a source file (`data/<key>`)."""
+
+    path: str
+    key: str
+    dtype: torch.dtype
+    numel: int  # elements of `dtype`
+    location: str  # as saved: "cpu", "cuda:0", ...
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _itemsize(self.dtype)
+
+
+@dataclass
+class TensorRef:
+    """A tensor of a source file whose bytes have not been read."""
+
+    storage: StorageRef
+    offset: int  # in elements
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    requires_grad: bool = False
+    extra: tuple = ()  # further `_rebuild_tensor_v2` arguments (backward hooks, metadata)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.storage.dtype
+
+    def is_contiguous(self) -> bool:
+        expect = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.stride)):
+            if size != 1 and stride != expect:
+                return False
+            expect *= size
+        return True
+
+
+@dataclass
+class WrapperRef:
+    """A tensor subclass as `_rebuild_from_type_v2(func, type, args, state)` rebuilds it (DTensor)."""
+
+    func: Any
+    new_type: type
+    args: tuple
+    state: Any
+
+    @property
+    def slots(self) -> dict:
+        """The dict holding `_local_tensor` and `_spec` (DTensor pickles them as slot state)."""
+        for part in (self.state if isinstance(self.state, tuple) else (self.state,)):
+            if isinstance(part, dict) and "_local_tensor" in part:
+                return part
+        raise UnsupportedContent(f"a {self.new_type.__name__} without a local tensor")
+
+    @property
+    def local(self) -> TensorRef:
+        return self.slots["_local_tensor"]
+
+    @property
+    def spec(self) -> Any:
+        return self.slots["_spec"]
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+_STORAGE_DTYPES: dict[str, torch.dtype] = {}
+
+
+def _storage_type_name(dtype: torch.dtype) -> str:
+    return torch.storage.TypedStorage(dtype=dtype, device="cpu", _internal=True)._pickle_storage_type()
+
+
+def _storage_dtype(storage_type: Any) -> torch.dtype:
+    if not _STORAGE_DTYPES:
+        for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
+                   torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128):
+            _STORAGE_DTYPES[_storage_type_name(dt)] = dt
+    name = getattr(storage_type, "__name__", str(storage_type))
+    if name not in _STORAGE_DTYPES:
+        raise UnsupportedContent(f"storage type {name}")
+    return _STORAGE_DTYPES[name]
+
+
+class _MetaUnpickler(pickle.Unpickler):
+    """Unpickles a torch.save pickle with tensors as references; classes load as they are."""
+
+    def __init__(self, data: bytes, path: str):
+        super().__init__(io.BytesIO(data))
+        self.path = path
+        self.storages: dict[str, StorageRef] = {}
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
+            raise UnsupportedContent(f"an unknown persistent record {pid!r:.80}")
+        _, storage_type, key, location, numel = pid
+        dtype = torch.uint8 if storage_type is torch.UntypedStorage else _storage_dtype(storage_type)
+        ref = self.storages.get(key)
+        if ref is None:
+            ref = self.storages[key] = StorageRef(self.path, key, dtype, int(numel), str(location))
+        return ref
+
+    def find_class(self, module: str, name: str):
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return _rebuild_ref
+        if module == "torch._tensor" and name == "_rebuild_from_type_v2":
+            return WrapperRef
+        if module.startswith(SHARDED_TENSOR_MODULE):
+            raise UnsupportedContent("ShardedTensor values (FSDP1's sharded state dict)")
+        if module == "torch._utils" and name.startswith("_rebuild_") and name not in ("_rebuild_parameter",
+                                                                                   "_rebuild_wrapper_subclass"):
+            raise UnsupportedContent(f"a tensor kind this tool does not read ({name})")
+        return super().find_class(module, name)
+
+
+def _rebuild_ref(storage: StorageRef, offset, shape, stride, requires_grad=False, *extra) -> TensorRef:
+    return TensorRef(storage, int(offset), tuple(shape), tuple(stride), bool(requires_grad), tuple(extra))
+
+
+@dataclass
+class TorchFile:
+    """One `torch.save` file opened for reading: its object tree (tensors as refs) and record offsets."""
+
+    path: str
+    obj: Any
+    storages: dict[str, StorageRef]
+    offsets: dict[str, int] = field(default_factory=dict)
+    _fd: int | None = None
+
+    def read(self, ref: TensorRef, index: tuple[int, int] | None = None) -> torch.Tensor:
+        """The tensor `ref` (or rows [a, b) of its first dim), read from disk into a new CPU tensor."""
+        if not ref.is_contiguous():
+            raise UnsupportedContent(f"{self.path}: a non-contiguous sharded tensor")
+        a, b = index if index is not None else (0, ref.shape[0] if ref.shape else 1)
+        out = torch.empty((b - a,) + tuple(ref.shape[1:]), dtype=ref.dtype)
+        self.read_into(ref, a, b, out)
+        return out
+
+    def read_into(self, ref: TensorRef, a: int, b: int, out: torch.Tensor) -> None:
+        """Rows [a, b) of `ref` (contiguous) straight into `out` (contiguous, same dtype)."""
+        item = _itemsize(ref.dtype)
+        row = item
+        for s in ref.shape[1:]:
+            row *= s
+        nbytes = (b - a) * row
+        if nbytes == 0:
+            return
+        start = self.offsets[ref.storage.key] + ref.offset * item + a * row
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        done = 0
+        while done < nbytes:
+            n = os.preadv(self._fd, [view[done:nbytes]], start + done)
+            if n <= 0:
+                raise UnsupportedContent(f"{self.path}: record data/{ref.storage.key} is cut short")
+            done += n
+
+    def read_storage(self, ref: StorageRef) -> bytes:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return os.pread(self._fd, ref.nbytes, self.offsets[ref.key])
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def open_torch_file(path: str) -> TorchFile:
+    """Read `path`'s pickle (tensors as refs) and the offsets of its storage records."""
+    try:
+        reader = torch._C.PyTorchFileReader(path)
+    except RuntimeError as e:
+        raise UnsupportedContent(f"not a torch.save zip file ({str(e).splitlines()[0]})") from None
+    data = reader.get_record("data.pkl")
+    unpickler = _MetaUnpickler(data, path)
+    try:
+        obj = unpickler.load()
+    except UnsupportedContent:
+        raise
+    except (pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError) as e:
+        raise UnsupportedContent(f"its pickle does not load here ({type(e).__name__}: {e})") from None
+    offsets = {key: reader.get_record_offset(f"data/{key}") for key in unpickler.storages}
+    tf = TorchFile(path, obj, unpickler.storages, offsets)
+    return _materialize_plain(tf)
+
+
+def _materialize_plain(tf: TorchFile) -> TorchFile:
+    """Turn every tensor that is not a DTensor's local shard into a real CPU tensor (steps, buffers, meshes)."""
+    cache: dict[int, Any] = {}
+    storage_cache: dict[str, torch.UntypedStorage] = {}
+
+    def real(ref: TensorRef) -> torch.Tensor:
+        st = storage_cache.get(ref.storage.key)
+        if st is None:
+            buf = bytearray(tf.read_storage(ref.storage))
+            st = torch.frombuffer(buf, dtype=torch.uint8).untyped_storage() if buf else torch.UntypedStorage(0)
+            storage_cache[ref.storage.key] = st
+            if st.nbytes():
+                LOCATIONS[st.data_ptr()] = (st, ref.storage.location)
+        t = torch.empty(0, dtype=ref.dtype)
+        t.set_(st, ref.offset, ref.shape, ref.stride)
+        return t
+
+    def walk(o: Any) -> Any:
+        if id(o) in cache:
+            return cache[id(o)]
+        if isinstance(o, TensorRef):
+            r = real(o)
+        elif isinstance(o, WrapperRef):
+            slots = o.slots
+            slots["_spec"] = walk(slots["_spec"])
+            r = o
+        elif isinstance(o, dict):
+            for k in list(o):
+                o[k] = walk(o[k])
+            r = o
+        elif isinstance(o, list):
+            o[:] = [walk(v) for v in o]
+            r = o
+        elif isinstance(o, tuple) and not hasattr(o, "_fields"):
+            r = tuple(walk(v) for v in o)
+        elif hasattr(o, "__dict__") and not isinstance(o, type) and type(o).__module__.startswith("torch.distributed"):
+            for k, v in list(vars(o).items()):
+                nv = walk(v)
+                if nv is not v:
+                    object.__setattr__(o, k, nv)
+            r = o
+        else:
+            r = o
+        cache[id(o)] = r
+        return r
+
+    tf.obj = walk(tf.obj)
+    return tf
+
+
+# where each materialised storage came from ("cuda:0", "cpu"), so it is written back to the same kind of device;
+# keyed by data pointer; the storage is held so the pointer stays its own until forget_locations()
+LOCATIONS: dict[int, tuple[torch.UntypedStorage, str]] = {}
+
+
+def forget_locations() -> None:
+    LOCATIONS.clear()
+
+
+def _location(st: torch.UntypedStorage) -> str:
+    held = LOCATIONS.get(st.data_ptr()) if st.nbytes() else None
+    return held[1] if held is not None else "cpu"
+
+
+@dataclass
+class OutStorage:
+    """A storage of an output file whose bytes are produced when the writer reaches it."""
+
+    dtype: torch.dtype
+    numel: int
+    location: str
+    produce: Callable[[], torch.Tensor] | None = None  # returns a contiguous tensor of exactly these bytes
+    data: torch.UntypedStorage | None = None
+
+
+@dataclass
+class OutTensor:
+    storage: OutStorage
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    requires_grad: bool = False
+    extra: tuple = ()
+
+
+def normalize_location(location: str, device: str | None) -> str:
+    """The location to write: `device` when asked, else the saved kind without an index — `cuda` loads onto
+    the loading process's current GPU, whatever index the saving process had."""
+    if device:
+        return device
+    return location.split(":", 1)[0]
+
+
+class _OutPickler(pickle.Pickler):
+    def __init__(self, buf, device: str | None):
+        super().__init__(buf, protocol=2)
+        self.device = device
+        self.keys: dict[int, str] = {}
+        self.order: list[OutStorage | torch.UntypedStorage] = []
+        self.locations: list[str] = []
+
+    def _key(self, st: Any, location: str) -> str:
+        ident = id(st) if isinstance(st, OutStorage) else st._cdata  # torch makes a new wrapper per access
+        k = self.keys.get(ident)
+        if k is None:
+            k = self.keys[ident] = str(len(self.keys))
+            self.order.append(st)
+            self.locations.append(location)
+        return k
+
+    def persistent_id(self, obj):
+        if isinstance(obj, OutStorage):
+            key = self._key(obj, obj.location)
+            return ("storage", getattr(torch, _storage_type_name(obj.dtype)), key, obj.location, obj.numel)
+        if isinstance(obj, torch.storage.TypedStorage):
+            untyped = obj._untyped_storage
+            loc = normalize_location(_location(untyped), self.device)
+            key = self._key(untyped, loc)
+            return ("storage", getattr(torch, obj._pickle_storage_type()), key, loc, obj._size())
+        if isinstance(obj, torch.UntypedStorage):
+            loc = normalize_location(_location(obj), self.device)
+            return ("storage", torch.UntypedStorage, self._key(obj, loc), loc, obj.nbytes())
+        return None
+
+    def reducer_override(self, obj):
+        if isinstance(obj, OutTensor):
+            return (torch._utils._rebuild_tensor_v2,
+                    (obj.storage, obj.offset, obj.shape, obj.stride, obj.requires_grad, *obj.extra)
+                    if obj.extra else
+                    (obj.storage, obj.offset, obj.shape, obj.stride, obj.requires_grad, OrderedDict()))
+        if isinstance(obj, WrapperRef):
+            return (torch._tensor._rebuild_from_type_v2, (obj.func, obj.new_type, obj.args, obj.state))
+        return NotImplemented
+
+
+def write_torch_file(path: str, obj: Any, device: str | None = None) -> int:
+    """`torch.save(obj, path)` where `obj` may hold OutTensor/WrapperRef placeholders; storages are produced
+    and written one at a time. Returns the bytes of tensor data written."""
+    buf = io.BytesIO()
+    pickler = _OutPickler(buf, device)
+    pickler.dump(obj)
+    writer = torch._C.PyTorchFileWriter(path)
+    data = buf.getvalue()
+    writer.write_record("data.pkl", data, len(data))
+    writer.write_record(".format_version", "1", 1)
+    alignment = str(torch.serialization._get_storage_alignment())
+    writer.write_record(".storage_alignment", alignment, len(alignment))
+    writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+    total = 0
+    for i, st in enumerate(pickler.order):
+        name = f"data/{i}"
+        if isinstance(st, OutStorage):
+            t = st.produce() if st.produce is not None else None
+            raw = t.untyped_storage() if t is not None else st.data
+            nbytes = st.numel * _itemsize(st.dtype)
+            if raw is None or (t is not None and (not t.is_contiguous() or t.numel() != st.numel)):
+                raise AssertionError(f"produced tensor for {name} does not match its record")
+            if t is not None and t.storage_offset() != 0:
+                raw = t.contiguous().clone().untyped_storage()
+            writer.write_record(name, raw, nbytes)
+            del t, raw
+        else:
+            nbytes = st.nbytes()
+            writer.write_record(name, st, nbytes)
+        total += nbytes
+    writer.write_end_of_file()
+    del writer
+    return total
