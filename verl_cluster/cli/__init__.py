@@ -27,6 +27,7 @@ COMMANDS = {
     "sbatch": "sbatch_cmd",
     "dashboard": "dashboard_cmd",
     "completion": "completion_cmd",
+    "reshard": "reshard_cmd",
 }
 
 
@@ -56,6 +57,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`submit watch.max_restarts=5 --watch -- python3 -m verl...`: the key=value words before `--` are the job's
+    (job fields, verl overrides), not the command's; they are taken out so that argparse sees the command as the
+    job. Returns (argv for argparse, those words)."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    before = [a for a in argv[:cut] if "=" in a and not a.startswith("-")]
+    return [a for a in argv[:cut] if a not in before] + argv[cut:], before
+
+
 def _argcomplete_hook() -> None:
     """argcomplete's shell hook runs us with _ARGCOMPLETE set; answer it when argcomplete is installed
     (an optional extra: `verl-cluster completion bash` needs nothing)."""
@@ -76,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         first = next((a for a in argv if not a.startswith("-")), None)
         parser = build_parser(COMMANDS.get(first))
+        argv, before = split_command(argv)
         args, extra = parser.parse_known_args(argv)
+        if before:
+            if not hasattr(args, "overrides"):
+                parser.error(f"unrecognized arguments: {' '.join(before)}")
+            args.before = before
         # key=value overrides may also follow the options (`submit JOB -c FILE a.b=1`)
         items = [a for a in extra if "=" in a and not a.startswith("-")]
         rest = [a for a in extra if a not in items]

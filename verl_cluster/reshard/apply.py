@@ -173,14 +173,6 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
                 Path(op.dest).parent.mkdir(parents=True, exist_ok=True)
                 if op.op == "reshard":
                     groups.setdefault(op.sources, []).append(op)
-                elif op.op == "extra":
-                    j = int(Path(op.dest).stem.rsplit("_", 1)[1])
-                    result.rng.append(write_extra([Path(s) for s in op.sources], j, Path(op.dest)))
-                elif op.op == "copy":
-                    src = Path(op.sources[0])
-                    (shutil.copytree if src.is_dir() else shutil.copy2)(src, op.dest)
-                elif op.op == "config":
-                    _write_config(Path(op.dest), Path(plan.step_dir), plan)
             for srcs, ops in groups.items():
                 if progress:
                     progress(f"{Path(srcs[0]).parent.name}: {Path(srcs[0]).name.split('_world_size')[0]} "
@@ -194,6 +186,15 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
                 if stats.largest_tensor_bytes > result.largest_tensor_bytes:
                     result.largest_tensor_bytes = stats.largest_tensor_bytes
                     result.largest_tensor = stats.largest_tensor
+            for op in plan.ops:
+                if op.op == "extra":
+                    j = int(Path(op.dest).stem.rsplit("_", 1)[1])
+                    result.rng.append(_extra(write_extra, [Path(s) for s in op.sources], j, Path(op.dest)))
+                elif op.op == "copy":
+                    src = Path(op.sources[0])
+                    (shutil.copytree if src.is_dir() else shutil.copy2)(src, op.dest)
+                elif op.op == "config":
+                    _write_config(Path(op.dest), Path(plan.step_dir), plan)
             _sync_tree(scratch)
         result.peak_anon_bytes, result.start_anon_bytes, result.hwm_bytes = mem.peak_anon, mem.start_anon, mem.hwm
         _switch(plan, scratch)
@@ -204,6 +205,15 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
         forget_locations()
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _extra(write_extra, sources: list[Path], rank: int, dest: Path) -> str:
+    import pickle
+
+    try:
+        return write_extra(sources, rank, dest)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, AttributeError, KeyError) as e:
+        raise NotReshardable(f"{sources[0]}: not the extra state verl writes ({type(e).__name__}: {e})")
 
 
 def _write_config(dest: Path, step_dir: Path, plan: ReshardPlan) -> None:
