@@ -81,6 +81,18 @@ def print_report(r) -> None:
         blocked = r.matrix.blocked()
         state = "live cluster" if r.matrix.live else "test listeners"
         out.print(f"[bold]ports:[/] {len(r.matrix.results) - len(blocked)}/{len(r.matrix.results)} open ({state})")
+    if r.listeners:
+        t = Table(title="ports our Ray listens on", title_justify="left")
+        for c in ("node", "port", "config key", "bound to", "process", "without the token"):
+            t.add_column(c)
+        for host, rows in r.listeners.items():
+            worker = [x for x in rows if x["name"] == "worker"]
+            for x in [x for x in rows if x["name"] != "worker"] + worker[:3]:
+                t.add_row(host, str(x["port"]), x["name"] or "[yellow]not pinned[/]", x["address"],
+                          escape(x["process"]), escape(x.get("answer", "")))
+            if len(worker) > 3:
+                t.add_row(host, "", "worker", "", f"{len(worker) - 3} more worker ports", "")
+        out.print(t)
     if r.links:
         t = Table(title="links", title_justify="left")
         for c in ("src", "dst", "latency ms (rtt)", "TCP Gbit/s"):

@@ -67,6 +67,10 @@ class PortsSpec:
     dashboard_agent_listen: int = 52365
     metrics_export: int = 6703
     runtime_env_agent: int = 6704
+    # the head's Prometheus endpoints of the dashboard and the autoscaler monitor (Ray's DASHBOARD_METRIC_PORT and
+    # AUTOSCALER_METRIC_PORT; Ray binds them to all interfaces unless the head's address is loopback)
+    dashboard_metrics: int = 6705
+    autoscaler_metrics: int = 6706
     min_worker: int = 10002
     max_worker: int = 19999
 

@@ -48,6 +48,7 @@ class CheckReport:
     problems: list[Problem]
     skipped: dict[str, str] = field(default_factory=dict)  # section -> why it did not run
     seconds: float = 0.0
+    listeners: dict[str, list[dict]] = field(default_factory=dict)  # node -> every port our Ray listens on
 
     @property
     def ok(self) -> bool:
@@ -66,6 +67,7 @@ class CheckReport:
             "ucx_links": [link.to_json() for link in self.ucx_links],
             "ports": self.matrix.to_json() if self.matrix else None,
             "collectives": [c.to_json() for c in self.collectives],
+            "listeners": self.listeners,
             "unreachable": self.unreachable,
             "skipped": self.skipped,
             "facts": {h: to_dict(f) for h, f in self.facts.items()},
@@ -128,6 +130,7 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
                 else:
                     say("latency and bandwidth per node pair")
                     links = netperf.measure_links(spec, runners, session, seconds=opts.stream_seconds)
+        listeners = _listeners(spec, runners, hosts, matrix, problems, skipped, say)
         for link in links:
             if link.error:
                 problems.append(Problem(f"{link.src} -> {link.dst}", f"link test failed: {link.error}",
@@ -172,7 +175,20 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
         problems += [Problem(node, what, fix, WARNING) for node, what, fix in drained(spec)]
     problems.sort(key=lambda p: (p.severity != ERROR, p.node))
     return CheckReport(spec.cluster_name, choice.backend, choice, facts, unreachable, matrix, links, ucx_links,
-                       collectives, problems, skipped, time.monotonic() - t0)
+                       collectives, problems, skipped, time.monotonic() - t0, listeners)
+
+
+def _listeners(spec, runners, hosts, matrix, problems, skipped, say) -> dict[str, list[dict]]:
+    """With the cluster up: every port our Ray listens on, per node, and how each answers without the token."""
+    if matrix is None or not matrix.live:
+        skipped["listeners"] = "the cluster is not up"
+        return {}
+    say("ports our Ray listens on")
+    found, errors = ports.ray_listeners(spec, runners, hosts)
+    problems += [Problem(n, what, fix, WARNING) for n, what, fix in ports.listener_problems(spec, found)]
+    problems += [Problem(h, f"could not list Ray's listeners: {why}", "see the node's Python", WARNING)
+                 for h, why in errors.items()]
+    return found
 
 
 def _collectives(spec, runners, choice, facts, hosts, matrix, opts, skipped, say) -> list:

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.diagnostics import netprobe
+from verl_cluster.diagnostics import listeners_node, netprobe
 from verl_cluster.errors import RunnerError
 from verl_cluster.runners import CommandRunner, fan_out
 from verl_cluster.runners.remote_python import MARK, run_python, script_source
 
 NETPROBE_SOURCE = script_source(netprobe.__file__)
+LISTENERS_SOURCE = script_source(listeners_node.__file__)
 
 
 @dataclass(frozen=True)
@@ -214,4 +215,67 @@ def port_problems(spec: ClusterSpec, matrix: PortMatrix) -> list[tuple[str, str,
                     out.append((host, f"TCP {port} ({names[port]}) is already in use on {host}: `ray start` "
                                 f"will fail to bind it", f"stop what holds it (ss -ltnp 'sport = :{port}') or change "
                                 f"ray.ports / head ports in the config"))
+    return out
+
+
+# ---- every port our Ray listens on ----
+
+def pinned_ports(spec: ClusterSpec) -> dict[int, str]:
+    """port -> config key name, for every port the config pins (the worker range aside)."""
+    p, h = spec.ray.ports, spec.head
+    return {h.gcs_port: "gcs", h.ray_client_port: "ray_client", h.dashboard_port: "dashboard",
+            p.node_manager: "node_manager", p.object_manager: "object_manager",
+            p.dashboard_agent_grpc: "dashboard_agent_grpc", p.dashboard_agent_listen: "dashboard_agent_listen",
+            p.metrics_export: "metrics_export", p.runtime_env_agent: "runtime_env_agent",
+            p.dashboard_metrics: "dashboard_metrics", p.autoscaler_metrics: "autoscaler_metrics"}
+
+
+def port_name(spec: ClusterSpec, port: int) -> str | None:
+    p = spec.ray.ports
+    return pinned_ports(spec).get(port) or ("worker" if p.min_worker <= port <= p.max_worker else None)
+
+
+def ray_listeners(spec: ClusterSpec, runners: Mapping[str, CommandRunner],
+                  hosts: Sequence[str]) -> tuple[dict[str, list[dict]], dict[str, str]]:
+    """Per node: every TCP port our Ray listens on, its bind address, its config key (None: not pinned) and how
+    it answers a client without the token. Asked on the node itself, so loopback listeners are seen too."""
+    from verl_cluster.lifecycle.nodes import SCRIPT
+
+    nodes = {n.host: n for _, n in spec.nodes()}
+
+    def one(host: str) -> list[dict]:
+        py = spec.python_executable(nodes[host])
+        probe = run_python(runners[host], py, SCRIPT, ["probe", spec.temp_dir, spec.gcs_address], timeout=30)
+        pids = ",".join(str(p) for p in probe.get("pids") or [])
+        if not pids:
+            return []
+        got = run_python(runners[host], py, LISTENERS_SOURCE, [pids, str(spec.head.dashboard_port)], timeout=60)
+        return [{**r, "name": port_name(spec, r["port"])} for r in got["listeners"]]
+
+    found, errors = {}, {}
+    for r in fan_out(list(hosts), one):
+        if r.ok:
+            found[r.host] = r.value
+        else:
+            errors[r.host] = r.reason
+    return found, errors
+
+
+_LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+_METRICS = ("metrics_export", "dashboard_metrics", "autoscaler_metrics")  # Prometheus text: read-only, no token
+
+
+def listener_problems(spec: ClusterSpec, listeners: Mapping[str, list[dict]]) -> list[tuple[str, str, str]]:
+    """(node, what, fix): a port no config key pins, and (with token auth) one that serves without the token."""
+    out = []
+    for host, rows in sorted(listeners.items()):
+        for r in rows:
+            where = f"TCP {r['port']} ({r['process']}) on {r['address']}"
+            if r["name"] is None:
+                out.append((host, f"{where} is not pinned by the config: a firewall cannot be written for it",
+                            "report it: verl-cluster pins every port Ray opens"))
+            elif (spec.security.auth == "token" and r.get("open_without_token") and r["name"] not in _METRICS
+                  and r["address"] not in _LOOPBACK):
+                out.append((host, f"{where} ({r['name']}) answers without the token: {r['answer']}",
+                            "firewall it from everything but the cluster's nodes"))
     return out

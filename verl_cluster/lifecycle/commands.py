@@ -53,6 +53,14 @@ def port_args(spec: ClusterSpec) -> list[str]:
             "--min-worker-port", str(p.min_worker), "--max-worker-port", str(p.max_worker)]
 
 
+def head_port_env(spec: ClusterSpec, role: str) -> dict[str, str]:
+    """Ports `ray start` has no flag for: read from the environment by the head's dashboard and monitor."""
+    if role != "head":
+        return {}
+    p = spec.ray.ports
+    return {"DASHBOARD_METRIC_PORT": str(p.dashboard_metrics), "AUTOSCALER_METRIC_PORT": str(p.autoscaler_metrics)}
+
+
 def start_command(spec: ClusterSpec, role: str, node: NodeSpec, *, token_path: str | None = None,
                   extra_env: dict[str, str] | None = None) -> NodeCommand:
     ip = spec.node_ip(node)
@@ -78,8 +86,8 @@ def start_command(spec: ClusterSpec, role: str, node: NodeSpec, *, token_path: s
     argv += list(spec.ray.start_args)
     if getattr(spec, "launcher", "ssh") == "slurm":
         argv.append("--block")  # held by its own srun step: see verl_cluster/slurm/runner.py
-    env = {**ray_auth_env(spec, token_path or remote_token_path(spec)), **spec.ray.env, **node.env,
-           **(extra_env or {})}
+    env = {**ray_auth_env(spec, token_path or remote_token_path(spec)), **head_port_env(spec, role), **spec.ray.env,
+           **node.env, **(extra_env or {})}
     return NodeCommand(node.host, role, ip, tuple(argv), env, node.gpus)
 
 

@@ -1,0 +1,44 @@
+"""Every port our Ray listens on is pinned by the config, and the ones that run code refuse a client without the
+token: a real cluster on namespace hosts, asked by `check`."""
+
+import json
+
+import pytest
+
+from tests.harness.ray_cluster import running_cluster
+from verl_cluster.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+def test_every_listener_is_pinned_and_code_ports_refuse_without_token(lab, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    head, w1 = lab.add_host("head"), lab.add_host("w1")
+    with running_cluster(lab, head, [w1], name="listen") as cfg:
+        rc = main(["check", "-c", str(cfg), "--quick", "--json"])
+        rep = json.loads(capsys.readouterr().out)
+    assert rc == 0, rep["problems"]
+    rows = rep["listeners"]
+    assert set(rows) == {head.ip, w1.ip}
+    by_name = {}
+    for host, listeners in rows.items():
+        for r in listeners:
+            assert r["name"] is not None, f"{host}: port {r['port']} ({r['process']}) is not pinned"
+            by_name.setdefault((host, r["name"]), []).append(r)
+    h = head.ip
+    # the head's Prometheus endpoints moved from Ray's 44217/44227 to the pinned ports
+    assert {r["port"] for r in by_name[(h, "dashboard_metrics")]} == {6705}
+    assert {r["port"] for r in by_name[(h, "autoscaler_metrics")]} == {6706}
+    assert not any(r["port"] in (44217, 44227) for rs in rows.values() for r in rs)
+    # what runs code refuses a client without the token
+    assert all(r["answer"] == "refused (HTTP 401)" for r in by_name[(h, "dashboard")])  # the Jobs API
+    assert all(r["address"] == "127.0.0.1" for r in by_name[(h, "dashboard")])  # dashboard_host: loopback
+    for name in ("gcs", "ray_client"):
+        assert all(r["answer"] == "refused (gRPC UNAUTHENTICATED)" for r in by_name[(h, name)]), name
+    for host in (h, w1.ip):
+        assert all(r["answer"] == "refused (HTTP 401)" for r in by_name[(host, "dashboard_agent_listen")])
+        for name in ("node_manager", "dashboard_agent_grpc"):
+            assert all(r["answer"] == "refused (gRPC UNAUTHENTICATED)" for r in by_name[(host, name)]), name
+    # the metrics endpoints answer (read-only Prometheus text): listed as such, not flagged
+    assert by_name[(h, "metrics_export")][0]["answer"] == "answers (HTTP 200)"
+    assert not [p for p in rep["problems"] if "answers without the token" in p["what"] or "not pinned" in p["what"]]
