@@ -17,7 +17,7 @@ from rich.markup import escape
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY, ConfigError
 from verl_cluster.facts.model import NodeFacts, from_dict
-from verl_cluster.placement import parse_gpus, plan_job
+from verl_cluster.placement import parse_gpus
 from verl_cluster.placement.gpus import GPU_EXAMPLE
 from verl_cluster.placement.planner import STRATEGIES
 
@@ -33,8 +33,13 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="gather the facts of every node of this cluster (SSH/local, as `doctor` does)")
     p.add_argument("--slurm", action="store_true", help="gather the facts of this Slurm allocation's nodes")
     p.add_argument("--strategy", choices=STRATEGIES + ("auto",), help="default: the job's placement.strategy")
-    p.add_argument("--fill", type=float, default=1.0,
-                   help="average share of prompt+response a sequence uses (default 1.0: worst case)")
+    p.add_argument("--fill", type=float, default=None,
+                   help="average share of prompt+response a sequence uses (1.0: worst case); shows the plan at it. "
+                        "Default: the job's placement.fill, else the lengths measured (--data) or logged by an "
+                        "earlier run of the job, planned beside the worst case")
+    p.add_argument("--data", action="append", metavar="FILE.parquet",
+                   help="measure the prompts of this training parquet (verl's format) with the model's tokenizer "
+                        "when it is on this machine, else from characters; repeatable")
     p.add_argument("--host-mem", type=float, metavar="GIB",
                    help="host RAM per node in GiB (default: the nodes' facts; for --gpus the GPU catalog's typical "
                         "server, never this machine's)")
@@ -107,17 +112,23 @@ def run(args: argparse.Namespace) -> int:
     from verl_cluster.launch.request import merge_overrides
     from verl_cluster.launch.script_import import load_job_input
 
+    from verl_cluster.launch.data_lengths import gather_lengths
+    from verl_cluster.placement.lengths import plan_lengths
+
     job, _ = load_job_input(args.job, args.overrides)
     facts = hardware(args, job.placement.gpus)
-    result = plan_job(job, facts, strategy=args.strategy, fill=args.fill)
+    lengths, _notes = gather_lengths(job, data=args.data, fill=args.fill)
+    plans = plan_lengths(job, facts, lengths, strategy=args.strategy)
+    # --fill asks what the plan is at that fill; otherwise the plan submit would run
+    result = plans.known if args.fill is not None and plans.known is not None else plans.chosen
     not_applied = merge_overrides(job, result.overrides)[1]
     if args.json:
-        print_json({**result.to_dict(), "not_applied": [{"key": n.key, "value": n.value, "reason": n.reason}
-                                                        for n in not_applied]})
+        print_json({**result.to_dict(), "verdict": plans.verdict,
+                    "not_applied": [{"key": n.key, "value": n.value, "reason": n.reason} for n in not_applied]})
     else:
         from verl_cluster.placement.render import render
 
-        render(result, out, brief=args.brief)
+        render(result, out, brief=args.brief, lengths=plans)
         print_not_applied(not_applied)
         if not result.feasible:
             err.print("[bold red]error:[/] the job does not fit this hardware as written"

@@ -28,15 +28,21 @@ class PlanInfo:
     flash_attn: Optional[bool] = None  # the nodes' flash-attn: False missing/broken somewhere, None unknown
     flash_attn_note: str = ""
     unplanned: str = ""  # why there is no plan and what would give one (a warning, not an error)
+    lengths: Optional[dict[str, Any]] = None  # the lengths planned at and their sources (placement/lengths.py)
+    findings: tuple[Any, ...] = ()  # preflight findings of the planning: prompt lengths, planned at known lengths
+    hint: str = ""  # what would make an infeasible plan fit
 
 
-def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
+def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None) -> PlanInfo:
     """The planner's verl overrides for this job on this cluster's gathered facts (the job's own overrides win
-    later). Only verl's Ray trainers are planned; anything else gets an empty plan."""
+    later), planned at the worst case and at the lengths known (the training prompts measured on the head node,
+    an earlier run's logged lengths, placement.fill / mean_response_tokens): the worst case's plan when it fits,
+    else the known lengths' with a warning. `facts`: the nodes' facts when already known (else gathered). Only
+    verl's Ray trainers are planned; anything else gets an empty plan."""
     if not (job.entrypoint or "").startswith("verl.trainer.main_"):
         return PlanInfo({}, None, {}, "no placement plan: not a verl Ray trainer")
     try:
-        from verl_cluster.placement import gather_node_facts, plan_job
+        import verl_cluster.placement  # noqa: F401
     except ImportError:
         return PlanInfo({}, None, {}, "placement planner not available: the job's own overrides are used")
     from verl_cluster.errors import ConfigError
@@ -47,24 +53,50 @@ def placement_plan(job: JobSpec, spec: ClusterSpec) -> PlanInfo:
     except ConfigError as e:
         return PlanInfo({}, None, {}, f"no placement plan: {e.message}; the job's own settings are used as they are",
                         unplanned=e.hint or "set model.catalog")
-    facts = None
+    from verl_cluster.launch.preflight import lengths_findings
+
+    from verl_cluster.placement.lengths import plan_lengths
+
     try:
-        facts = gather_node_facts(spec)  # every node's facts; an unreachable node is a finding, not a smaller plan
-        plan = plan_job(job, facts)
+        facts, lengths, notes = _facts_and_lengths(job, spec, facts)
+        plans = plan_lengths(job, facts, lengths)
+        plan = plans.chosen
     except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding, not a crash
         msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
-        return PlanInfo({}, False, {}, _strategy_note(job, facts) or f"placement planner: {msg}")
+        return PlanInfo({}, False, {}, _strategy_note(job, facts) or f"placement planner: {msg}",
+                        hint=getattr(e, "hint", None) or "")
     summary = plan.to_dict() if hasattr(plan, "to_dict") else {}
+    findings = tuple(lengths_findings(job, plans, notes))
     note = "placement planned" + (f" ({plan.strategy})" if getattr(plan, "strategy", None) else "")
     limit = plan.at_limit_phases()
     if limit:  # it runs, with no room for longer sequences: say so where the user looks before a long run
         note += f"; {', '.join(limit)} at the GPU's limit (`verl-cluster plan {job.source or 'JOB'}` says why)"
+    if plans.verdict == "fits-at-known-lengths":
+        note += f" at the lengths known (fill {plans.lengths.fill:.3g}; the worst case does not fit)"
     if not plan.feasible:
-        note = _strategy_note(job, facts) or "; ".join(list(getattr(plan, "problems", []) or [])[:3]) or "infeasible"
+        note = _strategy_note(job, facts) or plans.refusal() or "infeasible"
     from verl_cluster.placement.hardware import flash_status
 
     flash, flash_note = flash_status(facts)
-    return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note, flash, flash_note)
+    return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note, flash, flash_note,
+                    lengths=plans.lengths.to_dict(), findings=findings,
+                    hint="" if plan.feasible else plans.refusal_hint())
+
+
+def _facts_and_lengths(job: JobSpec, spec: ClusterSpec, facts: Optional[list]):
+    """(the nodes' facts, the lengths known, notes): the facts and the prompt measurement (both over SSH) side by
+    side. An unreachable node raises: it is a finding, not a smaller plan."""
+    import concurrent.futures as cf
+
+    from verl_cluster.launch.data_lengths import gather_lengths
+    from verl_cluster.placement import gather_node_facts
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        facts_f = pool.submit(gather_node_facts, spec) if facts is None else None
+        lengths_f = pool.submit(gather_lengths, job, spec=spec)
+        facts = facts_f.result() if facts_f is not None else facts
+        lengths, notes = lengths_f.result()
+    return facts, lengths, notes
 
 
 def _strategy_note(job: JobSpec, facts) -> str:

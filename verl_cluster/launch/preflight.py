@@ -405,6 +405,45 @@ def check_flash_attn_needs(job: JobSpec, flash: Optional[bool], note: str) -> li
     return out
 
 
+# ---- sequence lengths: what the plan was made for ----
+def prompt_findings(job: JobSpec, stats: Any) -> list[Finding]:
+    """The measured training prompts (placement.lengths.PromptStats) against data.max_prompt_length: verl 0.9
+    drops longer ones when data.filter_overlong_prompts is on, else its agent loop left-truncates them (older verl
+    with data.truncation=error stops at the first)."""
+    flt = job.get("data.filter_overlong_prompts", False)
+    flt = flt is True or str(flt).lower() == "true"
+    files = ", ".join(stats.files)
+    where = f"{files}: prompts {stats.mean:.0f} tokens on average (p50 {stats.p50}, p95 {stats.p95}, max {stats.max})"
+    if not stats.over_limit:
+        return [Finding("ok", "data", f"{where}, all within data.max_prompt_length={stats.limit}")]
+    share = f"{stats.over_limit} of {stats.sampled} sampled prompts ({stats.over_limit / stats.sampled:.0%})"
+    if flt and stats.over_limit == stats.sampled:
+        return [Finding("error", "data", f"{where}: every sampled prompt is longer than data.max_prompt_length="
+                                         f"{stats.limit}, and data.filter_overlong_prompts drops them all",
+                        f"raise data.max_prompt_length (p95 is {stats.p95}, the longest {stats.max})")]
+    if flt:
+        return [Finding("warning", "data", f"{where}: {share} are longer than data.max_prompt_length={stats.limit}; "
+                                           "verl drops them when it loads the data (data.filter_overlong_prompts)",
+                        f"raise data.max_prompt_length to keep them (p95 {stats.p95}, longest {stats.max})")]
+    return [Finding("warning", "data", f"{where}: {share} are longer than data.max_prompt_length={stats.limit}; "
+                                       "verl 0.9 cuts them to their last tokens (its agent loop left-truncates, with "
+                                       "a warning each; older verl with data.truncation=error stops)",
+                    f"set data.filter_overlong_prompts=true to drop them, or raise data.max_prompt_length "
+                    f"(p95 {stats.p95}, longest {stats.max})")]
+
+
+def lengths_findings(job: JobSpec, plans: Any, notes: Sequence[str] = ()) -> list[Finding]:
+    """Findings of the plan at the lengths known (placement.lengths.LengthPlans): the prompts measured, what
+    could not be measured, and — when it fits only at the known lengths — the warning that names them."""
+    out = [Finding("skipped", "data", n) for n in notes]
+    if plans.lengths.prompts is not None:
+        out += prompt_findings(job, plans.lengths.prompts)
+    if plans.verdict == "fits-at-known-lengths":
+        out.append(Finding("warning", "placement", plans.warning(),
+                           f"`verl-cluster plan {job.source}` shows both plans; `submit --watch` keeps the run up"))
+    return out
+
+
 def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any], status: Any,
                   extra: Sequence[Finding] = ()) -> PreflightReport:
     findings = list(extra)

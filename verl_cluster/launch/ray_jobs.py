@@ -61,8 +61,8 @@ def _explain(e: BaseException, where: str) -> ClusterError:
 class JobsApi:
     """A connected JobSubmissionClient plus what it needs to stay connected (the tunnel)."""
 
-    def __init__(self, client: Any, where: str):
-        self.client, self.where = client, where
+    def __init__(self, client: Any, where: str, url: str = "", headers: Optional[dict[str, str]] = None):
+        self.client, self.where, self.url, self.headers = client, where, url, dict(headers or {})
 
     def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         try:
@@ -108,6 +108,7 @@ def close_all() -> None:
 atexit.register(close_all)
 
 
+DRAIN_S = 3.0  # after a job's terminal status, how long the log stream may still deliver its last lines
 REQUEST_TIMEOUT_S = 60.0  # per HTTP read; Ray's client sets none, so a dashboard that never answers hangs it
 
 
@@ -177,7 +178,7 @@ def _open(spec: ClusterSpec) -> tuple[JobsApi, contextlib.ExitStack]:
     except BaseException:
         stack.close()
         raise
-    return JobsApi(client, where), stack
+    return JobsApi(client, where, url, headers), stack
 
 
 def submit(api: JobsApi, req: RayJobRequest) -> str:
@@ -212,6 +213,30 @@ def _row(d: Any) -> JobRow:
                   d.start_time, d.end_time, (d.message or "").strip(), meta.get("verl_cluster.job", ""),
                   meta.get("verl_cluster.run", ""), meta.get("verl_cluster.previous", ""),
                   d.job_id if d.submission_id else "")
+
+
+def state_list(api: JobsApi, resource: str, filters: tuple[tuple[str, str], ...] = (), limit: int = 10000,
+               timeout_s: float = 30.0) -> list[dict]:
+    """Rows of Ray's State API (`actors`, `placement_groups`, ...) from the dashboard the Jobs API is on, through
+    the same link and token; `filters`: (key, value) pairs that must be equal."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    q = [("limit", str(limit)), ("detail", "1")]
+    for k, v in filters:
+        q += [("filter_keys", k), ("filter_predicates", "="), ("filter_values", v)]
+    url = f"{api.url}/api/v0/{resource}?{urllib.parse.urlencode(q)}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=api.headers), timeout=timeout_s) as r:
+            doc = json.loads(r.read() or b"{}")
+    except (OSError, ValueError) as e:
+        raise ClusterError(f"Ray's State API at {api.where} ({resource}): {str(e)[:200] or type(e).__name__}")
+    data = (doc.get("data") or {}).get("result")
+    rows = data.get("result") if isinstance(data, dict) else data
+    if not isinstance(rows, list):
+        raise ClusterError(f"Ray's State API at {api.where} answered {resource} without rows: {str(doc)[:200]}")
+    return rows
 
 
 def list_jobs(api: JobsApi) -> list[JobRow]:
@@ -278,26 +303,43 @@ def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: Text
                 return
             await asyncio.sleep(poll_s)
 
-    async def stream() -> None:
-        poller = asyncio.ensure_future(poll_status())
+    streamed = [0]
+
+    def show(chunk: str) -> None:
+        out.write(chunk)
+        out.flush()
+        streamed[0] += len(chunk)
+        if progress is not None:
+            progress.feed(chunk)
+        recent.extend(chunk.splitlines())
+        del recent[:-tail_lines]
+
+    async def tail() -> None:
         try:
             async for chunk in api.client.tail_job_logs(job_id):
-                out.write(chunk)
-                out.flush()
-                if progress is not None:
-                    progress.feed(chunk)
-                recent.extend(chunk.splitlines())
-                del recent[:-tail_lines]
+                show(chunk)
         except RuntimeError:
-            pass  # websocket dropped: the final logs are fetched below
-        finally:
+            pass  # websocket dropped: the rest of the log is fetched below
+
+    async def stream() -> None:
+        # the job's end is decided by its status, not by the log stream: processes the job left behind (vLLM's
+        # workers, say) can hold the stream open long after the job SUCCEEDED
+        tailer = asyncio.ensure_future(tail())
+        await asyncio.wait([tailer, asyncio.ensure_future(poll_status())], return_when=asyncio.FIRST_COMPLETED)
+        if not tailer.done():
             try:
-                await asyncio.wait_for(poller, timeout=30)
+                await asyncio.wait_for(asyncio.shield(tailer), timeout=DRAIN_S)  # the last lines still in flight
             except asyncio.TimeoutError:
-                poller.cancel()
+                tailer.cancel()
+        while seen["status"] not in TERMINAL:  # the stream ended first: wait for the status to say so
+            await asyncio.sleep(poll_s)
+            show_status((await asyncio.get_running_loop().run_in_executor(None, job_info, api, job_id)).status)
 
     try:
         asyncio.run(stream())
+    except KeyboardInterrupt:  # detached: what the run logged so far still tells the next plan its lengths
+        _remember_lengths(job_id, progress)
+        raise
     except (ConnectionError, OSError) as e:
         raise ClusterError(f"lost the log stream from {api.where}: {e}", "re-attach with `verl-cluster logs JOB --follow`")
     except Exception as e:
@@ -308,9 +350,11 @@ def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: Text
         raise
     row = job_info(api, job_id)
     show_status(row.status)
+    text = logs(api, job_id)
+    if len(text) > streamed[0]:  # what the stream had not delivered when it was cut
+        show(text[streamed[0]:])
     failure = None
     if row.status in TERMINAL and row.status != "SUCCEEDED":
-        text = logs(api, job_id)
         recent = text.splitlines()[-tail_lines:]
         if progress is not None:
             from verl_cluster.launch.verl_log import classify
@@ -318,4 +362,12 @@ def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: Text
             found = classify(text.splitlines()[-2000:])
             failure = found.to_json() if found else None
     summary = progress.summary() if progress is not None else None
+    _remember_lengths(job_id, progress)
     return FollowResult(row.status, row.message, recent, summary, failure)
+
+
+def _remember_lengths(job_id: str, progress: Optional[Any]) -> None:
+    if progress is not None:
+        from verl_cluster.launch.length_store import remember_run
+
+        remember_run(job_id, progress)

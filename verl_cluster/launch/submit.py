@@ -113,6 +113,9 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
                     spec: Optional[ClusterSpec] = None) -> Submission:
     """`spec`: the cluster as loaded (watch passes one with the nodes a run continues on), else cluster_file's."""
     spec = spec or load_cluster(cluster_file)
+    from verl_cluster.placement.lengths import check_placement_lengths
+
+    check_placement_lengths(job)  # a bad placement.fill / mean_response_tokens is bad input (exit 2), before any probe
     if launcher:
         from dataclasses import replace
 
@@ -142,7 +145,8 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
         extra.append(Finding("warning", "placement", plan.note, plan.unplanned))
     if plan.feasible is False:
         extra.append(Finding("error", "placement", f"the placement planner finds no feasible plan: {plan.note}",
-                             f"verl-cluster plan {job.source}"))
+                             plan.hint or f"verl-cluster plan {job.source}"))
+    extra += plan.findings  # the prompts measured; a plan that fits only at the lengths known says so
     extra += check_flash_attn_needs(job, plan.flash_attn, plan.flash_attn_note)
     overrides, not_applied = merge_overrides(job, plan.overrides)
     secrets = secret_values(job, os.environ if environ is None else environ)

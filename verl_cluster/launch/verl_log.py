@@ -36,9 +36,11 @@ FAILURES: tuple[tuple[str, re.Pattern, str, str], ...] = tuple((c, re.compile(p)
     ("gpu-fault", r"CUDA error: (?!out of memory)|Xid|uncorrectable ECC|GPU is lost|an illegal memory access|"
      r"fallen off the bus",
      "a GPU or CUDA error", "verl-cluster doctor on the node; a GPU that fell off the bus needs a reboot"),
-    ("node-lost", r"ActorDiedError|The actor died unexpectedly|node .* (?:has been marked dead|died)|RaySystemError|"
-     r"NodeDiedError|Owner's node has crashed",
-     "a Ray worker or node died", "verl-cluster status CLUSTER; verl-cluster up CLUSTER restarts dead nodes"),
+    ("node-lost", r"its node has died|node .* (?:has been marked dead|died)|NodeDiedError|Owner's node has crashed",
+     "a Ray node died", "verl-cluster status CLUSTER; verl-cluster up CLUSTER restarts dead nodes"),
+    ("worker-died", r"ActorDiedError|The actor died unexpectedly|Worker exit type|RaySystemError",
+     "a Ray worker process died (its node is still up)",
+     "look for an OOM kill or a crash of that process (dmesg, the worker's log); watch resumes the run"),
     ("missing-package", r"FlashAttention2 has been toggled on, but it cannot be used",
      "flash-attn is not installed where the job ran (verl loads a critic with flash_attention_2 regardless)",
      "install flash-attn on every node, or train without a critic (algorithm.adv_estimator=grpo)"),
@@ -49,6 +51,12 @@ FAILURES: tuple[tuple[str, re.Pattern, str, str], ...] = tuple((c, re.compile(p)
      "verl rejected an override", "check the key against verl's config (verl-cluster submit JOB --dry-run)"),
     ("config", r"AssertionError: .*(?:divisible|must be|should be)|ValueError: .*(?:divisible|must be)",
      "verl's config checks refused the settings", "verl-cluster plan JOB shows batch sizes that divide"),
+    ("config", r"omegaconf\.errors\.\w+|ConfigAttributeError|ConfigKeyError|MissingMandatoryValue|"
+     r"hydra\.errors\.\w+|ConfigCompositionException",
+     "verl's Hydra config refused the command", "check the key against verl's config (verl-cluster submit JOB "
+     "--dry-run)"),
+    ("missing-package", r"ImportError: ", "a Python module could not be imported where the job ran",
+     "install the same packages on every node (verl-cluster doctor there)"),
 ))
 
 
@@ -180,6 +188,26 @@ class VerlProgress:
 
     def failure(self) -> Optional[Failure]:
         return classify(self.window)
+
+    def lengths(self) -> dict[str, Any]:
+        """The sequence lengths verl logged (its per-step prompt_length/* and response_length/* over the batch):
+        the prompts' mean over the steps, and the largest per-step response mean (responses grow as RL trains),
+        which is what a plan for the next run of the job should hold."""
+        train = [m for m in self.steps.values() if "response_length/mean" in m]
+        if not train:
+            return {"steps": 0}
+        prompts = [m["prompt_length/mean"] for m in train if "prompt_length/mean" in m]
+        out: dict[str, Any] = {"steps": len(train),
+                               "response_length_mean": round(max(m["response_length/mean"] for m in train), 1),
+                               "response_length_mean_avg": round(
+                                   sum(m["response_length/mean"] for m in train) / len(train), 1)}
+        if prompts:
+            out["prompt_length_mean"] = round(sum(prompts) / len(prompts), 1)
+        for key in ("response_length/max", "prompt_length/max", "response_length/clip_ratio"):
+            vals = [m[key] for m in train if key in m]
+            if vals:
+                out[key.replace("/", "_")] = round(max(vals), 4)
+        return out
 
 
 def describe(summary: dict[str, Any]) -> list[str]:

@@ -101,6 +101,9 @@ class Plan:
     pools: tuple[dict[str, Any], ...] = ()
     # not feasible at the fill planned, but as written at this lower average fill (use_remove_padding): None if not
     fits_at_fill: Optional[float] = None
+    # the lengths planned at and where each came from, and the worst case's verdict (placement/lengths.py)
+    lengths: Optional[dict[str, Any]] = None
+    worst_case: Optional[dict[str, Any]] = None
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -160,6 +163,8 @@ class Plan:
             "host_mem_gib": None if self.host_mem_gib is None else round(self.host_mem_gib, 1),
             "pools": [dict(p) for p in self.pools],
             "fits_at_fill": self.fits_at_fill,
+            **({"lengths": self.lengths} if self.lengths is not None else {}),
+            **({"worst_case": self.worst_case} if self.worst_case is not None else {}),
         }
 
 
@@ -172,6 +177,9 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     if not (0.0 < fill <= 1.0):
         raise ConfigError(f"--fill must be in (0, 1], got {fill}")
     s = read_settings(job)
+    from verl_cluster.placement.lengths import check_placement_lengths
+
+    check_placement_lengths(job)
     shape = shape or resolve_shape(job.model.path, job.model.catalog)
     reasons: list[str] = []
     rm_shape = shape
@@ -248,19 +256,17 @@ FILL_FLOOR_TOKENS = 256
 
 def fill_that_fits(s: Settings, shape: ModelShape, rm_shape: ModelShape, hw: Hardware, prec, fill: float,
                    strategies: tuple[str, ...]) -> Optional[float]:
-    """The largest average fill (0.05 steps, below the one planned) at which the job as written fits, or None.
-    Memory only grows with the tokens, so a bisection over the fill finds it in a few searches."""
+    """The largest average fill (0.05 steps, below the one planned) up to which the job as written fits at every
+    step, or None. Scanned upwards: with token budgets memory is not monotone in the fill (verl balances a rank's
+    tokens over ceil(tokens / budget) micro batches), and "fits if sequences average ≤ X" must hold below X too."""
     lo = max(1, math.ceil(FILL_FLOOR_TOKENS / max(1, s.seq_len) / 0.05 - 1e-9))  # in 0.05 units
     hi = round(fill / 0.05) - 1  # the first below `fill`
-    if hi < lo or search(Evaluator(s, shape, rm_shape, hw, prec, lo * 0.05), strategies)[0] is None:
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if search(Evaluator(s, shape, rm_shape, hw, prec, mid * 0.05), strategies)[0] is not None:
-            lo = mid
-        else:
-            hi = mid - 1
-    return round(lo * 0.05, 2)
+    best = None
+    for step in range(lo, hi + 1):
+        if search(Evaluator(s, shape, rm_shape, hw, prec, step * 0.05), strategies)[0] is None:
+            break
+        best = round(step * 0.05, 2)
+    return best
 
 
 def _lora_line(s: Settings, shape: ModelShape) -> str:

@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 from verl_cluster.placement import memory as mem
 from verl_cluster.placement.hardware import Hardware
+from verl_cluster.placement.lengths import micro_tokens
 from verl_cluster.placement.memory import GIB, Part, TrainInputs
 from verl_cluster.placement.model_shape import ModelShape
 from verl_cluster.placement.settings import Settings
@@ -411,9 +412,9 @@ class Evaluator:
         dynamic = self.s.dynamic_bsz and budget is not None
         if dynamic:
             budgets = [budget] if budget_pinned else _token_budgets(budget, self.s.seq_len)
-            # verl packs a rank's batch into micro batches of at most the budget: none holds more than the batch
+            # the budget caps a micro batch, the rank's real tokens fill it (verl's prepare_micro_batches)
             most = self.tokens(whole, rmpad=rmpad, sp=sp)
-            tries = [(None, float(min(b, most))) for b in budgets]
+            tries = [(None, micro_tokens(most, b, self.s.seq_len / sp)) for b in budgets]
         elif pinned is not None:
             tries = [(pinned, self.tokens(pinned, rmpad=rmpad, sp=sp))]
         else:
@@ -441,7 +442,9 @@ class Evaluator:
         if not last.fits and tight is not None:  # nothing fits with room to spare
             last = tight
         if dynamic and last.fits:  # a pinned budget stays as the job wrote it (fewer tokens only hold it less full)
-            c.token_budget[phase] = int(budget) if budget_pinned else int(last.tokens)
+            # verl asserts a budget holds the longest sequence
+            c.token_budget[phase] = int(budget) if budget_pinned else max(int(last.tokens),
+                                                                          math.ceil(self.s.seq_len / sp))
         c.phases.append(last)
         return last
 

@@ -19,9 +19,38 @@ def _bar(used: float, cap: float) -> str:
     return f"[{colour}]{'█' * n}[/]{'░' * (BAR - n)} {used:5.1f}/{cap:.0f} GiB"
 
 
-def render(plan: Plan, con: Console, *, brief: bool = False) -> None:
-    """The answer first (verdict, binding constraint, fix, feasible options), the tables after."""
-    _verdict(plan, con)
+def render_lengths(plans, shown: Plan, con: Console) -> None:
+    """The lengths planned at (and where each came from), then the verdict at the worst case and at them."""
+    L = plans.lengths
+    if not L.known:
+        con.print(f"[bold]lengths[/] worst case, every sequence {L.prompt_limit}+{L.response_limit} tokens "
+                  "[dim](nothing known of the real lengths: --data FILE.parquet, placement.mean_response_tokens, "
+                  "--fill)[/]")
+        return
+    con.print(f"[bold]lengths[/] {escape(L.line())}")
+    if L.prompts is not None and L.prompts.over_limit:
+        p = L.prompts
+        con.print(f"  [yellow]{p.over_limit} of {p.sampled} sampled prompts are longer than data.max_prompt_length "
+                  f"({p.limit}; longest {p.max})[/]")
+
+    def verdict(p: Plan) -> str:
+        if not p.feasible:
+            return f"[red]does not fit[/] — {escape(p.binding)}"
+        return "fits" + (" [yellow](at the GPU's limit)[/]" if p.at_limit_phases() else "")
+
+    con.print(f"  worst case ({L.prompt_limit}+{L.response_limit} tokens every sequence): {verdict(plans.worst)}")
+    if plans.known is not None:
+        con.print(f"  at these lengths (fill {L.fill:.3g}): {verdict(plans.known)}")
+    if shown is plans.worst and plans.known is not None and plans.known.feasible:
+        con.print("  [dim]shown: the worst case's plan (room for any lengths), which submit runs[/]")
+    elif shown is plans.known and plans.verdict == "fits-at-known-lengths":
+        con.print("  [yellow]shown: the plan at these lengths; longer sequences can run out of memory[/]")
+
+
+def render(plan: Plan, con: Console, *, brief: bool = False, lengths=None) -> None:
+    """The answer first (verdict, binding constraint, fix, feasible options), the tables after. `lengths`: the
+    LengthPlans the plan came from (its lengths and both verdicts are shown after the verdict)."""
+    _verdict(plan, con, lengths)
     if plan.feasible:
         _overrides(plan, con)
     if brief:
@@ -61,7 +90,7 @@ def render(plan: Plan, con: Console, *, brief: bool = False) -> None:
             con.print(f"  {escape(k)}={escape(_fmt(v))}")
 
 
-def _verdict(plan: Plan, con: Console) -> None:
+def _verdict(plan: Plan, con: Console, lengths=None) -> None:
     head = f"[bold]plan[/] {escape(plan.model)} ({plan.params / 1e9:.2f}B) on {escape(plan.hardware)}: "
     if plan.feasible:
         tight = max(plan.gpus, key=lambda g: g.peak_gib / (g.capacity_gib or plan.capacity_gib), default=None)
@@ -71,8 +100,12 @@ def _verdict(plan: Plan, con: Console) -> None:
                    "sequences than planned)" if limit else "[bold green]fits[/]")
         con.print(head + f"{verdict} — peak {peak:.1f} of {cap:.1f} GiB/GPU; "
                   f"strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}")
+        if lengths is not None:
+            render_lengths(lengths, plan, con)
         return
     con.print(head + "[bold red]does not fit as written[/]")
+    if lengths is not None:
+        render_lengths(lengths, plan, con)
     con.print(f"  [bold]binding constraint:[/] {escape(plan.binding or '; '.join(plan.problems))}")
     con.print(f"  [bold]fix:[/] {escape(plan.fixes[0] if plan.fixes else 'none found')}")
     if not plan.options:

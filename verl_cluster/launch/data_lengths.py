@@ -1,0 +1,97 @@
+"""What is known of a job's sequence lengths, gathered for `plan` and `submit`: the training prompts measured
+(on the cluster's head node, or on this machine for `plan --data`), the lengths an earlier run of the job logged
+(length_store), and the job's placement.fill / mean_response_tokens. placement/lengths.py decides from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from verl_cluster.config.job import JobSpec
+from verl_cluster.errors import ConfigError
+from verl_cluster.placement.lengths import Lengths, PromptStats, resolve_lengths
+
+PROBE = Path(__file__).with_name("prompt_probe.py")
+REMOTE_SCHEMES = ("hdfs://", "s3://", "gs://", "http://", "https://")
+
+
+def probe_request(job: JobSpec, files: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """What prompt_probe needs: the files, the model whose tokenizer verl uses, the prompt column, the limit."""
+    from verl_cluster.launch.preflight import _as_list, model_path
+
+    ov = job.verl_overrides()
+    chosen = list(files) if files is not None else _as_list(ov.get("data.train_files"))
+    kwargs = ov.get("data.apply_chat_template_kwargs")
+    return {"files": [f for f in chosen if not f.startswith(REMOTE_SCHEMES)],
+            "model": model_path(job, ov), "prompt_key": str(ov.get("data.prompt_key") or "prompt"),
+            "limit": int(ov.get("data.max_prompt_length") or 512),
+            "template_kwargs": kwargs if isinstance(kwargs, dict) else {}}
+
+
+def _stats(doc: Any, where: str) -> tuple[Optional[PromptStats], str]:
+    if not isinstance(doc, dict):
+        return None, f"prompt lengths not measured {where}: no answer"
+    if doc.get("error"):
+        return None, f"prompt lengths not measured {where}: {doc['error']}"
+    note = "; ".join(f"{f}: {e}" for f, e in (doc.get("errors") or {}).items())
+    return PromptStats.from_probe(doc), (f"some files were not read {where}: {note}" if note else "")
+
+
+def measure_here(job: JobSpec, files: Sequence[str]) -> PromptStats:
+    """`plan --data FILE...`: measured on this machine; a file that cannot be read is bad input."""
+    from verl_cluster.launch import prompt_probe
+
+    for f in files:
+        if not Path(f).expanduser().is_file():
+            raise ConfigError(f"--data {f}: no such file", "give the training parquet (verl's format)")
+    req = probe_request(job, files)
+    doc = prompt_probe.measure(req["files"], req["model"], req["prompt_key"], req["limit"],
+                               template_kwargs=req["template_kwargs"])
+    if doc.get("error") or doc.get("errors"):
+        why = doc.get("error") or "; ".join(f"{k}: {v}" for k, v in doc["errors"].items())
+        raise ConfigError(f"--data: cannot read the prompts: {why}",
+                          f"the file must be parquet with a `{req['prompt_key']}` column of chat messages")
+    return PromptStats.from_probe(doc)
+
+
+def measure_on_cluster(spec, job: JobSpec, timeout: float = 180.0) -> tuple[Optional[PromptStats], str]:
+    """The training prompts measured on the first node (the head), with the node's tokenizer when it has the
+    model; (None, why) when they cannot be (no local files, the node's Python lacks pyarrow, ...)."""
+    import json
+
+    from verl_cluster.runners import runner_for
+    from verl_cluster.runners.remote_python import run_python
+
+    req = probe_request(job)
+    if not req["files"]:
+        return None, "prompt lengths not measured: the job names no training file on the nodes' filesystems"
+    node = next(n for _, n in spec.nodes())
+    runner = runner_for(spec, node)
+    try:
+        doc = run_python(runner, spec.python_executable(node), PROBE.read_text(), [json.dumps(req)], timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - an unreadable node only costs the measurement (preflight names it)
+        return None, f"prompt lengths not measured on {node.host}: {getattr(e, 'reason', None) or e}"
+    finally:
+        runner.close()
+    return _stats(doc, f"on {node.host}")
+
+
+def gather_lengths(job: JobSpec, *, spec=None, data: Optional[Sequence[str]] = None, fill: Optional[float] = None,
+                   logged: Any = "store") -> tuple[Lengths, list[str]]:
+    """(the lengths to plan at, notes on what could not be known). `data`: files to measure here (plan --data);
+    else, with `spec`, the job's training files on the cluster. `logged`: an earlier run's record, or "store" to
+    read length_store. A stated fill replaces both means, so nothing is measured then."""
+    notes: list[str] = []
+    prompts = None
+    stated = fill is not None or job.placement.fill is not None
+    if data:
+        prompts = measure_here(job, data)
+    elif spec is not None and not stated:
+        prompts, note = measure_on_cluster(spec, job)
+        if note:
+            notes.append(note)
+    if logged == "store":
+        from verl_cluster.launch.length_store import lookup
+
+        logged = lookup(job.name)
+    return resolve_lengths(job, prompts=prompts, logged=logged, fill=fill), notes
