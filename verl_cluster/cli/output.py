@@ -41,15 +41,22 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def one_line(text: str, limit: int = 4000) -> str:
+    """A message as printed: one line (a newline in a value cannot forge a second one), long values cut."""
+    from verl_cluster.config.loader import short
+
+    return short(text, limit)
+
+
 def report_error(e: BaseException, debug: bool) -> int:
     if debug:
         traceback.print_exception(e, file=sys.stderr)
     if isinstance(e, VerlClusterError):
-        err.print(f"[bold red]error:[/] {escape(e.message)}")
+        err.print(f"[bold red]error:[/] {escape(one_line(e.message))}")
         if e.hint:
-            err.print(f"[yellow]hint:[/] {escape(e.hint)}")
+            err.print(f"[yellow]hint:[/] {escape(one_line(e.hint))}")
         return e.exit_code
-    err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))}")
+    err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(one_line(str(e)))}")
     if not debug:
         err.print("[yellow]hint:[/] run again with --debug for the traceback, and report it")
     return EXIT_UNHEALTHY

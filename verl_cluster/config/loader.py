@@ -29,6 +29,7 @@ MAX_BYTES = 1 << 20
 MAX_VALUES = 100_000  # scalars, mappings and sequences, every alias expanded
 MAX_DEPTH = 64
 MAX_SCALAR = 1 << 16  # characters in one value
+MAX_KEY = 1024  # characters in one key (YAML's own limit for a plain key)
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 20x faster, same safe constructors
 
 
@@ -85,19 +86,24 @@ def parse_yaml_text(text: str, source: str) -> tuple[Any, Lines]:
 
 def _check_bounds(text: str, source: str) -> None:
     """One pass over the parser's events (no data built): size with aliases expanded, nesting, value length."""
-    open_: list[list] = []  # per open collection: [values inside so far, its anchor]
+    open_: list[list] = []  # per open collection: [values inside so far, its anchor, is a mapping, items seen]
     sizes: dict[str, int] = {}  # anchor -> values it stands for
     total = 0
     for ev in yaml.parse(text, Loader=_Loader):
         line = getattr(ev, "start_mark", None)
         at = f"{source}:{line.line + 1}" if line else source
+        if open_ and open_[-1][2] and not isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            open_[-1][3] += 1
+            if open_[-1][3] % 2 and isinstance(ev, yaml.ScalarEvent) and len(ev.value) > MAX_KEY:
+                raise ConfigError(f"{at}: a key of {len(ev.value)} characters (at most {MAX_KEY})",
+                                  "check that this is the file you meant")
         if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            open_.append([1, ev.anchor])
+            open_.append([1, ev.anchor, isinstance(ev, yaml.MappingStartEvent), 0])
             if len(open_) > MAX_DEPTH:
                 raise ConfigError(f"{at}: nested more than {MAX_DEPTH} levels deep", "flatten the structure")
             continue
         if isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            n, anchor = open_.pop()
+            n, anchor = open_.pop()[:2]
         elif isinstance(ev, yaml.ScalarEvent):
             n, anchor = 1, ev.anchor
             if len(ev.value) > MAX_SCALAR:
@@ -105,7 +111,7 @@ def _check_bounds(text: str, source: str) -> None:
                                   "check that this is the file you meant")
         elif isinstance(ev, yaml.AliasEvent):
             if ev.anchor not in sizes:
-                if any(a == ev.anchor for _, a in open_):
+                if any(f[1] == ev.anchor for f in open_):
                     raise ConfigError(f"{at}: alias *{short(ev.anchor)} refers to the value it is inside of "
                                       "(recursive YAML)", "write the values out")
                 continue  # an unknown anchor: the composer reports it with its line
@@ -320,18 +326,22 @@ def load(path: str | os.PathLike, cls: type, dotlist: list[str] | None = None, p
 
 
 def apply_dotlist(data: dict, dotlist: list[str], source: str) -> dict:
-    """Apply `a.b=value` overrides (YAML-typed values) to a plain dict."""
+    """Apply `a.b=value` overrides (YAML-typed values, read within the same bounds as a file) to a plain dict."""
     out = OmegaConf.create(data)
     for item in dotlist:
         if "=" not in item:
-            raise ConfigError(f"override `{item}` is not key=value", "write e.g. ray.object_store_memory=209715200")
+            raise ConfigError(f"override `{short(item)}` is not key=value",
+                              "write e.g. ray.object_store_memory=209715200")
         key, _, raw = item.partition("=")
+        if key.count(".") >= MAX_DEPTH or len(key) > 1000:
+            raise ConfigError(f"override `{short(key, 80)}`: key nested too deep or too long")
+        _check_bounds(raw, f"override `{short(key, 80)}`")
         try:
-            value = yaml.safe_load(raw) if raw else ""
+            value = yaml.load(raw, Loader=_Loader) if raw else ""
         except yaml.YAMLError:
             value = raw
         try:
             OmegaConf.update(out, key.strip(), value, merge=True, force_add=True)
-        except Exception as e:
-            raise ConfigError(f"override `{item}`: {str(e).splitlines()[0]}")
+        except Exception as e:  # noqa: BLE001 - OmegaConf raises many kinds for a bad key
+            raise ConfigError(f"override `{short(item)}`: {short(str(e).splitlines()[0] if str(e) else type(e).__name__)}")
     return OmegaConf.to_container(out)
