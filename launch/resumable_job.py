@@ -38,6 +38,12 @@ def work(step):
     return ray.util.get_node_ip_address(), step
 
 
+@ray.remote(num_cpus=0, max_retries=0)
+def node_env():
+    keys = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+    return ray.util.get_node_ip_address(), " ".join(f"{k}={os.environ.get(k, '-')}" for k in keys)
+
+
 def newest_checkpoint(folder):
     steps = [int(m.group(1)) for n in os.listdir(folder) if (m := re.fullmatch(r"global_step_(\d+)", n))]
     return max(steps, default=0)
@@ -68,9 +74,16 @@ def main() -> int:
     job_id = ray.get_runtime_context().get_job_id()
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     print(f"nodes {len(nodes)}", flush=True)
+    # the backend environment each node's Ray gives its workers (what `up` set: NCCL/Gloo interface)
+    for ip, env in ray.get([node_env.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False))
+                            .remote() for n in nodes], timeout=60):
+        print(f"env {ip} {env}", flush=True)
     start = newest_checkpoint(folder) if resume == "auto" else 0
-    if start:
-        print(f"resuming from global_step_{start}", flush=True)
+    if start:  # verl's own words, which `watch` reads
+        print(f"Resuming from {os.path.join(folder, f'global_step_{start}')}, setting global step to {start}",
+              flush=True)
+    elif resume == "auto":
+        print("Training from scratch", flush=True)
     for step in range(start + 1, total + 1):
         t0 = time.monotonic()
         if step == raise_at:

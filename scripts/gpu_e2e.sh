@@ -5,6 +5,7 @@
 #   bash scripts/gpu_e2e.sh [STEP ...]      # steps: env facts cluster calib (default: all, in that order)
 #   bash scripts/gpu_e2e.sh fa verlenv verldata up ppo grpo ppo05 reject down  # verl for real (see below)
 #   bash scripts/gpu_e2e.sh fa verlenv verldata up ppo2 ppo052 down            # on 2 GPUs
+#   bash scripts/gpu_e2e.sh verldata up watch-kill watch-hang watch-refused watch-argv watch-script  # --watch
 # Every step logs to $LOGS/<n>-<name>.log (time, exit code in $LOGS/steps.log) and failures do not stop the run;
 # after each step $OUT/e2e.tgz is refreshed, so whatever ran comes back even when the call is cut short.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...): the host's GPUs are shared.
@@ -149,6 +150,44 @@ named ppo052 && run_verl ppo052 launch/gsm8k.yaml model.path=$MODELS/qwen2.5-0.5
 # a configuration the plan rejects, run anyway (--skip-preflight) to see verl fail or the margin: REJECT="k=v ..."
 named reject && run_verl reject launch/gsm8k_grpo.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" \
   trainer.default_local_dir=$CKPT/reject ${REJECT:-} --skip-preflight
+# ---- --watch on real verl: a tiny GRPO run (4 steps, checkpoint every 2) faulted at a chosen point ----
+# Each case: scripts/gpu_watch_case.py runs the submit, injects the fault (scripts/gpu_fault.py), keeps the run
+# folder, every attempt's log, Ray's actor table and processes over time, and writes figures.json.
+WCK=$CKPT/watch
+WARGS=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" data.train_batch_size=16
+       actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.rollout.n=2
+       actor_rollout_ref.rollout.gpu_memory_utilization=0.3 trainer.total_training_steps=4 trainer.save_freq=2
+       trainer.test_freq=-1 trainer.val_before_train=false actor_rollout_ref.rollout.enforce_eager=true)
+WJOB=(launch/gsm8k_grpo.yaml model.path=$MODELS/tiny env.VLLM_USE_FLASHINFER_SAMPLER=0 watch.backoff_s=2 "${WARGS[@]}")
+KILL="--after-file CKPT/global_step_2/actor --delay 2 --signal KILL --match ray::WorkerDict"
+wcase() {  # wcase NAME LIMIT FAULT -- COMMAND...
+  local name=$1 limit=$2 fault=$3; shift 4
+  rm -rf "$WCK/$name"
+  step "watch-$name" "$limit" python3 scripts/gpu_watch_case.py "$LOGS/watch-$name" --timeout $((limit - 20)) \
+    --fault "${fault//CKPT/$WCK/$name}" -- "$@"
+  cat "$LOGS/watch-$name/figures.json" 2>/dev/null | tee -a "$LOGS/steps.log"
+  pack
+}
+# (a) a worker SIGKILLed 2 s after global_step_2 appeared (the node stays up): resumed from step 2, SUCCEEDED
+named watch-kill && wcase kill 560 "$KILL" -- $VC submit "${WJOB[@]}" trainer.default_local_dir=$WCK/kill --watch
+# (b) a worker SIGSTOPped during step 3: hang detected, bundle collected (py-spy), resumed, SUCCEEDED
+named watch-hang && wcase hang 560 "--after-file CKPT/global_step_2/actor --delay 4 --signal STOP --match ray::WorkerDict" \
+  -- $VC submit "${WJOB[@]}" trainer.default_local_dir=$WCK/hang watch.hang_after=${HANG_AFTER:-75s} --watch
+# (c) an override verl's Hydra refuses (preflight skipped so it reaches verl): not retried, exit 1, the error shown
+named watch-refused && wcase refused 240 "" -- $VC submit "${WJOB[@]}" trainer.default_local_dir=$WCK/refused \
+  actor_rollout_ref.actor.no_such_key=1 --skip-preflight --watch
+# (d) the command-line form and a verl script, through (a)
+VERL_ARGV=(python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.max_prompt_length=512
+  data.max_response_length=1024 actor_rollout_ref.model.path=$MODELS/tiny actor_rollout_ref.actor.use_kl_loss=true
+  actor_rollout_ref.rollout.name=vllm trainer.logger=[console] trainer.nnodes=1 trainer.n_gpus_per_node=1 "${WARGS[@]}")
+named watch-argv && wcase argv 560 "$KILL" -- $VC submit watch.backoff_s=2 --watch -- "${VERL_ARGV[@]}" \
+  trainer.default_local_dir=$WCK/argv
+if named watch-script; then
+  mkdir -p /root/scripts
+  { echo '#!/bin/bash'; echo 'set -x'; printf '%q ' "${VERL_ARGV[@]}" trainer.default_local_dir=$WCK/script '$@'; echo; } \
+    > /root/scripts/run_tiny_grpo.sh
+  wcase script 560 "$KILL" -- $VC submit /root/scripts/run_tiny_grpo.sh watch.backoff_s=2 env.VLLM_USE_FLASHINFER_SAMPLER=0 --watch
+fi
 named down && step down 120 $VC down cluster_configs/local.yaml
 
 if [ -n "${EXTRA:-}" ]; then step extra 300 bash -c "$EXTRA"; fi

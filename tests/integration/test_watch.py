@@ -192,7 +192,7 @@ def test_worker_killed_and_back(lab3):
     assert a == list(range(1, len(a) + 1))  # no step lost before the crash
     last_ckpt = (a[-1] // 3) * 3
     assert b == list(range(last_ckpt + 1, 15))  # resumed right after the newest checkpoint, each step once
-    assert "resuming from global_step_%d" % last_ckpt in out
+    assert "Resuming from %s, setting global step to %d" % (ckpt / f"global_step_{last_ckpt}", last_ckpt) in out
 
 
 def test_watcher_killed_reattaches_without_duplicate(lab3):

@@ -73,16 +73,6 @@ class _ProgressTable:
             self.live.__exit__(*exc)
 
 
-def node_env_for(spec, refresh: bool = False) -> tuple[dict, list[str]]:
-    """Per-node backend environment (NCCL/Gloo/UCX) chosen from facts of every node, as `check` chooses it;
-    remembered for an hour per cluster (`--restart` re-detects). Unreachable nodes are skipped here: `up`
-    reports them itself."""
-    from verl_cluster.diagnostics.env_cache import cached_backend_env
-
-    env = cached_backend_env(spec, refresh=refresh)
-    return env.by_host, list(env.reasons) + list(env.notes)
-
-
 def quick_check(spec, as_json: bool) -> tuple[bool, dict | None]:
     """`check --quick` at the end of a healthy `up`: ports between nodes, versions, GPUs."""
     from verl_cluster.diagnostics.check import run_check
@@ -99,8 +89,8 @@ def quick_check(spec, as_json: bool) -> tuple[bool, dict | None]:
 
 def run_up(args) -> int:
     from verl_cluster.lifecycle.auth import refuse_open_dashboard
+    from verl_cluster.lifecycle.bring_up import bring_up
     from verl_cluster.lifecycle.commands import plan_start
-    from verl_cluster.lifecycle.up import up
 
     spec = load_cluster_args(args)
     refuse_open_dashboard(spec)
@@ -118,10 +108,9 @@ def run_up(args) -> int:
                     out.print("  via:  " + escape(" ".join(_srun_prefix(spec, c.host))))
             out.print("(dry run: nothing was started; backend env from `check` is added at `up` time)")
         return EXIT_OK
-    node_env, reasons = node_env_for(spec, refresh=args.restart)
     with _ProgressTable(spec, enabled=not args.json and err.is_terminal) as prog:
-        report = up(spec, restart=args.restart, node_env=node_env,
-                    progress=prog.update if not args.json else None)
+        done = bring_up(spec, restart=args.restart, progress=prog.update if not args.json else None)
+    report, reasons = done.report, done.reasons
     if not args.json:
         t = Table(title=f"cluster {spec.cluster_name}: {'healthy' if report.healthy else 'NOT healthy'} "
                         f"({report.seconds:.1f}s)")

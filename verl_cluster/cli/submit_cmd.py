@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from rich.markup import escape
 
@@ -13,7 +12,7 @@ from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
 from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.launch.preflight import PreflightReport
-from verl_cluster.launch.script_import import load_job_input
+from verl_cluster.launch.job_input import JobInput
 from verl_cluster.launch.submit import (Submission, check_cluster_file, plan_submission, preflight_exit_code,
                                         resolve_cluster_file, warm_imports)
 
@@ -23,7 +22,7 @@ LEVEL_STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "skipped
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("submit", parents=[common], help="preflight, then run a job (Ray Jobs or torchrun)",
                        description="Check a job before any GPU time, then run it on the cluster and follow its logs.")
-    p.add_argument("job", help="job spec (launch/gsm8k.yaml), a verl script (run_qwen2-7b_grpo.sh), or, after --, "
+    p.add_argument("job", nargs="?", help="job spec (launch/gsm8k.yaml), a verl script (run_qwen2-7b_grpo.sh), or, after --, "
                                "the command itself: -- python3 -m verl.trainer.main_ppo key=value ...")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="verl overrides (data.train_batch_size=256) or job fields (placement.strategy=split); "
@@ -53,7 +52,8 @@ def print_preflight(report: PreflightReport) -> None:
 
 
 def run_submit(args) -> int:
-    job, imported = load_job_input(args.job, args.overrides)
+    args.job_input = JobInput.from_words(args.job, list(args.overrides or []), getattr(args, "before", []))
+    job, imported = args.job_input.load()
     if args.watch:
         from verl_cluster.watch.settings import check_watchable
 
@@ -131,7 +131,7 @@ def _apply_ray(sub: Submission, args) -> int:
     with ray_jobs.connect(sub.spec) as api:
         sid = ray_jobs.submit(api, req)
         job_records.record(sid, sub.cluster_file, sub.spec.cluster_name, sub.job.name,
-                           job_file=str(Path(args.job).resolve()), overrides=list(args.overrides or []))
+                           job_input=args.job_input.to_json())
         if args.watch:
             from verl_cluster.cli.watch_cmd import watch_submitted
 

@@ -38,21 +38,20 @@ def run_watch(args) -> int:
 
 def watch_submitted(sub, sid: str, args) -> int:
     """`submit --watch`: the submission just made becomes the first attempt of a run."""
-    st = new_run(sid, sub.spec.cluster_name, sub.cluster_file, args.job, list(args.overrides or []))
+    st = new_run(sid, sub.spec.cluster_name, sub.cluster_file, args.job_input)
     err.print(f"submitted [bold]{sid}[/]; watching it (run folder {escape(str(st.dir))})")
     return _detach(st, args.json) if args.detach else watch_foreground(st, args.json)
 
 
 def watch_foreground(st: RunState, as_json: bool) -> int:
     from verl_cluster.config.cluster import load_cluster
-    from verl_cluster.config.job import load_job
     from verl_cluster.watch.events import Reporter
     from verl_cluster.watch.settings import settings_for
     from verl_cluster.watch.watcher import Watcher
 
     lock = RunLock(st).acquire()
     try:
-        job = load_job(st.job_file, st.overrides)
+        job = st.job_input().job()
         settings = settings_for(job)
         spec = load_cluster(st.cluster_file)
         reporter = Reporter(st.dir / "events.jsonl", settings.notify, as_json=as_json,
@@ -80,11 +79,23 @@ def _summary(st: RunState, as_json: bool, note: str = "") -> int:
     err.print(f"run {st.run}: {st.state}, {st.restarts} restart(s)")
     for a in st.attempts:
         cause = f" ({a['class']}: {escape(str(a.get('evidence', ''))[:120])})" if a.get("class") else ""
-        err.print(f"  {a['submission_id']}: {a.get('status', '?')}{cause}")
+        err.print(f"  {a['submission_id']}: {a.get('status', '?')}{_steps(a)}{cause}")
     last = (st.attempts[-1].get("class") == "user-code") and st.state == "failed"
     if last:
         err.print(f"last lines: verl-cluster logs {st.current}")
     return rc
+
+
+def _steps(a: dict) -> str:
+    """', resumed from step 2, steps 3..4, 1 step lost' for one attempt (what its log said)."""
+    parts = []
+    if a.get("resumed_from"):
+        parts.append(f"resumed from step {a['resumed_from']}")
+    if a.get("first_step") is not None:
+        parts.append(f"steps {a['first_step']}..{a.get('last_step')}")
+    if a.get("steps_lost"):
+        parts.append(f"{a['steps_lost']} step(s) lost")
+    return "".join(", " + p for p in parts)
 
 
 def _detach(st: RunState, as_json: bool) -> int:

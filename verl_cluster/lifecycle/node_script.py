@@ -7,6 +7,8 @@ Stdlib only (ray and pynvml are imported where present). Commands:
   wait ADDR HEAD EXPECT T poll the GCS until the expected nodes are alive (one process, not one per poll)
   stacks TEMP_DIR SID JOB py-spy dumps of one Ray job's Python processes here (its driver and workers)
   gpuhealth SINCE N       GPU faults: NVML (GPUs lost or fewer than N, uncorrected ECC), kernel Xid lines
+  jobprocs TEMP_DIR JOB K one Ray job's processes left here (state, RSS, GPU MiB), NVML per GPU; K=1 kills them
+  joblogs TEMP_DIR JOB N  the last N lines of each of one Ray job's worker logs here
 Prints its JSON result after a marker line (see runners.remote_python).
 """
 
@@ -293,24 +295,125 @@ def cmd_gpuhealth(since="0", expect="0"):
           "xid": kernel_xids(float(since))})
 
 
+def environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+    except OSError:
+        return {}
+
+
+def proc_state(pid):
+    """(state letter, RSS MiB): R running, S sleeping, T stopped (SIGSTOP), Z zombie, D in I/O."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[21]) * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (OSError, IndexError, ValueError):
+        return "?", 0
+
+
+def gpu_procs():
+    """pid -> (GPU index, MiB) of the compute processes NVML lists; {} without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        out = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                out[int(p.pid)] = (i, int((p.usedGpuMemory or 0) // 2**20))
+        return out
+    except Exception:
+        return {}
+
+
+def job_procs(temp_dir, job_id):
+    """pid -> command of the processes here that belong to Ray job `job_id` of this cluster's Ray: they carry the
+    job in RAY_JOB_ID (children inherit it: vLLM's engine and workers too) and either descend from our Ray or,
+    orphaned when their parent died, name our raylet in RAY_RAYLET_PID (another cluster's job 01000000 does not)."""
+    procs = read_procs()
+    mine = ours(temp_dir, procs)
+    raylets = {str(pid).encode() for pid, cmd in mine.items() if kind(cmd) == "raylet"}
+    out = {}
+    for pid, (_, cmd) in procs.items():
+        env = environ(pid) if job_id else {}
+        if env.get(b"RAY_JOB_ID", b"").decode() != job_id or pid == os.getpid():
+            continue
+        if pid in mine or env.get(b"RAY_RAYLET_PID") in raylets:
+            out[pid] = cmd
+    return out
+
+
+def cmd_jobprocs(temp_dir, job_id, kill="0"):
+    """The job's processes still here (state, RSS, GPU memory) and NVML's memory per GPU; kill=1: SIGKILL them
+    first (what is left of an attempt that was stopped), then look again."""
+    killed = []
+    if kill == "1":
+        for pid, cmd in job_procs(temp_dir, job_id).items():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append({"pid": pid, "cmd": cmd[:120]})
+            except OSError:
+                pass
+        if killed:
+            time.sleep(1.0)
+    on_gpu = gpu_procs()
+    left = []
+    for pid, cmd in sorted(job_procs(temp_dir, job_id).items()):
+        state, rss = proc_state(pid)
+        if state == "Z":
+            continue  # exited; its parent has not reaped it yet: holds nothing
+        gpu = on_gpu.get(pid)
+        left.append({"pid": pid, "cmd": cmd[:120], "state": state, "rss_mib": rss,
+                     "gpu": gpu[0] if gpu else None, "gpu_mib": gpu[1] if gpu else 0})
+    g, _ = gpus()
+    emit({"hostname": socket.gethostname(), "left": left, "killed": killed,
+          "gpus": [{"index": x["index"], "used_mib": x["memory_total_mib"] - x["memory_free_mib"],
+                    "total_mib": x["memory_total_mib"]} for x in g],
+          "gpu_procs": [{"pid": pid, "gpu": i, "mib": mib, "cmd": read_procs().get(pid, (0, "?"))[1][:80]}
+                        for pid, (i, mib) in sorted(on_gpu.items())]})
+
+
+def cmd_joblogs(temp_dir, job_id, lines="40"):
+    """The last lines of each of the job's worker logs here (Ray names them worker-<id>-<job id>-<pid>.out/.err)."""
+    import glob
+
+    n = int(lines)
+    found = sorted(glob.glob(os.path.join(temp_dir, "session_latest", "logs", f"worker-*-{job_id}-*")),
+                   key=os.path.getmtime, reverse=True)[:40] if job_id else []
+    out = []
+    for path in found:
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 200 * n))
+                tail = f.read().decode(errors="replace").splitlines()[-n:]
+        except OSError:
+            continue
+        if any(x.strip() for x in tail):
+            out.append({"file": os.path.basename(path), "lines": tail})
+    emit({"hostname": socket.gethostname(), "logs": out})
+
+
 def job_pids(temp_dir, sid, job_id):
     """Our Ray's processes that belong to one job: its workers carry RAY_JOB_ID, its driver the Jobs API's
     metadata (job_submission_id) in its environment."""
     out = []
-    for pid, cmd in sorted(ours(temp_dir).items()):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
-        except OSError:
-            continue
-        worker = job_id and env.get(b"RAY_JOB_ID", b"").decode() == job_id
+    workers = job_procs(temp_dir, job_id) if job_id else {}
+    for pid, cmd in sorted({**ours(temp_dir), **workers}.items()):
+        env = environ(pid)
         driver = b'"job_submission_id": "' + sid.encode() + b'"' in env.get(b"RAY_JOB_CONFIG_JSON_ENV_VAR", b"")
-        if (worker or driver) and ("python" in cmd.split(" ", 1)[0] or cmd.startswith("ray::")):
-            out.append((pid, "driver" if driver else "worker", cmd[:120]))
+        if not (driver or pid in workers):
+            continue
+        exe = cmd.split(" ", 1)[0]
+        if driver or "python" in exe or cmd.startswith(("ray::", "VLLM", "EngineCore")):
+            role = "driver" if driver else ("vllm" if "VLLM" in exe or "EngineCore" in exe else "worker")
+            out.append((pid, role, cmd[:120]))
     return out
 
 
-def cmd_stacks(temp_dir, sid, job_id="", pyspy="", limit="8"):
+def cmd_stacks(temp_dir, sid, job_id="", pyspy="", limit="24"):
     import shutil
     import subprocess
 
@@ -318,18 +421,23 @@ def cmd_stacks(temp_dir, sid, job_id="", pyspy="", limit="8"):
     pids = job_pids(temp_dir, sid, job_id)
     dumps = []
     for pid, role, cmd in pids[:int(limit)]:
-        if not exe:
-            break
-        try:
-            r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20)
-            text, err = r.stdout, (r.stderr.strip().splitlines() or [""])[-1] if r.returncode else ""
-        except (OSError, subprocess.TimeoutExpired) as e:
-            text, err = "", str(e)
-        dumps.append({"pid": pid, "role": role, "cmd": cmd, "stack": text[-6000:], "error": err[:300]})
+        state, rss = proc_state(pid)
+        text, err = "", ""
+        if exe:
+            # a stopped process cannot be paused for the dump: read it as it is (--nonblocking)
+            argv = [exe, "dump", "--pid", str(pid)] + (["--nonblocking"] if state == "T" else [])
+            try:
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+                text, err = r.stdout, (r.stderr.strip().splitlines() or [""])[-1] if r.returncode else ""
+            except (OSError, subprocess.TimeoutExpired) as e:
+                err = str(e)
+        dumps.append({"pid": pid, "role": role, "cmd": cmd, "state": state, "rss_mib": rss, "stack": text[-6000:],
+                      "error": err[:300]})
     emit({"hostname": socket.gethostname(), "pyspy": exe, "processes": len(pids), "dumps": dumps})
 
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {"probe": cmd_probe, "kill": cmd_kill, "gcs": cmd_gcs, "wait": cmd_wait, "stacks": cmd_stacks,
-     "gpuhealth": cmd_gpuhealth}[cmd](*args)
+     "gpuhealth": cmd_gpuhealth, "jobprocs": cmd_jobprocs,
+     "joblogs": cmd_joblogs}[cmd](*args)

@@ -1,28 +1,33 @@
 """Failure classes for `watch`: what the log and Ray say a run died of, and whether a restart can help.
 
-verl_log.classify finds the cause in the log text; here it is folded into the classes the watcher acts on.
+verl_log.classify finds the cause in the log text; here it is folded into the classes the watcher acts on:
+node-lost (heal the node), worker-died (a process died on a live node: clean up, resume), gpu-fault, nccl-timeout,
+oom (re-plan with room), hang, user-code (the run's own mistake: never retried), unknown.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
 from verl_cluster.launch.verl_log import classify as classify_log
 
-CLASSES = ("node-lost", "gpu-fault", "nccl-timeout", "oom", "user-code", "hang", "unknown")
-# the run's own mistakes: a restart would fail the same way
-NOT_RETRIED = {"user-code", "missing-package", "bad-override", "config"}
-_FOLD = {"missing-package": "user-code", "bad-override": "user-code", "config": "user-code"}
+# finer verl_log kinds that are the run's own mistakes: a restart would fail the same way
+_USER = {"missing-package": "user-code", "bad-override": "user-code", "config": "user-code"}
 
 # what Ray itself says when the job's driver or its node went away (JobInfo.message)
 _RAY_LOST = ("Job supervisor actor died", "node died", "has been marked dead", "Owner's node has crashed",
              "NodeDiedError", "driver exited unexpectedly", "Job driver died")
+# Hydra's wrapper around any exception verl's main() raises; alone (nothing else classified, no step run) it
+# means verl refused the command line before training: a restart runs the same line
+_HYDRA_REFUSED = "Error executing job with overrides"
+_EXIT_CODE = re.compile(r"exit code (\d+)")
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    cls: str  # one of CLASSES
+    cls: str
     what: str
     evidence: str
     fix: str = ""
@@ -32,24 +37,66 @@ class Diagnosis:
     def retry(self) -> bool:
         return self.cls != "user-code"
 
+    def signature(self) -> str:
+        """What makes two failures 'the same': the class and the evidence without numbers (pids, addresses,
+        times differ from one attempt to the next)."""
+        return self.cls + ":" + re.sub(r"\d+", "N", self.evidence)[:200]
+
     def to_json(self) -> dict:
         return {"class": self.cls, "what": self.what, "evidence": self.evidence, "fix": self.fix,
                 "detail": self.detail}
 
 
-def diagnose(lines: list[str], ray_message: str = "", lost_node: Optional[str] = None) -> Diagnosis:
+def actor_death(lines: list[str]) -> str:
+    """'WorkerDict pid 5552 on 10.0.0.2 died: UNEXPECTED_SYSTEM_EXIT (Worker unexpectedly exits ...)' from Ray's
+    ActorDiedError text, or ''."""
+    text = "\n".join(lines[-400:])
+    at = text.rfind("ActorDiedError")
+    if at < 0:
+        return ""
+    block = text[at:at + 3000]
+
+    def field(name: str) -> str:
+        m = re.search(rf"\b{name}:\s*(\S+)", block)
+        return m.group(1) if m else "?"
+
+    exit_type = re.search(r"Worker exit type:\s*(\S+)", block)
+    detail = re.search(r"Worker exit detail:\s*(.+?)(?:\.\s|$)", block, re.M)
+    creation = re.search(r"raised in its creation task, ([\w.]+)", block)
+    what = f"{field('class_name')} pid {field('pid')} on {field('ip')} died"
+    if creation:
+        what += f" while being created ({creation.group(1)})"
+    if exit_type:
+        what += f": {exit_type.group(1)}"
+    if detail:
+        what += f" ({detail.group(1).strip()[:160]})"
+    return what
+
+
+def diagnose(lines: list[str], ray_message: str = "", lost_node: Optional[str] = None,
+             made_progress: bool = True) -> Diagnosis:
     """The class of a failed attempt. A node we saw die wins over what the log says (a dead rank's peers print
-    tracebacks and NCCL errors too); then the log; then Ray's own job message."""
+    tracebacks and NCCL errors too); then the log; then Ray's own job message. `made_progress`: whether the
+    attempt ran a training step (verl refusing its command line happens before the first)."""
     if lost_node:
         return Diagnosis("node-lost", "a node left the cluster", lost_node,
                          "watch restarts it (the heal path of `up`)")
     found = classify_log(lines)
+    if found is not None and found.kind == "worker-died":
+        return Diagnosis("worker-died", found.what, actor_death(lines) or found.line, found.fix, found.kind)
     if found is not None and found.kind != "user-code":
-        return Diagnosis(_FOLD.get(found.kind, found.kind), found.what, found.line, found.fix, found.kind)
+        return Diagnosis(_USER.get(found.kind, found.kind), found.what, found.line, found.fix, found.kind)
     if any(t in ray_message for t in _RAY_LOST):
         return Diagnosis("node-lost", "Ray lost the job's driver or its node", ray_message.strip()[:300],
                          "verl-cluster status; watch restarts dead nodes")
     if found is not None:
         return Diagnosis("user-code", found.what, found.line, found.fix, found.kind)
+    refused = any(_HYDRA_REFUSED in x for x in lines)
+    if refused and not made_progress:
+        code = _EXIT_CODE.search(ray_message)
+        return Diagnosis("user-code", "verl stopped before its first step (Hydra: error executing the job)",
+                         (ray_message.strip() or next(x for x in lines if _HYDRA_REFUSED in x).strip())[:300],
+                         "run the same command with --dry-run; read the lines after 'Error executing job with "
+                         "overrides' (verl-cluster logs JOB)", "refused" + (f"-exit-{code.group(1)}" if code else ""))
     last = next((x.strip() for x in reversed(lines) if x.strip()), "")
     return Diagnosis("unknown", "the job ended without a known cause", (ray_message.strip() or last)[:300])

@@ -9,10 +9,13 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launch import job_records
+
+if TYPE_CHECKING:
+    from verl_cluster.launch.job_input import JobInput
 
 RUNS_ROOT = "~/.verl-cluster"
 FINAL = ("succeeded", "failed", "gave-up", "stopped")
@@ -27,8 +30,9 @@ class RunState:
     run: str  # the first submission id
     cluster: str
     cluster_file: str
-    job_file: str
-    overrides: list[str] = field(default_factory=list)  # the CLI key=value words of the first submit
+    job_file: str = ""  # runs recorded before job_input: the job file ...
+    overrides: list[str] = field(default_factory=list)  # ... and the key=value words (re-planned after an OOM)
+    input: dict = field(default_factory=dict)  # JobInput.to_json() of the first submit: every attempt loads it
     attempts: list[dict] = field(default_factory=list)  # {submission_id, started_at, status, class, evidence}
     restarts: int = 0
     state: str = "watching"  # watching | succeeded | failed | gave-up | stopped
@@ -38,6 +42,16 @@ class RunState:
     @property
     def dir(self) -> Path:
         return run_dir(self.cluster, self.run)
+
+    def job_input(self, extra: list[str] = ()) -> "JobInput":
+        """The job as submitted, with the run's current key=value words (an OOM re-plan changes them)."""
+        from dataclasses import replace as _replace
+
+        from verl_cluster.launch.job_input import JobInput
+
+        if not self.input:  # a run.json from before the three forms were kept
+            return JobInput.from_words(self.job_file, list(self.overrides) + list(extra))
+        return _replace(JobInput.from_json(self.input), overrides=tuple(self.overrides) + tuple(extra))
 
     @property
     def current(self) -> str:
@@ -58,9 +72,9 @@ class RunState:
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
 
-def new_run(sid: str, cluster: str, cluster_file: str, job_file: str, overrides: list[str]) -> RunState:
-    st = RunState(sid, cluster, str(Path(cluster_file).resolve()), str(Path(job_file).resolve()), list(overrides),
-                  attempts=[{"submission_id": sid, "started_at": time.time()}])
+def new_run(sid: str, cluster: str, cluster_file: str, job_input: "JobInput") -> RunState:
+    st = RunState(sid, cluster, str(Path(cluster_file).resolve()), job_input.path, list(job_input.overrides),
+                  input=job_input.to_json(), attempts=[{"submission_id": sid, "started_at": time.time()}])
     st.save()
     return st
 
@@ -76,10 +90,13 @@ def find_run(job_id: str) -> RunState:
     st = RunState.load(rec["cluster"], run)
     if st is not None:
         return st
-    if not rec.get("job_file"):
-        raise ConfigError(f"job {job_id} has no job file on record, so it could not be resubmitted",
+    from verl_cluster.launch.job_input import JobInput
+
+    ji = JobInput.from_record(rec)
+    if ji is None:
+        raise ConfigError(f"job {job_id} has no job on record, so it could not be resubmitted",
                           "submit it again with `verl-cluster submit JOB.yaml --watch`")
-    return new_run(job_id, rec["cluster"], rec["cluster_file"], rec["job_file"], rec.get("overrides") or [])
+    return new_run(job_id, rec["cluster"], rec["cluster_file"], ji)
 
 
 class RunLock:

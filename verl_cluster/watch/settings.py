@@ -33,6 +33,7 @@ class WatchSettings:
     poll_s: float = 1.0  # job status and new log lines
     node_check_s: float = 2.0  # GCS node table and raylet ports
     settle_s: float = 90.0  # for the GCS to fail a dead registration (Ray's health check: ~5 missed 3 s probes)
+    clean_s: float = 90.0  # for a stopped attempt's actors, placement groups and GPU processes to go
 
     def backoff(self, restart: int) -> float:
         """Wait before restart number `restart` (1-based): backoff_s, doubling, capped."""

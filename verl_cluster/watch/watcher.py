@@ -1,8 +1,8 @@
-"""The watch loop: follow one attempt until it ends or something is wrong; then classify, heal the cluster with
-`up`'s own path, and resubmit with verl's resume settings, within the restart budget.
+"""The watch loop: follow one attempt until it ends or something is wrong; then classify, heal the cluster the way
+`up` does, make a clean slate, and resubmit with verl's resume settings, within the restart budget.
 
-Everything goes through Ray: the Jobs API (status, logs, submit, stop) and the GCS node table. No `ray stop`:
-a lost node is brought back by `up`, which restarts only this cluster's processes.
+Everything goes through Ray (its Jobs API, State API and GCS node table) and the node script: no agent of our
+own, and no `ray stop` — a lost node is brought back by `bring_up`, which restarts only this cluster's processes.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, TextIO
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.config.job import JobSpec, load_job
+from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ClusterError
 from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.watch.detect import LogTracker, NodeMonitor
 from verl_cluster.watch.events import Event, Reporter
 from verl_cluster.watch.failures import Diagnosis, diagnose
+from verl_cluster.watch.progress import Progress, read_progress, resume_verdict
 from verl_cluster.watch.runs import RunState
 from verl_cluster.watch.settings import WatchSettings
 
@@ -31,6 +32,8 @@ class Outcome:
     diagnosis: Optional[Diagnosis] = None
     node: str = ""
     tail: list[str] = field(default_factory=list)
+    progress: Progress = field(default_factory=Progress)
+    ray_job_id: str = ""
 
 
 class Watcher:
@@ -54,6 +57,11 @@ class Watcher:
         finally:
             self.monitor.close()
 
+    def _stop_run(self, state: str, rc: int = 1) -> int:
+        self.st.state = state
+        self.st.save()
+        return rc
+
     def _run(self) -> int:
         self._adopt_pending()
         self.emit("info", "watching", f"restart budget {self.st.restarts}/{self.s.max_restarts} used")
@@ -62,60 +70,87 @@ class Watcher:
             out = self.watch_attempt(sid)
             self._record(out)
             if out.status == "SUCCEEDED":
-                self.st.state = "succeeded"
-                self.st.save()
                 self.emit("info", "done: the run SUCCEEDED", f"{len(self.st.attempts)} attempt(s), "
-                          f"{self.st.restarts} restart(s)")
-                return 0
+                          f"{self.st.restarts} restart(s), {self._steps_summary()}")
+                return self._stop_run("succeeded", 0)
             if out.status == "STOPPED":
-                self.st.state = "stopped"
-                self.st.save()
                 self.emit("info", "stopped watching: the job was stopped by someone else", "status STOPPED")
-                return 1
+                return self._stop_run("stopped")
             d = out.diagnosis or Diagnosis("unknown", "", "")
+            lost = self._lost_steps(out.progress)
             if out.status == "FAILED":
-                self.emit(d.cls, "classified", d.evidence, out.node, out.tail[-20:])
+                self.emit(d.cls, "classified", d.evidence + f"; steps lost: {lost}", out.node, out.tail[-20:])
             if not d.retry:
-                self.st.state = "failed"
-                self.st.save()
-                self.emit(d.cls, "not retried: the run stops (a restart would fail the same way)", d.evidence)
-                return 1
+                self.emit(d.cls, "not retried: the run stops (a restart would fail the same way)",
+                          d.evidence + (f"; fix: {d.fix}" if d.fix else ""))
+                return self._stop_run("failed")
+            if self._repeats(d, out.progress):
+                self.emit(d.cls, "not retried: the same failure as the attempt before it, before any step ran",
+                          d.evidence + (f"; fix: {d.fix}" if d.fix else ""))
+                return self._stop_run("failed")
             if self.st.restarts >= self.s.max_restarts:
-                self.st.state = "gave-up"
-                self.st.save()
                 self.emit(d.cls, f"restart budget spent ({self.st.restarts}/{self.s.max_restarts}): giving up",
                           d.evidence, out.node)
-                return 1
+                return self._stop_run("gave-up")
             spec = self.heal()
             if spec is None:
-                self.st.state = "gave-up"
-                self.st.save()
-                return 1
+                return self._stop_run("gave-up")
+            self.run_spec = spec
+            self._clean_slate(sid, out.ray_job_id)
             wait = self.s.backoff(self.st.restarts + 1)
             if wait > 0:
                 time.sleep(wait)
-            self.run_spec = spec
             if d.cls == "oom":
                 self._room_after_oom(spec)
             self.resubmit(spec, wait)
 
     def _record(self, out: Outcome) -> None:
         a = self.st.attempts[-1]
-        a.update(status=out.status, ended_at=time.time())
+        p = out.progress
+        a.update(status=out.status, ended_at=time.time(), ray_job_id=out.ray_job_id, first_step=p.first_step,
+                 last_step=p.last_step, checkpoint=p.checkpoint, resumed_from=p.resumed_from,
+                 steps=len(p.steps))
         if out.diagnosis:
-            a.update({"class": out.diagnosis.cls, "evidence": out.diagnosis.evidence, "node": out.node})
+            a.update({"class": out.diagnosis.cls, "evidence": out.diagnosis.evidence, "node": out.node,
+                      "signature": out.diagnosis.signature(), "steps_lost": self._lost_steps(p)})
         self.st.save()
+
+    def _checkpoint(self, upto: int = -1) -> int:
+        """The newest checkpoint the run has: finished by an attempt, or loaded by one (attempts before `upto`)."""
+        best = 0
+        for a in self.st.attempts[:upto] if upto >= 0 else self.st.attempts:
+            best = max(best, a.get("checkpoint") or 0, a.get("resumed_from") or 0)
+        return best
+
+    def _lost_steps(self, p: Progress) -> int:
+        return p.lost(max(self._checkpoint(len(self.st.attempts) - 1), p.resumed_from or 0))
+
+    def _repeats(self, d: Diagnosis, p: Progress) -> bool:
+        """This attempt ran no step and failed the way the one before it did."""
+        if p.first_step is not None or len(self.st.attempts) < 2:
+            return False
+        return self.st.attempts[-2].get("signature") == d.signature()
+
+    def _steps_summary(self) -> str:
+        parts = []
+        for a in self.st.attempts:
+            if a.get("first_step") is not None:
+                parts.append(f"{a['submission_id']}: steps {a['first_step']}..{a.get('last_step')}")
+        return "; ".join(parts) or "no step logged"
 
     # ---- one attempt ----
     def watch_attempt(self, sid: str) -> Outcome:
         tracker, expected, next_check, api_errors = LogTracker(), None, 0.0, 0
-        gpus, started = {}, time.time()
+        gpus, started, ray_job_id, text = {}, time.time(), "", ""
+        progress, said_first = Progress(), False
+        resumed = len(self.st.attempts) > 1
         self.monitor.refusals.clear()
         while True:
             try:
                 api = self.api()
                 row = ray_jobs.job_info(api, sid)
-                new = tracker.update(ray_jobs.logs(api, sid))
+                text = ray_jobs.logs(api, sid)
+                new = tracker.update(text)
                 api_errors = 0
             except ClusterError as e:
                 api_errors += 1
@@ -126,12 +161,20 @@ class Watcher:
                 self.emit("node-lost", "heal the head, resume", f"the Jobs API does not answer: {e.message}",
                           self.spec.head_ip)
                 return Outcome("LOST", Diagnosis("node-lost", "the head is gone", e.message), self.spec.head_ip,
-                               tracker.tail)
-            if new and self.stream is not None:
-                self.stream.write(new)
-                self.stream.flush()
+                               tracker.tail, progress, ray_job_id)
+            ray_job_id = row.ray_job_id or ray_job_id
+            if new:
+                if self.stream is not None:
+                    self.stream.write(new)
+                    self.stream.flush()
+                progress = read_progress(text)
+                if resumed and not said_first and progress.first_step is not None:
+                    said_first = True
+                    self._say_resumed(progress)
             if row.status in ray_jobs.TERMINAL:
-                return self._ended(api, sid, row, expected, tracker, (started, gpus))
+                out = self._ended(api, sid, row, expected, tracker, (started, gpus), progress)
+                out.ray_job_id = ray_job_id
+                return out
             now = time.monotonic()
             if row.status == "RUNNING":
                 if expected is None:
@@ -139,6 +182,8 @@ class Watcher:
                     gpus, started = self._gpus(), time.time()
                     if not tracker.seen:  # the hang clock starts when it runs: a job may wait PENDING for long
                         tracker.last_change = time.monotonic()
+                    if resumed:
+                        self.emit("info", "running again", f"{sid} is RUNNING")
                 if now >= next_check:
                     next_check = now + self.s.node_check_s
                     lost = self.monitor.lost(expected)
@@ -146,20 +191,32 @@ class Watcher:
                         self.emit("node-lost", "stop the job, heal the cluster, resume", lost[1], lost[0])
                         self._stop(api, sid)
                         return Outcome("LOST", Diagnosis("node-lost", "a node left the cluster", lost[1]), lost[0],
-                                       tracker.tail)
+                                       tracker.tail, progress, ray_job_id)
                 if tracker.quiet_for() > self.s.hang_after_s:
                     ev = (f"no new log line for {tracker.quiet_for():.0f}s (hang_after {self.s.hang_after_s:g}s), "
-                          f"last step {tracker.last_step}")
-                    self.emit("hang", "collect stacks, stop the job (its last lines are kept), resume from its "
-                              "checkpoint", ev, lines=tracker.tail[-20:])
-                    self._dump_stacks(sid, row.ray_job_id)
+                          f"last step {progress.last_step or tracker.last_step}")
+                    self.emit("hang", "collect the hang bundle, stop the job (its last lines are kept), resume from "
+                              "its checkpoint", ev, lines=tracker.tail[-20:])
+                    stuck = self._hang_bundle(api, sid, ray_job_id)
                     self._stop(api, sid)
                     fault = self._gpu_fault(started, gpus)
                     if fault:  # a GPU that fell off the bus hangs its collective: the cause, not the symptom
                         return Outcome("HANG", Diagnosis("gpu-fault", "a GPU reports a fault", fault[1]), fault[0],
-                                       tracker.tail)
-                    return Outcome("HANG", Diagnosis("hang", "the job stopped making progress", ev), "", tracker.tail)
+                                       tracker.tail, progress, ray_job_id)
+                    return Outcome("HANG", Diagnosis("hang", "the job stopped making progress",
+                                                     ev + (f"; stuck: {stuck}" if stuck else "")),
+                                   "", tracker.tail, progress, ray_job_id)
             time.sleep(self.s.poll_s)
+
+    def _say_resumed(self, p: Progress) -> None:
+        """The first step of a resumed attempt: where verl says it started, checked against the run's checkpoint."""
+        ckpt = self._checkpoint(len(self.st.attempts) - 1)
+        verdict, evidence = resume_verdict(Progress(), p, ckpt)
+        if verdict == "scratch":
+            self.emit("resume-failed", "error: the attempt started again from step 1; it keeps running "
+                      "(stop it with `verl-cluster stop`) — check trainer.default_local_dir", evidence)
+        else:
+            self.emit("info", f"first step {p.first_step}", evidence)
 
     def _alive_configured(self) -> set[str]:
         try:
@@ -182,11 +239,11 @@ class Watcher:
             return None  # a CPU-only run: nothing for NVML to say
         return gpu_fault(self.run_spec, since, gpus)
 
-    def _ended(self, api, sid: str, row, expected, tracker: LogTracker, gpu_ctx=(0.0, {})) -> Outcome:
+    def _ended(self, api, sid: str, row, expected, tracker: LogTracker, gpu_ctx, progress: Progress) -> Outcome:
         if row.status == "SUCCEEDED":
-            return Outcome("SUCCEEDED")
+            return Outcome("SUCCEEDED", progress=progress)
         if row.status == "STOPPED":
-            return Outcome("STOPPED")
+            return Outcome("STOPPED", progress=progress)
         lines = ray_jobs.logs(api, sid).splitlines()[-2000:]
         lost = None
         for _ in range(2):  # a refused raylet port counts on the second look
@@ -198,20 +255,21 @@ class Watcher:
             if fault:
                 return Outcome("FAILED", Diagnosis("gpu-fault", "a GPU reports a fault", fault[1],
                                                    "verl-cluster doctor on that node; a GPU off the bus needs a "
-                                                   "reboot"), fault[0], lines[-40:])
+                                                   "reboot"), fault[0], lines[-40:], progress)
         from verl_cluster.launch.verl_log import traceback_block
 
-        d = diagnose(lines, row.message, lost[1] if lost else None)
+        d = diagnose(lines, row.message, lost[1] if lost else None, made_progress=progress.first_step is not None)
         # the failing traceback itself (header to error line); else the log's last lines
-        return Outcome("FAILED", d, lost[0] if lost else "", traceback_block(lines, d.evidence, tail=40))
+        return Outcome("FAILED", d, lost[0] if lost else "", traceback_block(lines, d.evidence, tail=40), progress)
 
-    def _dump_stacks(self, sid: str, ray_job_id: str) -> None:
-        """py-spy dumps of the hung job's driver and workers on every node, to stacks-<sid>.txt in the run folder
-        (py-spy comes with ray[default]; where it is missing or may not attach, the event says so)."""
-        from verl_cluster.watch.stacks import collect
+    def _hang_bundle(self, api, sid: str, ray_job_id: str) -> str:
+        """Collect the bundle into the run folder; returns the stuck process, for the hang's evidence."""
+        from verl_cluster.watch.bundle import collect
 
-        path, summary, first = collect(self.run_spec, sid, ray_job_id, self.st.dir / f"stacks-{sid}.txt")
-        self.emit("hang", "stacks collected" if path else "no stacks", summary, lines=first)
+        b = collect(self.run_spec, api, sid, ray_job_id, self.st.dir / f"bundle-{sid}")
+        self.emit("hang", "bundle collected", b.summary + (f"; stuck: {b.stuck}" if b.stuck else ""),
+                  lines=b.frames)
+        return b.stuck
 
     def _stop(self, api, sid: str) -> None:
         try:
@@ -219,15 +277,31 @@ class Watcher:
         except ClusterError:
             pass  # its node may be the one that is gone; the resubmission has a new id either way
 
+    def _clean_slate(self, sid: str, ray_job_id: str) -> None:
+        """Nothing of the previous attempt left (job, actors, placement groups, processes on the GPUs) before the
+        next one is submitted: a new vLLM beside an old one fails its memory check."""
+        from verl_cluster.watch.clean import clean_slate
+
+        try:
+            api = self.api()
+        except ClusterError as e:
+            self.emit("info", "no clean-slate check", f"the Jobs API does not answer: {e.message}")
+            return
+        slate = clean_slate(self.run_spec, api, sid, ray_job_id, timeout_s=self.s.clean_s,
+                            say=lambda text: self.emit("info", "waiting for a clean slate", text))
+        self.emit("info" if slate.clean else "leftover",
+                  "clean slate" if slate.clean else "resuming anyway: the previous attempt left this behind",
+                  slate.summary())
+
     # ---- heal ----
     def heal(self) -> Optional[ClusterSpec]:
-        """The cluster spec to resume on: every node back (the heal path of `up`), or — allow_fewer_nodes and a
-        feasible plan — the nodes left; None when the wait for a lost node ran out."""
-        from verl_cluster.lifecycle.up import up
+        """The cluster spec to resume on: every node back (`bring_up`, as the CLI's `up`), or — allow_fewer_nodes
+        and a feasible plan — the nodes left; None when the wait for a lost node ran out."""
+        from verl_cluster.lifecycle.bring_up import bring_up
 
         deadline, k = time.monotonic() + self.s.node_wait_s, 0
         while True:
-            rep = up(self.spec)
+            rep = bring_up(self.spec).report
             bad = [o for o in rep.nodes if not (o.ok or o.action == "changed")]
             restarted = [o.host for o in rep.nodes if o.action in ("started", "restarted")]
             if not bad:
@@ -289,8 +363,9 @@ class Watcher:
         from verl_cluster.watch.room import room_after_oom
 
         old = list(self.st.overrides)
+        base = self.st.job_input()
         try:
-            new, what = room_after_oom(lambda ov: load_job(self.st.job_file, list(ov)), old, spec)
+            new, what = room_after_oom(lambda ov: replace(base, overrides=tuple(ov)).job(), old, spec)
         except Exception as e:  # noqa: BLE001 - planning trouble must not stop the resume itself
             new, what = old, f"could not plan again ({getattr(e, 'message', None) or e}): resuming with the same settings"
         self.st.overrides = new
@@ -305,21 +380,24 @@ class Watcher:
         sid = f"{self.st.run}-r{len(self.st.attempts)}"
         self.st.pending = sid
         self.st.save()
-        job = load_job(self.st.job_file, list(self.st.overrides) + RESUME)
+        ji = self.st.job_input(RESUME)
+        job = ji.job()
         sub = plan_submission(job, self.st.cluster_file, launcher="ray", run_checks=False, spec=spec)
         meta = {**sub.request.metadata, "verl_cluster.run": self.st.run, "verl_cluster.previous": prev,
                 "verl_cluster.attempt": str(len(self.st.attempts))}
         req = replace(sub.request, submission_id=sid, metadata=meta)
         ray_jobs.submit(self.api(), req)
-        job_records.record(sid, self.st.cluster_file, self.spec.cluster_name, job.name, job_file=self.st.job_file,
-                           overrides=list(self.st.overrides), run=self.st.run, previous=prev)
+        job_records.record(sid, self.st.cluster_file, self.spec.cluster_name, job.name,
+                           job_input=self.st.job_input().to_json(), run=self.st.run, previous=prev)
         self.st.attempts.append({"submission_id": sid, "started_at": time.time(), "previous": prev})
         self.st.restarts += 1
         self.st.pending = None
         self.st.save()
+        ckpt = self._checkpoint()
         self.emit("info", "watching the new attempt",
                   f"resubmitted after {waited:.1f}s back-off with trainer.resume_mode=auto "
-                  f"(restart {self.st.restarts}/{self.s.max_restarts}, previous {prev})", sid=sid)
+                  f"(restart {self.st.restarts}/{self.s.max_restarts}, previous {prev}, newest checkpoint "
+                  f"{f'global_step_{ckpt}' if ckpt else 'none'})", sid=sid)
         return sid
 
     def _adopt_pending(self) -> None:

@@ -1,0 +1,96 @@
+"""What the user named as the job, in one of three forms, kept so that it can be loaded again (by `watch`, for every
+attempt of a run) exactly as `submit` loaded it:
+
+    JOB.yaml [key=value ...]                       kind "spec"
+    SCRIPT.sh [key=value ...]                      kind "script" (one of verl's example scripts, as is)
+    [key=value ...] -- python3 -m MODULE ARGS...   kind "command" (the words before `--` are job fields/overrides)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from verl_cluster.config.job import JobSpec, load_job
+from verl_cluster.errors import ConfigError
+
+KINDS = ("spec", "script", "command")
+
+
+@dataclass(frozen=True)
+class JobInput:
+    kind: str
+    path: str = ""  # absolute; spec and script
+    argv: tuple[str, ...] = ()  # the command; kind "command"
+    overrides: tuple[str, ...] = ()  # key=value words: job fields (watch.*, placement.*) and verl overrides
+
+    @classmethod
+    def from_words(cls, first: Optional[str], rest: list[str], before: list[str] = ()) -> "JobInput":
+        """`first rest...` as argparse left them; `before`: the key=value words given before `--`."""
+        from verl_cluster.launch.script_import import is_python, is_script
+
+        words = ([first] if first else []) + list(rest)
+        at = next((i for i, w in enumerate(words) if is_python(w)), None)
+        if at is not None:
+            pre = list(before) + words[:at]
+            bad = [w for w in pre if "=" not in w or w.startswith("-")]
+            if bad:
+                raise ConfigError(f"`{bad[0][:80]}` comes before the command: only key=value words (job fields such "
+                                  "as watch.max_restarts=5, or verl overrides) may come before `-- python3 -m ...`",
+                                  "put the job file first, or key=value words then `-- python3 -m MODULE ...`")
+            return cls("command", argv=tuple(words[at:]), overrides=tuple(pre))
+        if not words:
+            raise ConfigError("no job given", "verl-cluster submit JOB.yaml, SCRIPT.sh, or -- python3 -m MODULE ...")
+        first, rest = words[0], list(before) + words[1:]
+        if "=" in first and not Path(first).exists():
+            raise ConfigError(f"`{first[:80]}` is not a job file",
+                              "the job file comes first (JOB.yaml key=value ...); before `-- python3 -m ...` "
+                              "only key=value words may come")
+        kind = "script" if is_script(first) else "spec"
+        if kind == "script" and not Path(first).is_file():
+            raise ConfigError(f"{first}: script not found")
+        return cls(kind, path=str(Path(first).resolve()) if Path(first).exists() else first, overrides=tuple(rest))
+
+    def load(self, extra: list[str] = ()) -> tuple[JobSpec, Any]:
+        """(JobSpec, ImportedJob or None) with `extra` key=value words applied after the recorded ones."""
+        from verl_cluster.launch.script_import import import_argv, import_script
+
+        words = list(self.overrides) + list(extra)
+        if self.kind == "command":
+            imp = import_argv(list(self.argv))
+            return imp.job(words), imp
+        if self.kind == "script":
+            if not Path(self.path).is_file():
+                raise ConfigError(f"{self.path}: script not found")
+            imp = import_script(self.path)
+            return imp.job(words), imp
+        return load_job(self.path, words), None
+
+    def job(self, extra: list[str] = ()) -> JobSpec:
+        return self.load(extra)[0]
+
+    def describe(self) -> str:
+        if self.kind == "command":
+            return " ".join(list(self.overrides) + ["--"] + list(self.argv))[:300]
+        return " ".join([self.path] + list(self.overrides))[:300]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "argv": list(self.argv), "overrides": list(self.overrides)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "JobInput":
+        kind = doc.get("kind")
+        if kind not in KINDS:
+            raise ConfigError(f"a recorded job input has an unknown kind {kind!r}")
+        return cls(kind, str(doc.get("path") or ""), tuple(doc.get("argv") or ()), tuple(doc.get("overrides") or ()))
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> Optional["JobInput"]:
+        """From a job record or run.json: the `job_input` it holds, or the older `job_file` + `overrides` pair
+        (records written before the three forms were kept; a command line then stored `python3` as its file)."""
+        if isinstance(rec.get("job_input"), dict):
+            return cls.from_json(rec["job_input"])
+        if not rec.get("job_file"):
+            return None
+        return cls.from_words(rec["job_file"], list(rec.get("overrides") or []))

@@ -1,0 +1,85 @@
+"""The hang bundle: what verl's maintainers ask for in a hang report, collected from every node of the run in one
+go before the hung attempt is stopped — py-spy stacks of the driver, every worker and vLLM's processes, Ray's actor
+table for the job, the last lines of each worker's log, and NVML per GPU (who holds what) — into
+bundle-<attempt>/ in the run folder. The event names the stuck process and its top frames."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.errors import ClusterError
+from verl_cluster.launch import ray_jobs
+from verl_cluster.lifecycle.nodes import fan_out
+
+
+@dataclass
+class Bundle:
+    folder: Optional[Path]
+    summary: str
+    stuck: str = ""  # "10.0.0.2 pid 77 (worker, stopped) ray::WorkerDict.update_actor"
+    frames: list[str] = field(default_factory=list)  # the stuck process's top frames (py-spy)
+
+
+def top_frames(stack: str, n: int = 6) -> list[str]:
+    """The first frames of a py-spy dump of one process (the innermost first, as py-spy prints them)."""
+    lines = [x.rstrip() for x in stack.splitlines()]
+    start = next((i for i, x in enumerate(lines) if x.startswith("Thread ")), None)
+    if start is None:
+        return [x for x in lines if x.strip()][:n]
+    return [x.strip() for x in lines[start + 1:] if x.strip() and not x.startswith("Thread ")][:n]
+
+
+def _stuck(dumps: list[tuple[str, dict]]) -> tuple[str, list[str]]:
+    """The process to name: one that is stopped (state T) or in uninterruptible sleep (D) first, then the driver."""
+    order = sorted(dumps, key=lambda x: ({"T": 0, "D": 1}.get(x[1].get("state"), 2), x[1]["role"] != "driver"))
+    if not order:
+        return "", []
+    ip, d = order[0]
+    state = {"T": "stopped", "D": "in uninterruptible sleep"}.get(d.get("state"), d.get("state", "?"))
+    return f"{ip} pid {d['pid']} ({d['role']}, {state}) {d['cmd'][:80]}", top_frames(d.get("stack", ""))
+
+
+def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> Bundle:
+    def stacks_args(node) -> tuple[str, ...]:
+        pyspy = os.path.join(os.path.dirname(node.spec.ray_executable(node.node)), "py-spy")
+        return node.spec.temp_dir, sid, ray_job_id, pyspy
+
+    folder.mkdir(parents=True, exist_ok=True)
+    why: list[str] = []
+    text, dumps = [], []
+    for r in fan_out(spec, "stacks", stacks_args, timeout=180):
+        if "error" in r:
+            why.append(f"{r['ip']}: {r['error']}")
+            continue
+        if r["processes"] and not r["pyspy"]:
+            why.append(f"{r['ip']}: py-spy is not installed (pip install py-spy)")
+        for d in r["dumps"]:
+            text += [f"== {r['ip']} pid {d['pid']} ({d['role']}, state {d.get('state', '?')}, "
+                     f"{d.get('rss_mib', 0)} MiB RSS) {d['cmd']}", (d["stack"] or f"(no stack: {d['error']})").rstrip(),
+                     ""]
+            dumps.append((r["ip"], d))
+            if not d["stack"]:
+                why.append(f"{r['ip']} pid {d['pid']}: {d['error'] or 'py-spy printed nothing'}")
+    (folder / "stacks.txt").write_text("\n".join(text) + "\n")
+    try:
+        actors = ray_jobs.state_list(api, "actors", (("job_id", ray_job_id),)) if ray_job_id else []
+    except ClusterError as e:
+        actors, _ = [], why.append(f"actor table: {e.message}")
+    (folder / "actors.json").write_text(json.dumps(actors, indent=1, default=str) + "\n")
+    logs = fan_out(spec, "joblogs", lambda n: (n.spec.temp_dir, ray_job_id, "40"), timeout=60)
+    (folder / "worker-logs.txt").write_text("\n".join(
+        f"== {r['ip']} {x['file']}\n" + "\n".join(x["lines"]) for r in logs if "logs" in r for x in r["logs"]) + "\n")
+    gpus = fan_out(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "0"), timeout=60)
+    (folder / "nvml.json").write_text(json.dumps(gpus, indent=1) + "\n")
+    stuck, frames = _stuck(dumps)
+    n_stacks = sum(1 for _, d in dumps if d["stack"])
+    summary = (f"{n_stacks} stack(s) of {len(dumps)} process(es), {len(actors)} actor(s), "
+               f"{sum(len(r.get('logs', [])) for r in logs)} worker log(s), NVML of {len(gpus)} node(s) in {folder}")
+    if why:
+        summary += f"; {len(why)} not collected: {'; '.join(why)[:300]}"
+    return Bundle(folder, summary, stuck, frames)
