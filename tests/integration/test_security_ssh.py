@@ -47,10 +47,10 @@ def test_proxycommand_host_injection_runs_nothing(lab, tmp_path, monkeypatch, ca
     monkeypatch.setenv("HOME", str(tmp_path))
     host = lab.add_host("bastion")
     (tmp_path / ".ssh").mkdir(mode=0o700)
+    # the bastion is the host itself: `ssh -W %h:%p` through it reaches it again
     (tmp_path / ".ssh" / "config").write_text(
-        f"Host *\n  ProxyCommand {sys.executable} -c \"import socket,sys,os,threading; s=socket.create_connection"
-        f"(('%h', %p)); threading.Thread(target=lambda: [os.write(1, d) for d in iter(lambda: s.recv(65536), b'')],"
-        f" daemon=True).start(); [s.sendall(d) for d in iter(lambda: os.read(0, 65536), b'')]\"\n")
+        f"Host *\n  ProxyCommand ssh -F /dev/null -i {lab.client_key} -o UserKnownHostsFile={lab.known_hosts} "
+        f"-o StrictHostKeyChecking=yes -o BatchMode=yes -l root -W %h:%p {host.ip}\n")
     pwned = tmp_path / "PWNED"
     # the same ProxyCommand reaches the real host (so the setup is live) ...
     ok = SshRunner(SshTarget(host.ip, user="root", key_file=str(lab.client_key), known_hosts_file=str(lab.known_hosts),
@@ -63,7 +63,9 @@ def test_proxycommand_host_injection_runs_nothing(lab, tmp_path, monkeypatch, ca
     cfg.write_text(cfg.read_text().replace(f"host: {host.ip}", f"host: '{evil}'"))
     rc = main(["status", "-c", str(cfg)])
     err = capsys.readouterr().err
+    assert not pwned.exists(), "the host name ran a command on this machine through ProxyCommand"
     assert rc == 2 and f"{cfg}:3" in err and "host" in err
+    # the runner refuses it too, for a caller that built the target itself
     with pytest.raises(Exception, match="not a host name"):
         SshRunner(SshTarget(evil, user="root", key_file=str(lab.client_key), known_hosts_file=str(lab.known_hosts),
                             connect_timeout_s=5)).connect()
