@@ -10,9 +10,11 @@ import pytest
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import load_job
 from verl_cluster.launch import integrations
-from verl_cluster.launch.preflight import PreflightReport
+from verl_cluster.launch import prompt_probe
+from verl_cluster.launch.preflight import PreflightReport, prompt_findings
 from verl_cluster.launch.submit import preflight_exit_code
 from verl_cluster.placement import parse_gpus
+from verl_cluster.placement.lengths import PromptStats
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests/fixtures/prompts"
@@ -91,13 +93,12 @@ def test_over_long_prompts_are_a_data_warning_naming_what_verl_does(spec):
     (f,) = [f for f in info.findings if f.check == "data"]
     assert f.level == "warning" and "40 of 400 sampled prompts (10%) are longer than data.max_prompt_length=512" in \
         f.message and "verl drops them when it loads the data (data.filter_overlong_prompts)" in f.message
-    info = integrations.placement_plan(_job(GRPO, "overlong_train.parquet", "data.filter_overlong_prompts=false"),
-                                       spec, facts=parse_gpus("1x1xH100-80GB"))
-    (f,) = [f for f in info.findings if f.check == "data"]
+    stats = PromptStats.from_probe(info.lengths["prompt"]["measured"] | {"files": [str(FIX / "overlong_train.parquet")]})
+    (f,) = prompt_findings(_job(GRPO, "overlong_train.parquet", "data.filter_overlong_prompts=false"), stats)
     assert "verl 0.9 cuts them to their last tokens" in f.message and "filter_overlong_prompts=true" in f.hint
-    info = integrations.placement_plan(_job(GRPO, "overlong_train.parquet", "data.max_prompt_length=60"),
-                                       spec, facts=parse_gpus("1x1xH100-80GB"))
-    (f,) = [f for f in info.findings if f.check == "data"]
+    short = PromptStats.from_probe(prompt_probe.measure([str(FIX / "overlong_train.parquet")], str(FIX / "tokenizer"),
+                                                        limit=60))
+    (f,) = prompt_findings(_job(GRPO, "overlong_train.parquet", "data.max_prompt_length=60"), short)
     assert f.level == "error" and "every sampled prompt is longer than data.max_prompt_length=60" in f.message
 
 

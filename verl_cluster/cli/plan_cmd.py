@@ -109,15 +109,19 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
 
 
 def run(args: argparse.Namespace) -> int:
+    from verl_cluster.launch.data_lengths import gather_lengths
     from verl_cluster.launch.request import merge_overrides
     from verl_cluster.launch.script_import import load_job_input
-
-    from verl_cluster.launch.data_lengths import gather_lengths
     from verl_cluster.placement.lengths import plan_lengths
 
     job, _ = load_job_input(args.job, args.overrides)
     facts = hardware(args, job.placement.gpus)
-    lengths, _notes = gather_lengths(job, data=args.data, fill=args.fill)
+    spec = None
+    if getattr(args, "cluster", None) and not args.data:  # the prompts measured on the head node, as submit does
+        from verl_cluster.config.cluster import load_cluster
+
+        spec = load_cluster(args.cluster)
+    lengths, notes = gather_lengths(job, spec=spec, data=args.data, fill=args.fill)
     plans = plan_lengths(job, facts, lengths, strategy=args.strategy)
     # --fill asks what the plan is at that fill; otherwise the plan submit would run
     result = plans.known if args.fill is not None and plans.known is not None else plans.chosen
@@ -129,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
         from verl_cluster.placement.render import render
 
         render(result, out, brief=args.brief, lengths=plans)
+        for n in notes:
+            err.print(f"[dim]note: {escape(n)}[/]")
         print_not_applied(not_applied)
         if not result.feasible:
             err.print("[bold red]error:[/] the job does not fit this hardware as written"

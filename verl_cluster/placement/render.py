@@ -98,6 +98,8 @@ def _verdict(plan: Plan, con: Console, lengths=None) -> None:
         limit = plan.at_limit_phases()
         verdict = (f"[bold yellow]fits at the GPU's limit[/] ({escape(', '.join(limit))}: no room for longer "
                    "sequences than planned)" if limit else "[bold green]fits[/]")
+        if lengths is not None and plan is lengths.known and not lengths.worst.feasible:
+            verdict += f" [yellow]at the lengths known (fill {plan.fill:.3g}), not at the worst case[/]"
         con.print(head + f"{verdict} — peak {peak:.1f} of {cap:.1f} GiB/GPU; "
                   f"strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}")
         if lengths is not None:
