@@ -41,8 +41,9 @@ def _init(rank: int, world: int, port: int) -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def _build(role: str, world: int, seed: int):
-    """verl's FSDP2 wrapping (apply_fsdp2) of a tiny model, its AdamW and lr scheduler."""
+def _build(role: str, world: int, seed: int, fsdp_size: int = -1):
+    """verl's FSDP2 wrapping (apply_fsdp2) of a tiny model, its AdamW and lr scheduler; with fsdp_size < world,
+    verl's 2-D (ddp, fsdp) mesh (HSDP)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
@@ -53,7 +54,11 @@ def _build(role: str, world: int, seed: int):
     cfg = Qwen2Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=130, tie_word_embeddings=(role == "actor"), num_labels=1)
     model = Qwen2ForCausalLM(cfg) if role == "actor" else Qwen2ForTokenClassification(cfg)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=["fsdp"])
+    # verl's create_device_mesh (verl/workers/engine/fsdp/utils.py), on the CPU device type
+    if fsdp_size < 0 or fsdp_size >= world:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=["fsdp"])
+    else:
+        mesh = init_device_mesh("cpu", (world // fsdp_size, fsdp_size), mesh_dim_names=["ddp", "fsdp"])
     apply_fsdp2(model, {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32),
                         "reshard_after_forward": True}, {})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
@@ -80,12 +85,12 @@ def _manager(model, opt, sched):
     return FSDPCheckpointManager(model, opt, sched)
 
 
-def save_worker(rank: int, world: int, port: int, root: str) -> None:
+def save_worker(rank: int, world: int, port: int, root: str, fsdp_size: int = -1) -> None:
     _init(rank, world, port)
     step_dir = Path(root) / "global_step_1"
     expected = {}
     for role in ROLES:
-        model, opt, sched = _build(role, world, seed=1)
+        model, opt, sched = _build(role, world, seed=1, fsdp_size=fsdp_size)
         torch.manual_seed(100 + rank)  # each rank trains on its own batch
         ids = torch.randint(0, 130, (2, 6))
         out = model(input_ids=ids)
@@ -270,6 +275,53 @@ def test_2_to_3_in_place_loads_on_3_ranks(ckpt2, tmp_path):
     _assert_loaded_equal(ckpt2, out)
     rngs = [torch.load(out / f"rng_{r}.pt", weights_only=False)["actor"] for r in range(3)]
     assert not torch.equal(rngs[0], rngs[2]) and not torch.equal(rngs[1], rngs[2])
+
+
+def test_hsdp_2x2_to_3_loads(tmp_path_factory, tmp_path):
+    """verl's fsdp_size=2 on 4 ranks: a (ddp=2, fsdp=2) mesh, each shard saved twice; resharded to 3 ranks."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    root = tmp_path_factory.mktemp("ckpt_hsdp")
+    spawn(save_worker, 4, str(root), 2)
+    sd = torch.load(root / "global_step_1" / "actor" / "model_world_size_4_rank_3.pt", weights_only=False)
+    assert next(iter(sd.values())).placements == (Replicate(), Shard(0))
+    reshard(root, 3, out_dir=tmp_path / "ws3")
+    out = tmp_path / "loaded"
+    out.mkdir()
+    spawn(load_worker, 3, str(tmp_path / "ws3" / "global_step_1"), str(out))
+    _assert_loaded_equal(root, out)
+
+
+def save_fsdp1_worker(rank: int, world: int, port: int, step_dir: str) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    _init(rank, world, port)
+    cfg = Qwen2Config(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=130)
+    model = FSDP(Qwen2ForCausalLM(cfg), device_id=torch.device("cpu"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=torch.randint(0, 130, (2, 4))).logits.pow(2).mean().backward()
+    opt.step()
+    _manager(model, opt, None).save_checkpoint(os.path.join(step_dir, "actor"), global_step=1)
+    torch.distributed.destroy_process_group()
+
+
+def test_fsdp1_checkpoint_from_verl_is_refused(tmp_path, capsys):
+    """verl's default strategy=fsdp (FSDP1): ShardedTensor model shards and flat-parameter optimizer shards."""
+    from verl_cluster.cli import main
+
+    step = tmp_path / "global_step_1"
+    spawn(save_fsdp1_worker, 2, str(step))
+    optim = torch.load(step / "actor" / "optim_world_size_2_rank_0.pt", weights_only=False)
+    assert all(v["exp_avg"].dim() == 1 for v in optim["state"].values())  # flat parameters
+    assert main(["reshard", str(tmp_path), "--world-size", "3"]) == 2
+    assert "FSDP1" in capsys.readouterr().err
+    (step / "actor" / "fsdp_config.json").unlink()  # without the config the tensors themselves tell
+    assert main(["reshard", str(tmp_path), "--world-size", "3"]) == 2
+    msg = capsys.readouterr().err
+    assert "ShardedTensor" in msg and "strategy=fsdp2" in msg
+    assert not any(p.name.startswith(".reshard") for p in step.iterdir())
 
 
 def _fixture_dir() -> Path | None:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from verl_cluster.reshard.layout import (TRACKER, NotReshardable, StepCheckpoint, rank_file, read_step)
+from verl_cluster.reshard.layout import FSDP2_HINT, TRACKER, NotReshardable, StepCheckpoint, rank_file, read_step
 
 Progress = Optional[Callable[[str], None]]
 
@@ -181,7 +181,7 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
                     stats = reshard_file_set([Path(s) for s in srcs], [Path(o.dest) for o in ops], target,
                                              plan.device, progress)
                 except UnsupportedContent as e:
-                    raise NotReshardable(str(e), "only verl's FSDP2 checkpoints (DTensor shards) are resharded")
+                    raise NotReshardable(str(e), FSDP2_HINT)
                 result.bytes_written += stats.bytes_written
                 if stats.largest_tensor_bytes > result.largest_tensor_bytes:
                     result.largest_tensor_bytes = stats.largest_tensor_bytes

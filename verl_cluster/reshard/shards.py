@@ -152,8 +152,13 @@ def new_mesh(src_mesh: Any, target: MeshShape, rank: int, device: str | None) ->
     state["_coordinate_on_dim"] = target.coordinate(rank)
     state["_hash"] = None
     state["_flatten_mapping"] = {}
+    # DTensors find their process groups by these names; a 1-D mesh over every rank uses the default group
+    # (torch names it "0"); 2-D meshes keep the saving run's names (verl creates them in the same order)
     names = list(state.get("_dim_group_names") or [])
-    if names and len(names) != len(sizes):
+    src_sizes = tuple(src_mesh.mesh.shape)
+    if names and len(sizes) == 1:
+        state["_dim_group_names"] = names if len(src_sizes) == 1 else ["0"]
+    elif names and len(names) != len(sizes):
         state["_dim_group_names"] = (names * len(sizes))[-len(sizes):]
     if device:
         state["_device_type"] = device

@@ -11,6 +11,7 @@ are in memory at a time.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 import sys
@@ -208,12 +209,17 @@ def open_torch_file(path: str) -> TorchFile:
         raise UnsupportedContent(f"not a torch.save zip file ({str(e).splitlines()[0]})") from None
     data = reader.get_record("data.pkl")
     unpickler = _MetaUnpickler(data, path)
+    mesh_log = logging.getLogger("torch.distributed.device_mesh")
+    level = mesh_log.level
+    mesh_log.setLevel(logging.ERROR)  # "unpickling of the DeviceMesh occurred before the PGs were created": expected
     try:
         obj = unpickler.load()
     except UnsupportedContent:
         raise
     except (pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError) as e:
         raise UnsupportedContent(f"its pickle does not load here ({type(e).__name__}: {e})") from None
+    finally:
+        mesh_log.setLevel(level)
     offsets = {key: reader.get_record_offset(f"data/{key}") for key in unpickler.storages}
     tf = TorchFile(path, obj, unpickler.storages, offsets)
     return _materialize_plain(tf)
@@ -354,6 +360,21 @@ class _OutPickler(pickle.Pickler):
         return NotImplemented
 
 
+def _materialize(st: "OutStorage | torch.UntypedStorage") -> tuple[torch.UntypedStorage, int]:
+    """The bytes of one record: a storage, and how many of its bytes to write."""
+    if not isinstance(st, OutStorage):
+        return st, st.nbytes()
+    nbytes = st.numel * _itemsize(st.dtype)
+    if st.produce is None:
+        return st.data, nbytes
+    t = st.produce()
+    if not t.is_contiguous() or t.numel() != st.numel:
+        raise AssertionError("a produced tensor does not match its record")
+    if t.storage_offset() != 0:
+        t = t.clone()
+    return t.untyped_storage(), nbytes
+
+
 def write_torch_file(path: str, obj: Any, device: str | None = None) -> int:
     """`torch.save(obj, path)` where `obj` may hold OutTensor/WrapperRef placeholders; storages are produced
     and written one at a time. Returns the bytes of tensor data written."""
@@ -369,21 +390,10 @@ def write_torch_file(path: str, obj: Any, device: str | None = None) -> int:
     writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
     total = 0
     for i, st in enumerate(pickler.order):
-        name = f"data/{i}"
-        if isinstance(st, OutStorage):
-            t = st.produce() if st.produce is not None else None
-            raw = t.untyped_storage() if t is not None else st.data
-            nbytes = st.numel * _itemsize(st.dtype)
-            if raw is None or (t is not None and (not t.is_contiguous() or t.numel() != st.numel)):
-                raise AssertionError(f"produced tensor for {name} does not match its record")
-            if t is not None and t.storage_offset() != 0:
-                raw = t.contiguous().clone().untyped_storage()
-            writer.write_record(name, raw, nbytes)
-            del t, raw
-        else:
-            nbytes = st.nbytes()
-            writer.write_record(name, st, nbytes)
+        raw, nbytes = _materialize(st)  # one record in memory at a time
+        writer.write_record(f"data/{i}", raw, nbytes)
         total += nbytes
+        del raw
     writer.write_end_of_file()
     del writer
     return total
