@@ -54,19 +54,20 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
         return PlanInfo({}, None, {}, f"no placement plan: {e.message}; the job's own settings are used as they are",
                         unplanned=e.hint or "set model.catalog")
     from verl_cluster.launch.preflight import lengths_findings
-
     from verl_cluster.placement.lengths import plan_lengths
 
+    findings: tuple = ()  # the prompts measured stand even when the plan cannot be made (no GPUs, ...)
     try:
         facts, lengths, notes = _facts_and_lengths(job, spec, facts)
+        findings = tuple(lengths_findings(job, lengths, notes))
         plans = plan_lengths(job, facts, lengths)
         plan = plans.chosen
     except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding, not a crash
         msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
         return PlanInfo({}, False, {}, _strategy_note(job, facts) or f"placement planner: {msg}",
-                        hint=getattr(e, "hint", None) or "")
+                        findings=findings, hint=getattr(e, "hint", None) or "")
     summary = plan.to_dict() if hasattr(plan, "to_dict") else {}
-    findings = tuple(lengths_findings(job, plans, notes))
+    findings += tuple(lengths_findings(job, None, (), plans))
     note = "placement planned" + (f" ({plan.strategy})" if getattr(plan, "strategy", None) else "")
     limit = plan.at_limit_phases()
     if limit:  # it runs, with no room for longer sequences: say so where the user looks before a long run

@@ -432,13 +432,13 @@ def prompt_findings(job: JobSpec, stats: Any) -> list[Finding]:
                     f"(p95 {stats.p95}, longest {stats.max})")]
 
 
-def lengths_findings(job: JobSpec, plans: Any, notes: Sequence[str] = ()) -> list[Finding]:
-    """Findings of the plan at the lengths known (placement.lengths.LengthPlans): the prompts measured, what
-    could not be measured, and — when it fits only at the known lengths — the warning that names them."""
+def lengths_findings(job: JobSpec, lengths: Any, notes: Sequence[str] = (), plans: Any = None) -> list[Finding]:
+    """Findings of the lengths known (placement.lengths.Lengths): what could not be measured and the prompts
+    measured; of the plans made at them (LengthPlans), the warning that names them when only they make it fit."""
     out = [Finding("skipped", "data", n) for n in notes]
-    if plans.lengths.prompts is not None:
-        out += prompt_findings(job, plans.lengths.prompts)
-    if plans.verdict == "fits-at-known-lengths":
+    if lengths is not None and lengths.prompts is not None:
+        out += prompt_findings(job, lengths.prompts)
+    if plans is not None and plans.verdict == "fits-at-known-lengths":
         out.append(Finding("warning", "placement", plans.warning(),
                            f"`verl-cluster plan {job.source}` shows both plans; `submit --watch` keeps the run up"))
     return out
