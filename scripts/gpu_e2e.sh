@@ -163,7 +163,9 @@ KILL="--after-file CKPT/global_step_2/actor --delay 2 --signal KILL --match ray:
 wcase() {  # wcase NAME LIMIT FAULT -- COMMAND...
   local name=$1 limit=$2 fault=$3; shift 4
   rm -rf "$WCK/$name"
-  step "watch-$name" "$limit" python3 scripts/gpu_watch_case.py "$LOGS/watch-$name" --timeout $((limit - 20)) \
+  local left=$(( BUDGET_S - ($(date +%s) - T0) - 25 ))  # the case ends (and keeps its files) before the step's cut
+  [ "$left" -lt $((limit - 20)) ] || left=$((limit - 20))
+  step "watch-$name" "$limit" python3 scripts/gpu_watch_case.py "$LOGS/watch-$name" --timeout "$left" \
     --fault "${fault//CKPT/$WCK/$name}" -- "$@"
   cat "$LOGS/watch-$name/figures.json" 2>/dev/null | tee -a "$LOGS/steps.log"
   pack
@@ -182,11 +184,13 @@ VERL_ARGV=(python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.ma
   actor_rollout_ref.rollout.name=vllm trainer.logger=[console] trainer.nnodes=1 trainer.n_gpus_per_node=1 "${WARGS[@]}")
 named watch-argv && wcase argv 560 "$KILL" -- $VC submit watch.backoff_s=2 --watch -- "${VERL_ARGV[@]}" \
   trainer.default_local_dir=$WCK/argv
+# (d) a verl script as is (submit run.sh), faulted as (b): a SIGSTOPped worker
 if named watch-script; then
   mkdir -p /root/scripts
-  { echo '#!/bin/bash'; echo 'set -x'; printf '%q ' "${VERL_ARGV[@]}" trainer.default_local_dir=$WCK/script '$@'; echo; } \
+  { echo '#!/bin/bash'; echo 'set -x'; printf '%q ' "${VERL_ARGV[@]}" trainer.default_local_dir=$WCK/script; echo '"$@"'; } \
     > /root/scripts/run_tiny_grpo.sh
-  wcase script 560 "$KILL" -- $VC submit /root/scripts/run_tiny_grpo.sh watch.backoff_s=2 env.VLLM_USE_FLASHINFER_SAMPLER=0 --watch
+  wcase script 560 "--after-file CKPT/global_step_2/actor --delay 4 --signal STOP --match ray::WorkerDict" \
+    -- $VC submit /root/scripts/run_tiny_grpo.sh watch.backoff_s=2 watch.hang_after=${HANG_AFTER:-75s} --watch
 fi
 named down && step down 120 $VC down cluster_configs/local.yaml
 

@@ -94,6 +94,10 @@ def main() -> int:
     if run_dir:
         shutil.copytree(run_dir, out / "run", dirs_exist_ok=True)
     attempts = json.loads((run_dir / "run.json").read_text())["attempts"] if run_dir else []
+    if rc == "timeout":  # the watcher was cut: stop what it left running, so the next case finds the GPU free
+        for a in attempts:
+            subprocess.run([sys.executable, "-m", "verl_cluster", "stop", a["submission_id"]], capture_output=True,
+                           timeout=120)
     for a in attempts:
         sid = a["submission_id"]
         with open(out / f"log-{sid}.txt", "w") as fh:

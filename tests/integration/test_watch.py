@@ -152,10 +152,19 @@ def test_hang_is_stopped_and_resumed(lab3):
     hang = [e for e in events if e["class"] == "hang" and "no new log line" in e["evidence"]]
     assert len(hang) == 1
     assert any("hanging at step 5" in x for x in hang[0]["lines"])  # the last lines are kept
-    stacks = next(e for e in events if e["action"] == "stacks collected")  # py-spy comes with ray[default]
-    assert any("resumable_job.py" in x for x in stacks["lines"]), show(events)  # the driver's own frames
-    dump = Path(stacks["evidence"].split(" in ", 1)[1].split(";")[0]).read_text()
-    assert "(driver)" in dump and "resumable_job.py" in dump
+    bundle = next(e for e in events if e["action"] == "bundle collected")  # py-spy comes with ray[default]
+    assert any("resumable_job.py" in x for x in bundle["lines"]), show(events)  # the stuck process's top frames
+    assert "stuck:" in bundle["evidence"] and "(driver, S)" in bundle["evidence"], bundle["evidence"]
+    folder = Path(st["attempts"][0]["submission_id"]).name
+    folder = next(Path(lab3[3], ".verl-cluster").glob(f"*/runs/{sid}/bundle-{folder}"))
+    dump = (folder / "stacks.txt").read_text()
+    assert "(driver, state S" in dump and "resumable_job.py" in dump
+    actors = json.loads((folder / "actors.json").read_text())  # Ray's table for the job (its tasks hold none)
+    assert isinstance(actors, list)
+    assert json.loads((folder / "nvml.json").read_text())[0]["gpus"] == []  # namespace hosts have no GPU
+    assert (folder / "worker-logs.txt").exists()
+    clean = next(e for e in events if e["action"] == "clean slate")  # nothing of the hung attempt was left
+    assert clean["evidence"].startswith("clean after"), clean["evidence"]
     assert st["restarts"] == 1 and st["attempts"][0]["status"] == "HANG" and st["state"] == "succeeded"
     a, b = steps_by_attempt(ckpt)
     assert a == [1, 2, 3, 4] and b == [5, 6, 7, 8]

@@ -36,7 +36,8 @@ def top_frames(stack: str, n: int = 6) -> list[str]:
 
 def _stuck(dumps: list[tuple[str, dict]]) -> tuple[str, list[str]]:
     """The process to name: one that is stopped (state T) or in uninterruptible sleep (D) first, then the driver."""
-    order = sorted(dumps, key=lambda x: ({"T": 0, "D": 1}.get(x[1].get("state"), 2), x[1]["role"] != "driver"))
+    order = sorted(dumps, key=lambda x: (x[1].get("state") != "T", not x[1].get("stack"), x[1].get("state") != "D",
+                                         x[1]["role"] != "driver"))  # a shell that runs the driver has no stack
     if not order:
         return "", []
     ip, d = order[0]

@@ -1,0 +1,153 @@
+"""watch's reading of a verl attempt: steps, checkpoints, where it resumed, and what a failure cost; the forms a
+job can be submitted in, kept for every attempt; the classes a failure falls in."""
+
+import json
+
+import pytest
+
+from verl_cluster.cli import split_command
+from verl_cluster.errors import ConfigError
+from verl_cluster.launch.job_input import JobInput
+from verl_cluster.watch.failures import actor_death, diagnose
+from verl_cluster.watch.progress import read_progress, resume_verdict
+
+P = "\x1b[36m(TaskRunnerV1 pid=3932)\x1b[0m "
+FIRST = "\n".join([
+    P + "INFO:2026-11-25 14:09:43,966:Training from scratch",
+    P + "Checkpoint tracker file does not exist: /ckpt/latest_checkpointed_iteration.txt",
+    P + "step:1 - global_seqlen/min:15590.0 - timing_s/step:47.4",
+    P + "INFO:2026-11-25 14:10:40,001:Saving checkpoint to /ckpt/global_step_2",
+    P + "step:2 - global_seqlen/min:15590.0 - timing_s/save_checkpoint:0.8",
+    P + "step:3 - global_seqlen/min:15590.0",
+])
+
+
+def test_steps_and_finished_checkpoints():
+    p = read_progress(FIRST)
+    assert p.steps == [1, 2, 3] and p.resumed_from == 0
+    assert p.saves == [(2, True)] and p.checkpoint == 2
+    assert p.lost() == 1  # step 3 ran after the newest checkpoint
+
+
+def test_a_save_cut_short_is_not_a_checkpoint():
+    text = FIRST.rsplit("\n", 2)[0]  # killed while global_step_2 was being written
+    p = read_progress(text)
+    assert p.saves == [(2, False)] and p.checkpoint == 0 and p.lost() == 1
+
+
+def test_numbers_in_other_lines_are_not_steps():
+    p = read_progress("num_warmup_steps: 0\nTotal steps: 4\nsetting global step to 2\nhanging at step 5\nstep 6\n")
+    assert p.steps == [6]
+
+
+def test_resumed_attempt_and_verdicts():
+    new = read_progress(P + "INFO:x:Resuming from /ckpt/global_step_2, setting global step to 2\n"
+                        + P + "step:3 - a:1.0\n" + P + "step:4 - a:1.0\n")
+    assert new.resumed_from == 2 and new.first_step == 3 and new.resume_path == "/ckpt/global_step_2"
+    verdict, why = resume_verdict(read_progress(FIRST), new, 2)
+    assert verdict == "resumed" and "resumed from step 2" in why and "first step 3" in why
+    scratch = read_progress(P + "INFO:x:Training from scratch\n" + P + "step:1 - a:1.0\n")
+    verdict, why = resume_verdict(read_progress(FIRST), scratch, 2)
+    assert verdict == "scratch" and "global_step_2 exists" in why
+    assert resume_verdict(read_progress(FIRST), scratch, 0)[0] == "unknown"  # nothing to resume from: fine
+
+
+ACTOR_DIED = """Traceback (most recent call last):
+ray.exceptions.RayTaskError(ActorDiedError): ray::TaskRunnerV1.run() (pid=3932, ip=10.0.0.2)
+ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.
+\tclass_name: create_colocated_worker_cls.<locals>.WorkerDict
+\tactor_id: 6f1c
+\tpid: 5552
+\tname: abcWorkerDict_0:0
+\tnamespace: 2f9c
+\tip: 10.0.0.2
+The actor is dead because its worker process has died. Worker exit type: UNEXPECTED_SYSTEM_EXIT Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file. There are some potential root causes.
+"""
+
+
+def test_a_killed_worker_on_a_live_node_is_worker_died():
+    d = diagnose(ACTOR_DIED.splitlines(), "Job entrypoint command failed with exit code 1")
+    assert d.cls == "worker-died" and d.retry
+    assert "pid 5552 on 10.0.0.2 died: UNEXPECTED_SYSTEM_EXIT" in d.evidence
+    assert "WorkerDict" in actor_death(ACTOR_DIED.splitlines())
+
+
+def test_a_node_seen_dying_still_wins():
+    assert diagnose(ACTOR_DIED.splitlines(), "", lost_node="10.0.0.3").cls == "node-lost"
+
+
+HYDRA = """Error executing job with overrides: ['algorithm.adv_estimator=grpo', 'trainer.resume_mode=auto']
+Traceback (most recent call last):
+omegaconf.errors.ConfigAttributeError: Key 'no_such_key' is not in struct
+    full_key: actor_rollout_ref.actor.no_such_key
+"""
+
+
+def test_verl_refusing_its_command_is_not_retried():
+    d = diagnose(HYDRA.splitlines(), "Job entrypoint command failed with exit code 1", made_progress=False)
+    assert d.cls == "user-code" and not d.retry and "no_such_key" in d.evidence
+
+
+def test_the_hydra_wrapper_alone_before_any_step_is_not_retried():
+    lines = ["Error executing job with overrides: ['a=1']", "Set the environment variable HYDRA_FULL_ERROR=1"]
+    d = diagnose(lines, "Job entrypoint command failed with exit code 2", made_progress=False)
+    assert d.cls == "user-code" and d.detail == "refused-exit-2"
+    assert diagnose(lines, "Job entrypoint command failed with exit code 2", made_progress=True).cls == "unknown"
+
+
+def test_same_failure_signature_ignores_pids():
+    a = diagnose(ACTOR_DIED.splitlines(), "")
+    b = diagnose(ACTOR_DIED.replace("5552", "6001").replace("10.0.0.2", "10.0.0.9").splitlines(), "")
+    assert a.signature() == b.signature()
+
+
+# ---- the forms a job is submitted in ----
+
+def test_split_command_keeps_job_words_before_the_double_dash():
+    argv, before = split_command(["submit", "watch.max_restarts=5", "--watch", "--", "python3", "-m", "verl.x", "a=1"])
+    assert argv == ["submit", "--watch", "--", "python3", "-m", "verl.x", "a=1"] and before == ["watch.max_restarts=5"]
+    assert split_command(["submit", "job.yaml", "a=1"]) == (["submit", "job.yaml", "a=1"], [])
+
+
+def test_command_form_round_trips_through_the_record(tmp_path):
+    ji = JobInput.from_words("python3", ["-m", "verl.trainer.main_ppo", "data.train_batch_size=16"],
+                             ["watch.max_restarts=5"])
+    assert ji.kind == "command" and ji.argv[0] == "python3" and ji.overrides == ("watch.max_restarts=5",)
+    back = JobInput.from_json(json.loads(json.dumps(ji.to_json())))
+    assert back == ji
+    job = back.job(["trainer.resume_mode=auto"])
+    assert job.watch.max_restarts == 5
+    assert job.entrypoint == "verl.trainer.main_ppo"
+    assert job.get("trainer.resume_mode") == "auto" and job.get("data.train_batch_size") == 16
+
+
+def test_words_before_the_command_must_be_key_value():
+    with pytest.raises(ConfigError, match="only key=value words"):
+        JobInput.from_words("job.yaml", ["python3", "-m", "verl.trainer.main_ppo"])
+
+
+def test_a_key_value_word_is_not_a_job_file():
+    with pytest.raises(ConfigError, match="is not a job file"):
+        JobInput.from_words("watch.max_restarts=5", ["launch/gsm8k.yaml"])
+
+
+def test_spec_and_script_forms(tmp_path):
+    spec = tmp_path / "j.yaml"
+    spec.write_text("name: j\nentrypoint: verl.trainer.main_ppo\nmodel:\n  path: /m\n")
+    ji = JobInput.from_words(str(spec), ["watch.backoff_s=2"])
+    assert ji.kind == "spec" and ji.path == str(spec) and ji.job().watch.backoff_s == 2
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\nset -x\npython3 -m verl.trainer.main_ppo data.train_batch_size=16 "
+                      "actor_rollout_ref.model.path=/m \"$@\"\n")
+    ji = JobInput.from_words(str(script), ["watch.hang_after=75s", "trainer.save_freq=2"])
+    assert ji.kind == "script"
+    job = JobInput.from_json(ji.to_json()).job(["trainer.resume_mode=auto"])
+    assert job.watch.hang_after == "75s" and job.get("trainer.save_freq") == 2
+    assert job.get("trainer.resume_mode") == "auto" and job.get("data.train_batch_size") == 16
+
+
+def test_an_old_record_of_a_command_line_loads(tmp_path):
+    """Records written before the forms were kept stored `python3` as the job file and the command as overrides."""
+    rec = {"job_file": str(tmp_path / "python3"), "overrides": ["-m", "verl.trainer.main_ppo", "a.b=1"]}
+    ji = JobInput.from_record(rec)
+    assert ji.kind == "command" and ji.argv[1:] == ("-m", "verl.trainer.main_ppo", "a.b=1")
