@@ -10,18 +10,15 @@ import threading
 
 import pytest
 
-from verl_cluster.config.cluster import load_cluster
 from verl_cluster.diagnostics import listeners_node
 from verl_cluster.diagnostics.ports import listener_problems, port_name
 from verl_cluster.lifecycle.commands import plan_start
+from tests.unit.test_security_config import cluster
 
 
 @pytest.fixture
 def spec(tmp_path):
-    p = tmp_path / "c.yaml"
-    p.write_text("cluster_name: c\nhead: {host: 10.9.0.1}\nworkers: [{host: 10.9.0.2}]\n"
-                 "ray: {ray_executable: /v/bin/ray}\n")
-    return load_cluster(p)
+    return cluster(tmp_path, "head: {host: 10.9.0.1}\nworkers: [{host: 10.9.0.2}]\nray: {ray_executable: /v/bin/ray}\n")
 
 
 def test_head_pins_the_dashboard_and_autoscaler_metrics_ports(spec):
