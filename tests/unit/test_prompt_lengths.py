@@ -116,3 +116,19 @@ def test_the_node_side_script_runs_as_preflight_ships_it():
     here = prompt_probe.measure([GSM8K], TOK, limit=512)
     assert {k: doc[k] for k in ("mean", "p95", "max", "sampled", "method")} == \
         {k: here[k] for k in ("mean", "p95", "max", "sampled", "method")}
+
+
+def test_a_file_much_larger_than_the_sample_is_read_in_spread_row_groups(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    big = tmp_path / "big.parquet"
+    rows = [{"prompt": [{"role": "user", "content": "word " * (1 + i // 500)}]} for i in range(40_000)]
+    pq.write_table(pa.Table.from_pylist(rows), big, row_group_size=500)  # 80 groups, lengths grow along the file
+    pf = pq.ParquetFile(big)
+    groups, n = prompt_probe.spread_row_groups(pf, 500)
+    assert (groups[0], groups[-1], len(groups), n) == (0, 79, prompt_probe.SPREAD_GROUPS, 500 * len(groups))
+    d = prompt_probe.measure([str(big)], None, sample=500)
+    assert d["rows"] == 40_000 and 450 <= d["sampled"] <= 500
+    whole = prompt_probe.char_lengths([prompt_probe.as_messages(r["prompt"]) for r in rows])
+    assert abs(d["mean"] - sum(whole) / len(whole)) / (sum(whole) / len(whole)) < 0.05  # spans the file

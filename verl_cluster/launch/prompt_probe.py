@@ -23,6 +23,7 @@ SAMPLE = 4096
 CHARS_PER_TOKEN = 3.0
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 TEMPLATE_TOKENS_BASE = 24
+SPREAD_GROUPS = 32  # a large file is read in at least this many row groups, evenly spaced
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
@@ -47,9 +48,10 @@ def sample_prompts(files, key, sample=SAMPLE):
     out = []
     for path, pf, n in opened:
         take = n if total <= sample else max(1, sample * n // total)
-        stride = max(1, n // take)
+        groups, rows = spread_row_groups(pf, take)
+        stride = max(1, rows // take)
         picked = start = 0
-        for batch in pf.iter_batches(columns=[key], batch_size=8192):
+        for batch in pf.iter_batches(columns=[key], batch_size=8192, row_groups=groups):
             first = -(-start // stride) * stride
             want = [i - start for i in range(first, start + batch.num_rows, stride)][:take - picked]
             if want:
@@ -60,6 +62,19 @@ def sample_prompts(files, key, sample=SAMPLE):
             if picked >= take:
                 break
     return out, total, errors
+
+
+def spread_row_groups(pf, take):
+    """(row groups to read, their rows): all of them, or for a file much larger than the sample every k-th, so a
+    big file is not read whole and the sample still spans it."""
+    g = pf.num_row_groups
+    sizes = [pf.metadata.row_group(i).num_rows for i in range(g)]
+    n = sum(sizes)
+    if g <= 1 or n <= 4 * take:
+        return list(range(g)), n
+    count = min(g, max(SPREAD_GROUPS, math.ceil(2 * take * g / n)))  # about twice the sample's rows, spread out
+    chosen = sorted({round(i * (g - 1) / (count - 1)) for i in range(count)})
+    return chosen, sum(sizes[i] for i in chosen)
 
 
 def as_messages(value):
