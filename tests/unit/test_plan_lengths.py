@@ -213,3 +213,14 @@ def test_plan_fill_shows_the_plan_at_that_fill(capsys):
     assert doc["settings"]["fill"] == 0.07 and doc["lengths"]["fill_source"] == "--fill"
     assert main(["plan", GRPO, "--gpus", "1x1xH100-80GB", "--fill", "0.5", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["fill"] == 0.5  # asked for, though the worst case fits
+
+
+def test_without_padding_removal_the_lengths_do_not_lower_memory():
+    job = _job(SEQ_BALANCE, "placement.mean_response_tokens=500", "actor_rollout_ref.model.use_remove_padding=false",
+               "critic.model.use_remove_padding=false")
+    L, _ = gather_lengths(job, data=[str(FIX / "gsm8k_train.parquet")], logged=None)
+    lp = plan_lengths(job, parse_gpus(H100X8), L)
+    assert lp.padded and lp.verdict == "does-not-fit" and lp.known.binding == lp.worst.binding
+    assert lp.refusal().endswith("(without use_remove_padding every sequence is padded to max_prompt_length + "
+                                 "max_response_length, so shorter real lengths do not lower memory)")
+    assert not plan_lengths(_job(), parse_gpus(H100X8), L).padded

@@ -211,12 +211,17 @@ def resolve_lengths(job: JobSpec, *, prompts: Optional[PromptStats] = None, logg
     return Lengths(plim, rlim, pm, ps, rm, rs, fill, fill_source if fill is not None else "", prompts, logged)
 
 
+PADDED = ("without use_remove_padding every sequence is padded to max_prompt_length + max_response_length, so "
+          "shorter real lengths do not lower memory")
+
+
 @dataclass(frozen=True)
 class LengthPlans:
     """The job planned at the worst case and at the lengths known (None when nothing is known)."""
     worst: Any  # Plan
     known: Any  # Optional[Plan]
     lengths: Lengths
+    padded: bool = False  # no use_remove_padding (off, or no flash-attn): every sequence is padded to the maximum
 
     @property
     def chosen(self):
@@ -252,7 +257,8 @@ class LengthPlans:
         worst = f"at the worst case ({self.lengths.seq_limit} tokens a sequence): {self.worst.binding}"
         if self.known is None:
             return f"does not fit {worst}; nothing is known of the real lengths ({self.lengths.line()})"
-        return f"does not fit {worst}; nor at the lengths known — {self.lengths.line()}: {self.known.binding}"
+        return (f"does not fit {worst}; nor at the lengths known — {self.lengths.line()}: {self.known.binding}"
+                + (f" ({PADDED})" if self.padded else ""))
 
     def refusal_hint(self) -> str:
         plan = self.known or self.worst
@@ -272,7 +278,11 @@ def plan_lengths(job: JobSpec, facts: list[NodeFacts], lengths: Lengths, *, stra
     carries the lengths document and the worst case's verdict (`plan --json`'s `lengths` and `worst_case`)."""
     from verl_cluster.placement.plan import plan as plan_job
 
+    from verl_cluster.placement.settings import read_settings
+
     worst = plan_job(job, facts, strategy=strategy, fill=1.0, shape=shape)
+    s = read_settings(job)
+    padded = not (s.remove_padding_actor or s.remove_padding_critic) or not worst.attn.startswith("flash")
     known = plan_job(job, facts, strategy=strategy, fill=lengths.fill, shape=shape) if lengths.known else None
     summary = {"feasible": worst.feasible, "binding": worst.binding, "problems": list(worst.problems),
                "fits_at_fill": worst.fits_at_fill}
@@ -280,4 +290,4 @@ def plan_lengths(job: JobSpec, facts: list[NodeFacts], lengths: Lengths, *, stra
     worst = replace(worst, lengths=doc, worst_case=summary)
     if known is not None:
         known = replace(known, lengths=doc, worst_case=summary)
-    return LengthPlans(worst, known, lengths)
+    return LengthPlans(worst, known, lengths, padded)

@@ -41,6 +41,10 @@ def render_lengths(plans, shown: Plan, con: Console) -> None:
     con.print(f"  worst case ({L.prompt_limit}+{L.response_limit} tokens every sequence): {verdict(plans.worst)}")
     if plans.known is not None:
         con.print(f"  at these lengths (fill {L.fill:.3g}): {verdict(plans.known)}")
+    if plans.padded:
+        from verl_cluster.placement.lengths import PADDED
+
+        con.print(f"  [dim]{escape(PADDED)}[/]")
     if shown is plans.worst and plans.known is not None and plans.known.feasible:
         con.print("  [dim]shown: the worst case's plan (room for any lengths), which submit runs[/]")
     elif shown is plans.known and plans.verdict == "fits-at-known-lengths":
