@@ -71,3 +71,33 @@ def test_a_node_without_the_file_says_so_and_plans_at_the_worst_case(ssh_cluster
     (skip,) = [f for f in info.findings if f.level == "skipped"]
     assert skip.message.startswith(f"prompt lengths not measured on {head.ip}: ")
     assert info.lengths["prompt"]["source"].startswith("worst case")
+
+
+def test_submit_dry_run_reports_the_prompts_measured_on_the_head_node(ssh_cluster, tmp_path):
+    """The whole `submit --dry-run` path on a real Ray cluster of namespace hosts: the prompts are measured on the
+    head while the plan is made; the hosts have no GPUs, so the plan itself is refused (exit 1) — the measured
+    prompts are reported all the same."""
+    import json
+
+    from tests.harness.cli import run_cli
+    from verl_cluster.launch.tiny_model import model_config
+    from verl_cluster.lifecycle.down import down
+    from verl_cluster.lifecycle.up import up
+
+    lab, spec, head = ssh_cluster
+    cfg = lab.dir / "model" / "config.json"
+    cfg.write_text(json.dumps(model_config("tiny", 3000, 0, 2)))
+    report = up(spec)
+    assert report.healthy, report.to_json()
+    try:
+        r = run_cli("submit", ROOT / "launch/gsm8k_grpo.yaml", f"model.path={lab.dir / 'model'}",
+                    f"data.train_files=[{lab.dir / 'gsm8k_train.parquet'}]",
+                    f"data.val_files=[{lab.dir / 'gsm8k_train.parquet'}]", "trainer.n_gpus_per_node=1",
+                    "--dry-run", "-c", spec.source, env={"HOME": str(tmp_path)})
+    finally:
+        down(spec)
+    err = r.stderr
+    assert r.returncode == 1, err  # no GPUs on the hosts: the cluster cannot run it
+    assert f"{lab.dir / 'gsm8k_train.parquet'}: prompts 71 tokens on average (p50 70, p95 78, max 81), all within " \
+           "data.max_prompt_length=512" in " ".join(err.split())
+    assert "placement planner" in err
