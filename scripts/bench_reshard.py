@@ -7,8 +7,8 @@
 Writes `global_step_1/actor` with model, optimizer (AdamW exp_avg, exp_avg_sq) and extra-state files for W ranks,
 as verl's FSDP2 manager lays them out (fp32 DTensor shards), generated one tensor at a time; drops the files
 from the page cache; then runs `verl-cluster reshard --json` in a fresh process per target world size and reads
-its own figures (time, bytes, sampled peak anonymous memory) plus the kernel's high-water mark of the process
-(ru_maxrss of the child). `--layers` keeps the full-size embedding / lm_head (the largest tensors) and fewer
+its own figures (time, bytes, sampled peak anonymous memory and the kernel's high-water mark VmHWM). The
+disk-bound baseline is `cp -r` of the same checkpoint (same bytes read and written, cold cache) in the same run. `--layers` keeps the full-size embedding / lm_head (the largest tensors) and fewer
 decoder layers, for machines whose disk cannot hold two copies of the whole checkpoint.
 """
 
@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -126,15 +125,12 @@ def drop_cache(folder: Path) -> None:
 def run_reshard(src: Path, out: Path, world: int) -> dict:
     cmd = [sys.executable, "-m", "verl_cluster", "reshard", str(src), "--world-size", str(world),
            "--out", str(out), "--json"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.monotonic() - t0
     if proc.returncode:
         raise SystemExit(f"reshard failed ({proc.returncode}): {proc.stderr[-2000:]}")
     doc = json.loads(proc.stdout)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    doc["child_maxrss_bytes"] = max(after, before) * 1024  # the largest child so far (each run is larger or equal)
     doc["wall_s"] = wall
     return doc
 
@@ -158,13 +154,22 @@ def main() -> int:
         gen_s = time.monotonic() - t0
         drop_cache(src)
         on_disk = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+        drop_cache(src)
+        t0 = time.monotonic()  # the disk-bound baseline: copy the same bytes with cp, cold cache
+        subprocess.run(["cp", "-r", str(src), str(base / "copy")], check=True)
+        subprocess.run(["sync"], check=True)
+        copy_s = time.monotonic() - t0
+        shutil.rmtree(base / "copy")
         for m in args.to:
+            drop_cache(src)
             out = base / f"ws{m}"
             doc = run_reshard(src, out, m)
             rows.append({"shape": args.shape, "layers": layers, "from": args.src, "to": m,
                          "checkpoint_bytes": on_disk, "seconds": round(doc["seconds"], 2),
                          "wall_s": round(doc["wall_s"], 2),
                          "read_gb_s": round(on_disk / doc["seconds"] / 1e9, 2),
+                         "cp_s": round(copy_s, 2), "vs_cp": round(doc["seconds"] / copy_s, 2),
+                         "load_avg": round(os.getloadavg()[0], 1),
                          "peak_anon_gib": round(doc["peak_anon_bytes"] / 2**30, 3),
                          "start_anon_gib": round(doc["start_anon_bytes"] / 2**30, 3),
                          "hwm_gib": round(doc["hwm_bytes"] / 2**30, 3),

@@ -344,10 +344,17 @@ def test_real_gpu_checkpoint_ws1_to_2(tmp_path):
     full = torch.load(out / "loaded.pt", weights_only=False)
     original = {}
     for role in result.plan.roles:
-        sd = torch.load(Path(result.plan.step_dir) / role / "model_world_size_1_rank_0.pt", weights_only=False,
-                        map_location="cpu")
+        saved = Path(result.plan.step_dir) / role
+        sd = torch.load(saved / "model_world_size_1_rank_0.pt", weights_only=False, map_location="cpu")
         original.update({f"{role}/{k}": v.to_local() if hasattr(v, "to_local") else v for k, v in sd.items()})
+        optim = torch.load(saved / "optim_world_size_1_rank_0.pt", weights_only=False, map_location="cpu")
+        names = full[f"{role}/param_names"]
+        for i, st in optim["state"].items():
+            for k in ("exp_avg", "exp_avg_sq"):
+                if k in st:
+                    original[f"{role}/optim/{names[i]}/{k}"] = st[k].to_local()
     assert original and set(original) <= set(full)
+    assert any("/optim/" in k for k in original)
     for k, v in original.items():
         assert torch.equal(full[k].to(v.dtype), v), k
 
@@ -373,6 +380,13 @@ def fixture_load_worker(rank: int, world: int, port: int, step_dir: str, out: st
         _manager(model, opt, None).load_checkpoint(os.path.join(step_dir, role))
         full.update({f"{role}/{n}": p.detach().full_tensor() for n, p in model.state_dict().items()
                      if hasattr(p, "full_tensor")})
+        names = [n for n, _ in model.named_parameters()]  # the optimizer's parameter order
+        full[f"{role}/param_names"] = names
+        by_id = {id(p): n for n, p in model.named_parameters()}
+        for p, st in opt.state.items():
+            for k in ("exp_avg", "exp_avg_sq"):
+                if k in st:
+                    full[f"{role}/optim/{by_id[id(p)]}/{k}"] = st[k].full_tensor()
     if rank == 0:
         torch.save(full, Path(out) / "loaded.pt")
     torch.distributed.destroy_process_group()

@@ -14,7 +14,10 @@ import io
 import logging
 import os
 import pickle
+import random
+import struct
 import sys
+import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -375,25 +378,58 @@ def _materialize(st: "OutStorage | torch.UntypedStorage") -> tuple[torch.Untyped
     return t.untyped_storage(), nbytes
 
 
+class _ZipOut:
+    """The zip layout torch.save writes (stored records, each record's data 64-byte aligned through an "FB"
+    extra field, zip64 where needed), with zlib's CRC-32: torch's own writer computes CRCs several times slower
+    than the disk takes the bytes."""
+
+    ALIGN = 64
+
+    def __init__(self, path: str):
+        self.archive = os.path.splitext(os.path.basename(path))[0] or "archive"
+        self.zf = zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+
+    def write(self, name: str, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        info = zipfile.ZipInfo(f"{self.archive}/{name}", date_time=(1980, 1, 1, 0, 0, 0))
+        info.compress_type = zipfile.ZIP_STORED
+        info.file_size = len(view)
+        start = self.zf.fp.tell() + 30 + len(info.filename.encode()) + 4 + 20  # header, FB field, zip64 field
+        pad = -start % self.ALIGN
+        info.extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad
+        with self.zf.open(info, "w", force_zip64=True) as f:
+            f.write(view)
+
+    def close(self) -> None:
+        self.write("version", b"3\n")
+        self.write(".data/serialization_id", str(random.getrandbits(128)).zfill(40)[:40].encode())
+        self.zf.close()
+
+
+def _bytes_of(st: torch.UntypedStorage, nbytes: int) -> memoryview:
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview(torch.empty(0, dtype=torch.uint8).set_(st, 0, (nbytes,), (1,)).numpy())
+
+
 def write_torch_file(path: str, obj: Any, device: str | None = None) -> int:
     """`torch.save(obj, path)` where `obj` may hold OutTensor/WrapperRef placeholders; storages are produced
     and written one at a time. Returns the bytes of tensor data written."""
     buf = io.BytesIO()
     pickler = _OutPickler(buf, device)
     pickler.dump(obj)
-    writer = torch._C.PyTorchFileWriter(path)
-    data = buf.getvalue()
-    writer.write_record("data.pkl", data, len(data))
-    writer.write_record(".format_version", "1", 1)
-    alignment = str(torch.serialization._get_storage_alignment())
-    writer.write_record(".storage_alignment", alignment, len(alignment))
-    writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
-    total = 0
-    for i, st in enumerate(pickler.order):
-        raw, nbytes = _materialize(st)  # one record in memory at a time
-        writer.write_record(f"data/{i}", raw, nbytes)
-        total += nbytes
-        del raw
-    writer.write_end_of_file()
-    del writer
+    writer = _ZipOut(path)
+    try:
+        writer.write("data.pkl", buf.getvalue())
+        writer.write(".format_version", b"1")
+        writer.write(".storage_alignment", str(torch.serialization._get_storage_alignment()).encode())
+        writer.write("byteorder", sys.byteorder.encode())
+        total = 0
+        for i, st in enumerate(pickler.order):
+            raw, nbytes = _materialize(st)  # one record in memory at a time
+            writer.write(f"data/{i}", _bytes_of(raw, nbytes))
+            total += nbytes
+            del raw
+    finally:
+        writer.close()
     return total
