@@ -109,3 +109,14 @@ def test_a_file_not_on_the_node_is_said_and_the_plan_goes_on(spec, tmp_path):
     skipped = [f for f in info.findings if f.level == "skipped"]
     assert len(skipped) == 1 and skipped[0].message.startswith("prompt lengths not measured on localhost: ")
     assert info.lengths["prompt"]["source"].startswith("worst case")
+
+
+def test_the_ray_jobs_metadata_carries_the_lengths_planned_at(spec):
+    import json
+
+    job = _job(SEQ_BALANCE, "gsm8k_train.parquet", "placement.mean_response_tokens=500")
+    info = integrations.placement_plan(job, spec, facts=parse_gpus("1x8xH100-80GB"))
+    meta = json.loads(integrations.plan_metadata(info))
+    assert meta["lengths"] == {"fill": info.lengths["fill"], "prompt_mean": info.lengths["prompt"]["mean"],
+                               "response_mean": 500.0}
+    assert meta["lengths"]["fill"] == pytest.approx((meta["lengths"]["prompt_mean"] + 500) / 8192, abs=1e-4)

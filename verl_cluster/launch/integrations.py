@@ -115,5 +115,8 @@ def _strategy_note(job: JobSpec, facts) -> str:
 
 
 def plan_metadata(plan: PlanInfo, limit: int = 4000) -> str:
-    text = json.dumps({"feasible": plan.feasible, "overrides": plan.overrides, "note": plan.note}, default=str)
-    return text[:limit]
+    doc: dict[str, Any] = {"feasible": plan.feasible, "overrides": plan.overrides, "note": plan.note}
+    if plan.lengths:  # what the plan assumed of the sequences, for whoever reads the job later
+        doc["lengths"] = {"fill": plan.lengths["fill"], "prompt_mean": plan.lengths["prompt"]["mean"],
+                          "response_mean": plan.lengths["response"]["mean"]}
+    return json.dumps(doc, default=str)[:limit]
