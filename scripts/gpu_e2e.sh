@@ -11,7 +11,7 @@
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...): the host's GPUs are shared.
 set -u
 OUT=${OUT:-/tmp/gpu_e2e_out}
-LOGS=/tmp/e2e
+LOGS=${LOGS:-/tmp/e2e}
 BUDGET_S=${BUDGET_S:-500}   # stop starting new steps after this many seconds
 mkdir -p "$OUT" "$LOGS"
 T0=$(date +%s)
@@ -27,7 +27,7 @@ ulimit -n 65536 2>/dev/null || true   # doctor's fix hint for Ray (the machine s
 PYBIN=$(dirname "$(python3 -c 'import sys; print(sys.executable)')")
 [ -e "$PYBIN/ray" ] || ln -s $SITE/bin/ray "$PYBIN/ray" 2>/dev/null || echo "cannot link ray into $PYBIN"
 N=0
-pack() { tar czf "$OUT/e2e.tgz" -C /tmp e2e 2>/dev/null; cp "$LOGS/steps.log" "$OUT/steps.log" 2>/dev/null; }
+pack() { tar czf "$OUT/e2e.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null; cp "$LOGS/steps.log" "$OUT/steps.log" 2>/dev/null; }
 # step NAME TIMEOUT_S CMD...   (stdout+stderr -> log; a JSON-ish stdout also kept as NAME.out)
 step() {
   local name=$1 limit=$2; shift 2
@@ -171,9 +171,9 @@ wcase() {  # wcase NAME LIMIT FAULT -- COMMAND...
   pack
 }
 # (a) a worker SIGKILLed 2 s after global_step_2 appeared (the node stays up): resumed from step 2, SUCCEEDED
-named watch-kill && wcase kill 560 "$KILL" -- $VC submit "${WJOB[@]}" trainer.default_local_dir=$WCK/kill --watch
+named watch-kill && wcase kill 900 "$KILL" -- $VC submit "${WJOB[@]}" trainer.default_local_dir=$WCK/kill --watch
 # (b) a worker SIGSTOPped during step 3: hang detected, bundle collected (py-spy), resumed, SUCCEEDED
-named watch-hang && wcase hang 560 "--after-file CKPT/global_step_2/actor --delay 4 --signal STOP --match ray::WorkerDict" \
+named watch-hang && wcase hang 900 "--after-file CKPT/global_step_2/actor --delay 4 --signal STOP --match ray::WorkerDict" \
   -- $VC submit "${WJOB[@]}" trainer.default_local_dir=$WCK/hang watch.hang_after=${HANG_AFTER:-75s} --watch
 # (c) an override verl's Hydra refuses (preflight skipped so it reaches verl): not retried, exit 1, the error shown
 named watch-refused && wcase refused 240 "" -- $VC submit "${WJOB[@]}" trainer.default_local_dir=$WCK/refused \
@@ -182,14 +182,14 @@ named watch-refused && wcase refused 240 "" -- $VC submit "${WJOB[@]}" trainer.d
 VERL_ARGV=(python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.max_prompt_length=512
   data.max_response_length=1024 actor_rollout_ref.model.path=$MODELS/tiny actor_rollout_ref.actor.use_kl_loss=true
   actor_rollout_ref.rollout.name=vllm trainer.logger=[console] trainer.nnodes=1 trainer.n_gpus_per_node=1 "${WARGS[@]}")
-named watch-argv && wcase argv 560 "$KILL" -- $VC submit watch.backoff_s=2 --watch -- "${VERL_ARGV[@]}" \
+named watch-argv && wcase argv 900 "$KILL" -- $VC submit watch.backoff_s=2 --watch -- "${VERL_ARGV[@]}" \
   trainer.default_local_dir=$WCK/argv
 # (d) a verl script as is (submit run.sh), faulted as (b): a SIGSTOPped worker
 if named watch-script; then
   mkdir -p /root/scripts
   { echo '#!/bin/bash'; echo 'set -x'; printf '%q ' "${VERL_ARGV[@]}" trainer.default_local_dir=$WCK/script; echo '"$@"'; } \
     > /root/scripts/run_tiny_grpo.sh
-  wcase script 560 "--after-file CKPT/global_step_2/actor --delay 4 --signal STOP --match ray::WorkerDict" \
+  wcase script 900 "--after-file CKPT/global_step_2/actor --delay 4 --signal STOP --match ray::WorkerDict" \
     -- $VC submit /root/scripts/run_tiny_grpo.sh watch.backoff_s=2 watch.hang_after=${HANG_AFTER:-75s} --watch
 fi
 named down && step down 120 $VC down cluster_configs/local.yaml
