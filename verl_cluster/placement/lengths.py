@@ -289,5 +289,5 @@ def plan_lengths(job: JobSpec, facts: list[NodeFacts], lengths: Lengths, *, stra
     doc = lengths.to_dict()
     worst = replace(worst, lengths=doc, worst_case=summary)
     if known is not None:
-        known = replace(known, lengths=doc, worst_case=summary)
+        known = replace(known, lengths=doc, worst_case=summary, reasons=known.reasons + (f"lengths: {lengths.line()}",))
     return LengthPlans(worst, known, lengths, padded)
