@@ -122,6 +122,17 @@ def drop_cache(folder: Path) -> None:
             os.close(fd)
 
 
+def copy_baseline(src: Path, dest: Path) -> float:
+    """Seconds for `cp -r` + `sync` of the checkpoint from a cold cache: the same bytes read and written."""
+    drop_cache(src)
+    t0 = time.monotonic()
+    subprocess.run(["cp", "-r", str(src), str(dest)], check=True)
+    subprocess.run(["sync"], check=True)
+    took = time.monotonic() - t0
+    shutil.rmtree(dest)
+    return took
+
+
 def run_reshard(src: Path, out: Path, world: int) -> dict:
     cmd = [sys.executable, "-m", "verl_cluster", "reshard", str(src), "--world-size", str(world),
            "--out", str(out), "--json"]
@@ -154,13 +165,8 @@ def main() -> int:
         gen_s = time.monotonic() - t0
         drop_cache(src)
         on_disk = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-        drop_cache(src)
-        t0 = time.monotonic()  # the disk-bound baseline: copy the same bytes with cp, cold cache
-        subprocess.run(["cp", "-r", str(src), str(base / "copy")], check=True)
-        subprocess.run(["sync"], check=True)
-        copy_s = time.monotonic() - t0
-        shutil.rmtree(base / "copy")
         for m in args.to:
+            copy_s = copy_baseline(src, base / "copy")  # right before each reshard: the same load on the box
             drop_cache(src)
             out = base / f"ws{m}"
             doc = run_reshard(src, out, m)
