@@ -101,6 +101,7 @@ CLI_VALUES = {  # hostile values on the command line, with a valid job file
     "env-override": ["env.-S=touch PWNED-o"],
     "env-override-semicolon": ["env.A;touch PWNED-o2=1"],
     "deep-key": [".".join(["k"] * 200) + "=1"],
+    "many-overrides": [f"overrides.k{i}=1" for i in range(5000)],
 }
 
 

@@ -30,6 +30,7 @@ MAX_VALUES = 100_000  # scalars, mappings and sequences, every alias expanded
 MAX_DEPTH = 64
 MAX_SCALAR = 1 << 16  # characters in one value
 MAX_KEY = 1024  # characters in one key (YAML's own limit for a plain key)
+MAX_OVERRIDES = 1000  # key=value words on one command line
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 20x faster, same safe constructors
 
 
@@ -327,6 +328,9 @@ def load(path: str | os.PathLike, cls: type, dotlist: list[str] | None = None, p
 
 def apply_dotlist(data: dict, dotlist: list[str], source: str) -> dict:
     """Apply `a.b=value` overrides (YAML-typed values, read within the same bounds as a file) to a plain dict."""
+    if len(dotlist) > MAX_OVERRIDES:
+        raise ConfigError(f"{source}: {len(dotlist)} key=value overrides (at most {MAX_OVERRIDES})",
+                          "put them in the file instead")
     out = OmegaConf.create(data)
     for item in dotlist:
         if "=" not in item:
