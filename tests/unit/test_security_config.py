@@ -132,3 +132,17 @@ def test_long_values_are_cut_in_messages(tmp_path):
     msg = refused(cluster, tmp_path, f"head: {{host: localhost}}\n? {'k' * 1000}\n: 1\n", match="unknown key")
     assert len(msg) < 400
     refused(cluster, tmp_path, f"head: {{host: localhost}}\n? {'k' * 60000}\n: 1\n", match="a key of 60000")
+
+
+def test_plan_facts_file_is_bounded_too(tmp_path, capsys):
+    from verl_cluster.cli import main
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    deep, big = tmp_path / "deep.json", tmp_path / "big.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    big.write_text("[" + " " * (MAX_BYTES + 10) + "]")
+    for facts, why in ((deep, "nested too deep"), (big, "larger than")):
+        t0 = time.monotonic()
+        assert main(["plan", str(root / "launch/gsm8k.yaml"), "--facts", str(facts)]) == 2
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err and time.monotonic() - t0 < 2

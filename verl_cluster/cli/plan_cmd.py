@@ -50,12 +50,15 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def read_facts_file(path: str) -> list[NodeFacts]:
+    from verl_cluster.config.loader import read_text_bounded
+
+    text = read_text_bounded(path, "facts file")  # 1 MiB at most: recorded facts are a few KB a node
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(f"--facts {path}: cannot read: {e.strerror or e}")
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"--facts {path}: invalid JSON: {e.msg} (line {e.lineno})")
+    except RecursionError:
+        raise ConfigError(f"--facts {path}: invalid JSON: nested too deep")
     if isinstance(data, dict):
         data = data.get("nodes", [data]) if "host" in data or "nodes" in data else None
     if not isinstance(data, list) or not all(isinstance(d, dict) and "host" in d for d in data):
