@@ -3,12 +3,16 @@ token: a real cluster on namespace hosts, asked by `check`."""
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.harness.ray_cluster import running_cluster
 from verl_cluster.cli import main
+from verl_cluster.config.cluster import load_cluster
 
 pytestmark = pytest.mark.integration
 # the hosts run the Ray beside this Python; Ray 2.52's dashboard agent serves HTTP without a token check
@@ -20,8 +24,19 @@ def test_every_listener_is_pinned_and_code_ports_refuse_without_token(lab, capsy
     monkeypatch.setenv("HOME", str(tmp_path))
     head, w1 = lab.add_host("head"), lab.add_host("w1")
     with running_cluster(lab, head, [w1], name="listen") as cfg:
-        rc = main(["check", "-c", str(cfg), "--quick", "--json"])
-        rep = json.loads(capsys.readouterr().out)
+        # a Ray Client session held open while check looks: it brings listeners of its own
+        client = subprocess.Popen(
+            [sys.executable, "-c", f"import ray, sys, time; ray.init('ray://{head.ip}:10001'); "
+                                   "print(ray.get(ray.remote(lambda: 'up').remote()), flush=True); time.sleep(120)"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(load_cluster(cfg).token_file)})
+        try:
+            assert client.stdout.readline().strip() == "up"
+            rc = main(["check", "-c", str(cfg), "--quick", "--json"])
+            rep = json.loads(capsys.readouterr().out)
+        finally:
+            client.kill()
+            client.wait(10)
     assert rc == 0, rep["problems"]
     rows = rep["listeners"]
     assert set(rows) == {head.ip, w1.ip}
@@ -54,3 +69,5 @@ def test_every_listener_is_pinned_and_code_ports_refuse_without_token(lab, capsy
     assert by_name[(h, "metrics_export")][0]["answer"] == "answers (HTTP 200)"
     assert all("dashboard_agent_listen" in p["what"] for p in flagged)
     assert not [p for p in rep["problems"] if "not pinned" in p["what"]]
+    sessions = by_name.get((h, "ray_client_session"), [])
+    assert sessions and all(r["address"] in ("127.0.0.1", "::ffff:127.0.0.1") for r in sessions), sessions

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from verl_cluster.diagnostics import listeners_node
-from verl_cluster.diagnostics.ports import listener_problems, port_name
+from verl_cluster.diagnostics.ports import _client_session, listener_problems, port_name
 from verl_cluster.lifecycle.commands import plan_start
 from tests.unit.test_security_config import cluster
 
@@ -74,6 +74,10 @@ def test_unpinned_or_open_code_ports_are_problems(spec):
         {"port": 52365, "address": "127.0.0.1", "process": "agent", "name": "dashboard_agent_listen",
          "answer": "answers (HTTP 200)", "open_without_token": True},
     ]}
+    session = {"port": 23000, "address": "::ffff:127.0.0.1", "process": "ray.util.client.server", "pid": 1,
+               "answer": "refused (gRPC UNAUTHENTICATED)", "protocol": "grpc", "open_without_token": False}
+    assert _client_session(session) == "ray_client_session"
+    assert _client_session({**session, "address": "0.0.0.0"}) is None  # off loopback it would be a finding
     found = listener_problems(spec, rows)
     assert [(n, w.split(" ")[1]) for n, w, _ in found] == [("10.9.0.1", "44217"), ("10.9.0.1", "8265")]
     assert "not pinned" in found[0][1] and "answers without the token" in found[1][1]

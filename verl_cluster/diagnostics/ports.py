@@ -250,7 +250,7 @@ def ray_listeners(spec: ClusterSpec, runners: Mapping[str, CommandRunner],
         if not pids:
             return []
         got = run_python(runners[host], py, LISTENERS_SOURCE, [pids, str(spec.head.dashboard_port)], timeout=60)
-        return [{**r, "name": port_name(spec, r["port"])} for r in got["listeners"]]
+        return [{**r, "name": port_name(spec, r["port"]) or _client_session(r)} for r in got["listeners"]]
 
     found, errors = {}, {}
     for r in fan_out(list(hosts), one):
@@ -262,6 +262,14 @@ def ray_listeners(spec: ClusterSpec, runners: Mapping[str, CommandRunner],
 
 
 _LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def _client_session(r: dict) -> str | None:
+    """A Ray Client session's own server: Ray puts it on 23000-23999 (fixed in proxier.py, no setting) and binds it
+    to loopback only, so no firewall rule concerns it."""
+    if "ray.util.client" in r["process"] and 23000 <= r["port"] < 24000 and r["address"] in _LOOPBACK:
+        return "ray_client_session"
+    return None
 _METRICS = ("metrics_export", "dashboard_metrics", "autoscaler_metrics")  # Prometheus text: read-only, no token
 
 
