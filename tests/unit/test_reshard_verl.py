@@ -125,7 +125,7 @@ def load_worker(rank: int, world: int, port: int, step_dir: str, out: str) -> No
 
 
 # ranks fork from one server that imported verl once (a fresh interpreter per rank spends seconds importing)
-PRELOAD = ["torch", "transformers", "verl.utils.fsdp_utils", "verl.utils.checkpoint.fsdp_checkpoint_manager"]
+PRELOAD = ["torch", "transformers", "peft", "verl.utils.fsdp_utils", "verl.utils.checkpoint.fsdp_checkpoint_manager"]
 
 
 def spawn(fn, world: int, *args) -> None:
@@ -322,6 +322,66 @@ def test_fsdp1_checkpoint_from_verl_is_refused(tmp_path, capsys):
     msg = capsys.readouterr().err
     assert "ShardedTensor" in msg and "strategy=fsdp2" in msg
     assert not any(p.name.startswith(".reshard") for p in step.iterdir())
+
+
+def _lora_model(world: int, seed: int):
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from verl.utils.fsdp_utils import apply_fsdp2
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=130)
+    model = get_peft_model(Qwen2ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    apply_fsdp2(model, {"mesh": init_device_mesh("cpu", (world,), mesh_dim_names=["fsdp"]),
+                        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32)}, {})
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    return model, opt
+
+
+def _lora_state(model, opt) -> dict:
+    return {k: v for k, v in _full_state(model, opt).items() if "lora_" in k}
+
+
+def lora_worker(rank: int, world: int, port: int, step_dir: str, out: str, save: bool) -> None:
+    """verl's LoRA-only save (checkpoint.save_lora_only) of a peft model under FSDP2, or its load."""
+    from omegaconf import OmegaConf
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    _init(rank, world, port)
+    model, opt = _lora_model(world, seed=1 if save else 2)
+    manager = FSDPCheckpointManager(model, opt, None, checkpoint_config=OmegaConf.create({"save_lora_only": True}))
+    if save:
+        torch.manual_seed(100 + rank)
+        model(input_ids=torch.randint(0, 130, (2, 6))).logits.pow(2).mean().backward()
+        opt.step()
+        manager.save_checkpoint(os.path.join(step_dir, "actor"), global_step=1)
+    else:
+        manager.load_checkpoint(os.path.join(step_dir, "actor"))
+    state = _lora_state(model, opt)
+    if rank == 0:
+        torch.save(state, Path(out) / ("expected.pt" if save else "loaded.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def test_lora_only_checkpoint_2_to_3(tmp_path):
+    """A LoRA run's adapter-only checkpoint has the same DTensor layout: resharded and loaded like the rest."""
+    pytest.importorskip("peft")
+    root = tmp_path / "ckpt"
+    step = root / "global_step_1"
+    spawn(lora_worker, 2, str(step), str(tmp_path), True)
+    saved = torch.load(step / "actor" / "model_world_size_2_rank_0.pt", weights_only=False)
+    assert saved and all("lora_" in k for k in saved)  # adapters only
+    result = reshard(step, 3, out_dir=tmp_path / "ws3")
+    assert any("LoRA" in n for n in result.plan.notes)
+    spawn(lora_worker, 3, str(tmp_path / "ws3" / "global_step_1"), str(tmp_path), False)
+    expected = torch.load(tmp_path / "expected.pt", weights_only=False)
+    loaded = torch.load(tmp_path / "loaded.pt", weights_only=False)
+    assert any("/exp_avg_sq" in k for k in expected) and set(expected) == set(loaded)
+    for k, v in expected.items():
+        assert torch.equal(loaded[k], v), k
 
 
 def _fixture_dir() -> Path | None:
