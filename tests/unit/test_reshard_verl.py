@@ -66,14 +66,19 @@ def _build(role: str, world: int, seed: int, fsdp_size: int = -1):
     return model, opt, sched
 
 
-def _full_state(model, opt) -> dict:
-    """Every parameter and optimizer moment, gathered, by parameter name (a collective: all ranks call it)."""
+def _full_state(model, opt, rebind: bool = False) -> dict:
+    """Every parameter and optimizer moment, gathered, by parameter name (a collective: all ranks call it).
+    `rebind`: gather the moments over their parameter's live mesh rather than the mesh they were loaded with."""
+    from torch.distributed.tensor import DTensor
+
     out = {}
     names = {id(p): n for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
         out[f"param/{n}"] = p.detach().full_tensor().clone()
     for p, st in opt.state.items():
         for k, v in st.items():
+            if isinstance(v, DTensor) and rebind:
+                v = DTensor.from_local(v.to_local(), p.device_mesh, v.placements, shape=v.shape, stride=v.stride())
             v = v.full_tensor() if hasattr(v, "full_tensor") else v
             out[f"optim/{names[id(p)]}/{k}"] = v.detach().clone()
     return out
@@ -108,15 +113,15 @@ def save_worker(rank: int, world: int, port: int, root: str, fsdp_size: int = -1
     torch.distributed.destroy_process_group()
 
 
-def load_worker(rank: int, world: int, port: int, step_dir: str, out: str) -> None:
+def load_worker(rank: int, world: int, port: int, step_dir: str, out: str, fsdp_size: int = -1) -> None:
     _init(rank, world, port)
     loaded = {}
     rng = {}
     for role in ROLES:
-        model, opt, sched = _build(role, world, seed=2)  # other weights: the load must replace them
+        model, opt, sched = _build(role, world, seed=2, fsdp_size=fsdp_size)  # other weights: the load replaces them
         _manager(model, opt, sched).load_checkpoint(os.path.join(step_dir, role))
         rng[role] = torch.get_rng_state()
-        loaded.update({f"{role}/{k}": v for k, v in _full_state(model, opt).items()})
+        loaded.update({f"{role}/{k}": v for k, v in _full_state(model, opt, rebind=fsdp_size > 0).items()})
         loaded[f"{role}/lr_scheduler_epoch"] = torch.tensor(sched.last_epoch)
     if rank == 0:
         torch.save(loaded, Path(out) / "loaded.pt")
@@ -290,6 +295,20 @@ def test_hsdp_2x2_to_3_loads(tmp_path_factory, tmp_path):
     out.mkdir()
     spawn(load_worker, 3, str(tmp_path / "ws3" / "global_step_1"), str(out))
     _assert_loaded_equal(root, out)
+
+
+def test_1d_to_hsdp_target_loads(ckpt2, tmp_path):
+    """--fsdp-size: 2 ranks -> 4 ranks on verl's (ddp=2, fsdp=2) mesh."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    reshard(ckpt2, 4, out_dir=tmp_path / "hsdp", fsdp_size=2)
+    step = tmp_path / "hsdp" / "global_step_1"
+    sd = torch.load(step / "actor" / "model_world_size_4_rank_3.pt", weights_only=False)
+    assert next(iter(sd.values())).placements == (Replicate(), Shard(0))
+    out = tmp_path / "loaded"
+    out.mkdir()
+    spawn(load_worker, 4, str(step), str(out), 2)
+    _assert_loaded_equal(ckpt2, out)
 
 
 def save_fsdp1_worker(rank: int, world: int, port: int, step_dir: str) -> None:

@@ -180,14 +180,16 @@ def new_mesh(src_mesh: Any, target: MeshShape, rank: int, device: str | None) ->
     state["_coordinate_on_dim"] = target.coordinate(rank)
     state["_hash"] = None
     state["_flatten_mapping"] = {}
-    # DTensors find their process groups by these names; a 1-D mesh over every rank uses the default group
-    # (torch names it "0"); 2-D meshes keep the saving run's names (verl creates them in the same order)
+    # DTensors find their process groups by these names. A 1-D mesh over every rank uses the default group
+    # (torch names it "0"); a 2-D mesh of the same fsdp size keeps the saving run's names (verl creates its
+    # groups in the same order); any other 2-D target gets names that resolve to no group, so a collective on
+    # a loaded tensor fails loudly instead of running over the wrong ranks (an optimizer step runs none)
     names = list(state.get("_dim_group_names") or [])
     src_sizes = tuple(src_mesh.mesh.shape)
     if names and len(sizes) == 1:
         state["_dim_group_names"] = names if len(src_sizes) == 1 else ["0"]
-    elif names and len(names) != len(sizes):
-        state["_dim_group_names"] = (names * len(sizes))[-len(sizes):]
+    elif names and (len(src_sizes) != len(sizes) or src_sizes[-1] != sizes[-1]):
+        state["_dim_group_names"] = [f"unknown-after-reshard-{d}" for d in range(len(sizes))]
     if device:
         state["_device_type"] = device
     mesh.__dict__.update(state)
