@@ -154,3 +154,5 @@ def test_resume_problem_messages(tmp_path):
     msg = resume_world_size_problem(tmp_path, 8)
     assert "saved by 16 ranks" in msg and f"verl-cluster reshard {tmp_path} --world-size 8" in msg
     assert resume_world_size_problem(tmp_path, 16) is None
+    step = resume_world_size_problem(tmp_path / "global_step_7", 8)  # trainer.resume_from_path
+    assert f"verl-cluster reshard {tmp_path / 'global_step_7'} --world-size 8" in step

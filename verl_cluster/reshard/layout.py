@@ -203,17 +203,22 @@ def read_step(path: Path, step: Optional[int] = None) -> StepCheckpoint:
 
 def resume_world_size_problem(ckpt_dir: str | os.PathLike, world_size: int) -> Optional[str]:
     """What a `trainer.resume_mode=auto` run on `world_size` GPUs would miss in `ckpt_dir`
-    (trainer.default_local_dir), with the command that fixes it; None when it resumes (or starts fresh)."""
+    (trainer.default_local_dir, or the global_step_N folder of trainer.resume_from_path), with the command that
+    fixes it; None when it resumes (or starts fresh)."""
     root = Path(ckpt_dir)
     if not root.is_dir():
         return None
-    step = _tracker_step(root) if (root / TRACKER).exists() else None
-    if step is None:
-        return None  # verl starts from scratch without the tracker
-    step_path = root / f"global_step_{step}"
-    if not step_path.is_dir():
-        return (f"{root / TRACKER} points to global_step_{step}, which does not exist: verl would train from "
-                "scratch")
+    m = STEP_DIR.match(root.name)
+    if m:  # trainer.resume_from_path: one step folder
+        step, step_path, root = int(m.group(1)), root, root.parent
+    else:
+        step = _tracker_step(root) if (root / TRACKER).exists() else None
+        if step is None:
+            return None  # verl starts from scratch without the tracker
+        step_path = root / f"global_step_{step}"
+        if not step_path.is_dir():
+            return (f"{root / TRACKER} points to global_step_{step}, which does not exist: verl would train "
+                    "from scratch")
     try:
         ckpt = read_step(step_path)
     except NotReshardable as e:
@@ -227,6 +232,7 @@ def resume_world_size_problem(ckpt_dir: str | os.PathLike, world_size: int) -> O
         saved = ckpt.world_size()
     except NotReshardable as e:
         return e.message
+    target = step_path if m else root
     return (f"global_step_{step} was saved by {saved} ranks and has no files for world size {world_size} "
             f"({', '.join(lacking)}): verl would fail to load it; run "
-            f"`verl-cluster reshard {root} --world-size {world_size}` first")
+            f"`verl-cluster reshard {target} --world-size {world_size}` first")
