@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from verl_cluster.errors import ClusterError
 from verl_cluster.reshard.layout import FSDP2_HINT, TRACKER, NotReshardable, StepCheckpoint, rank_file, read_step
 
 Progress = Optional[Callable[[str], None]]
@@ -198,6 +199,10 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
             _sync_tree(scratch)
         result.peak_anon_bytes, result.start_anon_bytes, result.hwm_bytes = mem.peak_anon, mem.start_anon, mem.hwm
         _switch(plan, scratch)
+    except OSError as e:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise ClusterError(f"{e.filename or scratch}: {e.strerror or e}; nothing was changed",
+                           "a reshard needs free space for one more copy of the step's rank files") from e
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise

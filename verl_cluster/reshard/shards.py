@@ -105,6 +105,8 @@ def gather_pieces(files: list[TorchFile], refs: list[WrapperRef]) -> Pieces:
             continue  # a replica: the first replica's pieces are the tensor
         idx = coord[mesh_dim]
         local = ref.local
+        if not local.is_contiguous():
+            raise UnsupportedContent(f"rank {rank}'s piece is not contiguous (stride {local.stride})")
         a, b = bounds[idx]
         want = shape[:dim] + (b - a,) + shape[dim + 1:]
         if tuple(local.shape) != want:

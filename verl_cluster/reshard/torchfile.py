@@ -299,8 +299,7 @@ class OutStorage:
     dtype: torch.dtype
     numel: int
     location: str
-    produce: Callable[[], torch.Tensor] | None = None  # returns a contiguous tensor of exactly these bytes
-    data: torch.UntypedStorage | None = None
+    produce: Callable[[], torch.Tensor]  # returns a contiguous tensor of exactly these bytes
 
 
 @dataclass
@@ -368,8 +367,6 @@ def _materialize(st: "OutStorage | torch.UntypedStorage") -> tuple[torch.Untyped
     if not isinstance(st, OutStorage):
         return st, st.nbytes()
     nbytes = st.numel * _itemsize(st.dtype)
-    if st.produce is None:
-        return st.data, nbytes
     t = st.produce()
     if not t.is_contiguous() or t.numel() != st.numel:
         raise AssertionError("a produced tensor does not match its record")
