@@ -167,13 +167,15 @@ def assemble(pieces: Pieces, a: int, b: int) -> torch.Tensor:
 
 
 def new_mesh(src_mesh: Any, target: MeshShape, rank: int, device: str | None) -> Any:
-    """The source DeviceMesh's pickled state, changed to `rank` of a `target` mesh (same torch classes and
-    fields as the saving run's, so the loading run's mesh compares equal to it)."""
+    """The source DeviceMesh's pickled state, changed to `rank` of a `target` mesh, so the loading run's mesh
+    compares equal to it. Its fields are this torch's: reshard with the torch version that trains (the
+    DeviceMesh pickle changes between torch releases)."""
     mesh = object.__new__(type(src_mesh))
     state = dict(vars(src_mesh))
     state.pop("_pg_registry", None)
     sizes = target.sizes
     strides = tuple(int(torch.tensor(sizes[i + 1:]).prod()) if i + 1 < len(sizes) else 1 for i in range(len(sizes)))
+    src_sizes = tuple(src_mesh.mesh.shape)
     state["_layout"] = type(src_mesh._layout).from_sizes_strides(sizes, strides)
     state["_rank_map"] = torch.arange(target.world_size, dtype=src_mesh._rank_map.dtype)
     state["_flatten_rank_map"] = tuple(range(target.world_size))
@@ -187,7 +189,6 @@ def new_mesh(src_mesh: Any, target: MeshShape, rank: int, device: str | None) ->
     # groups in the same order); any other 2-D target gets names that resolve to no group, so a collective on
     # a loaded tensor fails loudly instead of running over the wrong ranks (an optimizer step runs none)
     names = list(state.get("_dim_group_names") or [])
-    src_sizes = tuple(src_mesh.mesh.shape)
     if names and len(sizes) == 1:
         state["_dim_group_names"] = names if len(src_sizes) == 1 else ["0"]
     elif names and (len(src_sizes) != len(sizes) or src_sizes[-1] != sizes[-1]):
