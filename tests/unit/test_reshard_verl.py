@@ -274,6 +274,9 @@ def test_2_to_3_in_place_loads_on_3_ranks(ckpt2, tmp_path):
     assert not any(p.name.startswith(".reshard") for p in step.iterdir())
     assert resume_world_size_problem(ckpt2, 3) is None and resume_world_size_problem(ckpt2, 2) is None
     assert plan_reshard(ckpt2, 3).nothing_to_do
+    # both sets are complete now: fsdp_config.json names the one read, unless told
+    assert plan_reshard(ckpt2, 4).from_world_size == 3
+    assert plan_reshard(ckpt2, 4, from_world_size=2).from_world_size == 2
     out = tmp_path / "loaded3"
     out.mkdir()
     spawn(load_worker, 3, str(step), str(out))

@@ -26,6 +26,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--out", metavar="DIR", help="write a new checkpoint root here instead of adding files in place")
     p.add_argument("--fsdp-size", type=int, metavar="N",
                    help="the new run's actor.fsdp_config.fsdp_size when it shards over fewer ranks than M (HSDP)")
+    p.add_argument("--from-world-size", type=int, metavar="W",
+                   help="the world size to read when the step holds complete files for several")
     p.add_argument("--dry-run", action="store_true", help="list what would be read and written; change nothing")
     p.add_argument("--json", action="store_true", help="print the plan (and result) as JSON")
     p.set_defaults(func=run)
@@ -38,7 +40,8 @@ def _gib(n: int) -> str:
 def run(args) -> int:
     from verl_cluster.reshard import apply_reshard, plan_reshard
 
-    plan = plan_reshard(args.ckpt_dir, args.world_size, step=args.step, out_dir=args.out, fsdp_size=args.fsdp_size)
+    plan = plan_reshard(args.ckpt_dir, args.world_size, step=args.step, out_dir=args.out, fsdp_size=args.fsdp_size,
+                        from_world_size=args.from_world_size)
     if args.dry_run:
         if args.json:
             print_json({"dry_run": True, "plan": plan.to_dict()})

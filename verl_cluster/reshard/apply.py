@@ -122,7 +122,7 @@ def plan_reshard(ckpt_dir: str | os.PathLike, world_size: int, *, step: Optional
                 for p in sorted(role.path.iterdir()):
                     if p.name not in ("fsdp_config.json",) and not _is_rank_file(p.name):
                         ops.append(FileOp("copy", str(base / p.name), (str(p),), _size(p)))
-        if out is not None:
+        if out is not None and all(r.path != ckpt.path for r in ckpt.roles):  # else copied with the role
             for name in ckpt.other_files:
                 ops.append(FileOp("copy", str(scratch / name), (str(ckpt.path / name),), _size(ckpt.path / name)))
     notes = []
