@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from verl_cluster.reshard.shards import MeshShape, Pieces, assemble, chunk_bounds, gather_pieces, new_mesh, new_spec
+from verl_cluster.reshard.shards import (MeshShape, Pieces, assemble, chunk_bounds, gather_pieces, new_mesh, new_spec,
+                                         segments, stream)
 from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, TorchFile, UnsupportedContent, WrapperRef,
                                             normalize_location, open_torch_file, write_torch_file)
 
@@ -137,8 +138,7 @@ def _rank_tree(tree: Any, planned: dict[int, _Planned], target: MeshShape, rank:
             numel = 1
             for s in local_shape:
                 numel *= s
-            st = storages[skey] = OutStorage(local.dtype, numel, loc,
-                                             produce=_producer(pieces, a, b))
+            st = storages[skey] = OutStorage(local.dtype, numel, loc, **_source_of(pieces, a, b))
         out_local = OutTensor(st, 0, local_shape, tuple(reversed(stride)), local.requires_grad, local.extra)
         slots = dict(src.slots)
         slots["_local_tensor"] = out_local
@@ -149,5 +149,9 @@ def _rank_tree(tree: Any, planned: dict[int, _Planned], target: MeshShape, rank:
     return _rebuild(tree, replace)
 
 
-def _producer(pieces: Pieces, a: int, b: int) -> Callable[[], torch.Tensor]:
-    return lambda: assemble(pieces, a, b)
+def _source_of(pieces: Pieces, a: int, b: int) -> dict[str, Callable]:
+    """How the writer gets rows [a, b): streamed from the source files' byte ranges (dim 0, FSDP2's), or
+    assembled whole (another dim)."""
+    if pieces.dim == 0:
+        return {"chunks": lambda: stream(segments(pieces, a, b))}
+    return {"produce": lambda: assemble(pieces, a, b)}

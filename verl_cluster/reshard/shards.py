@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -118,46 +119,47 @@ def gather_pieces(files: list[TorchFile], refs: list[WrapperRef]) -> Pieces:
     return Pieces(shape, dim, [chosen[i] for i in range(parts)])
 
 
-class _Scratch:
-    """One buffer reused for every piece: the writer is done with a piece before the next is assembled, and
-    a fresh allocation per piece would fault in and zero every page again (seconds of CPU per 10 GB)."""
-
-    def __init__(self):
-        self.buf = torch.empty(0, dtype=torch.uint8)
-
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        n = torch.empty(0, dtype=dtype).element_size()
-        for s in shape:
-            n *= s
-        if n > self.buf.numel():
-            self.buf = torch.empty(0, dtype=torch.uint8)  # free the old one first
-            self.buf = torch.empty(n, dtype=torch.uint8)
-        return self.buf[:n].view(dtype).view(shape) if n else torch.empty(shape, dtype=dtype)
-
-    def release(self) -> None:
-        self.buf = torch.empty(0, dtype=torch.uint8)
+BLOCK = 64 << 20  # bytes per read; two blocks are in memory while a record streams
 
 
-_SCRATCH = _Scratch()
+def segments(pieces: Pieces, a: int, b: int) -> list[tuple[TorchFile, int, int]]:
+    """Rows [a, b) of a dim-0 sharded tensor as byte ranges of the source files: (file, offset, nbytes)."""
+    out = []
+    for tf, ref, (s, e) in pieces.sources:
+        lo, hi = max(a, s), min(b, e)
+        if lo < hi:
+            out.append(tf.byte_range(ref, lo - s, hi - s))
+    return out
 
 
-def release_scratch() -> None:
-    _SCRATCH.release()
+def stream(segs: list[tuple[TorchFile, int, int]], block: int | None = None) -> Iterator[memoryview]:
+    """The bytes of `segs` in blocks; the next block is read while the caller writes this one."""
+    block = block or BLOCK
+    jobs = [(tf, off + i, min(block, n - i)) for tf, off, n in segs for i in range(0, n, block)]
+    if not jobs:
+        return
+    bufs = [bytearray(min(block, max(j[2] for j in jobs))) for _ in range(2 if len(jobs) > 1 else 1)]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reshard-read") as pool:
+        pending = pool.submit(_read, jobs[0], bufs[0])
+        for k in range(len(jobs)):
+            view = pending.result()
+            if k + 1 < len(jobs):  # the caller is done with the other buffer: it asked for this block
+                pending = pool.submit(_read, jobs[k + 1], bufs[(k + 1) % len(bufs)])
+            yield view
+
+
+def _read(job: tuple[TorchFile, int, int], buf: bytearray) -> memoryview:
+    tf, offset, n = job
+    view = memoryview(buf)[:n]
+    tf.pread_into(view, offset)
+    return view
 
 
 def assemble(pieces: Pieces, a: int, b: int) -> torch.Tensor:
-    """Range [a, b) along the sharded dim, read from the pieces that cover it (contiguous, exactly sized; for
-    dim 0 a view of the shared scratch buffer, valid until the next call)."""
+    """Range [a, b) along a sharded dim other than 0, read whole from the pieces that cover it."""
     dim = pieces.dim
     out_shape = pieces.shape[:dim] + (b - a,) + pieces.shape[dim + 1:]
     dtype = pieces.sources[0][1].dtype
-    if dim == 0:
-        out = _SCRATCH.take(out_shape, dtype)
-        for tf, ref, (s, e) in pieces.sources:
-            lo, hi = max(a, s), min(b, e)
-            if lo < hi:
-                tf.read_into(ref, lo - s, hi - s, out[lo - a:hi - a])
-        return out
     parts = []
     for tf, ref, (s, e) in pieces.sources:
         lo, hi = max(a, s), min(b, e)

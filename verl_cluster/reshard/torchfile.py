@@ -20,7 +20,7 @@ import sys
 import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -175,22 +175,26 @@ class TorchFile:
 
     def read_into(self, ref: TensorRef, a: int, b: int, out: torch.Tensor) -> None:
         """Rows [a, b) of `ref` (contiguous) straight into `out` (contiguous, same dtype)."""
+        _, start, nbytes = self.byte_range(ref, a, b)
+        if nbytes:
+            self.pread_into(memoryview(out.reshape(-1).view(torch.uint8).numpy()), start)
+
+    def byte_range(self, ref: TensorRef, a: int, b: int) -> tuple["TorchFile", int, int]:
+        """(this file, offset, length) of rows [a, b) of `ref`, a contiguous tensor."""
         item = _itemsize(ref.dtype)
         row = item
         for s in ref.shape[1:]:
             row *= s
-        nbytes = (b - a) * row
-        if nbytes == 0:
-            return
-        start = self.offsets[ref.storage.key] + ref.offset * item + a * row
-        view = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+        return self, self.offsets[ref.storage.key] + ref.offset * item + a * row, (b - a) * row
+
+    def pread_into(self, view: memoryview, offset: int) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY)
         done = 0
-        while done < nbytes:
-            n = os.preadv(self._fd, [view[done:nbytes]], start + done)
+        while done < len(view):
+            n = os.preadv(self._fd, [view[done:]], offset + done)
             if n <= 0:
-                raise UnsupportedContent(f"{self.path}: record data/{ref.storage.key} is cut short")
+                raise UnsupportedContent(f"{self.path}: cut short at byte {offset + done}")
             done += n
 
     def read_storage(self, ref: StorageRef) -> bytes:
@@ -299,7 +303,8 @@ class OutStorage:
     dtype: torch.dtype
     numel: int
     location: str
-    produce: Callable[[], torch.Tensor]  # returns a contiguous tensor of exactly these bytes
+    produce: Callable[[], torch.Tensor] | None = None  # a contiguous tensor of exactly these bytes, or
+    chunks: Callable[[], Iterable[memoryview]] | None = None  # these bytes, block after block
 
 
 @dataclass
@@ -388,14 +393,22 @@ class _ZipOut:
 
     def write(self, name: str, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
+        self.write_stream(name, len(view), [view])
+
+    def write_stream(self, name: str, nbytes: int, chunks: Iterable[memoryview]) -> None:
         info = zipfile.ZipInfo(f"{self.archive}/{name}", date_time=(1980, 1, 1, 0, 0, 0))
         info.compress_type = zipfile.ZIP_STORED
-        info.file_size = len(view)
+        info.file_size = nbytes
         start = self.zf.fp.tell() + 30 + len(info.filename.encode()) + 4 + 20  # header, FB field, zip64 field
         pad = -start % self.ALIGN
         info.extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad
+        written = 0
         with self.zf.open(info, "w", force_zip64=True) as f:
-            f.write(view)
+            for chunk in chunks:
+                f.write(chunk)
+                written += len(chunk)
+        if written != nbytes:
+            raise AssertionError(f"record {name}: {written} bytes produced for {nbytes}")
 
     def close(self) -> None:
         self.write("version", b"3\n")
@@ -423,10 +436,14 @@ def write_torch_file(path: str, obj: Any, device: str | None = None) -> int:
         writer.write("byteorder", sys.byteorder.encode())
         total = 0
         for i, st in enumerate(pickler.order):
-            raw, nbytes = _materialize(st)  # one record in memory at a time
-            writer.write(f"data/{i}", _bytes_of(raw, nbytes))
+            if isinstance(st, OutStorage) and st.chunks is not None:
+                nbytes = st.numel * _itemsize(st.dtype)
+                writer.write_stream(f"data/{i}", nbytes, st.chunks())
+            else:
+                raw, nbytes = _materialize(st)  # one record in memory at a time
+                writer.write(f"data/{i}", _bytes_of(raw, nbytes))
+                del raw
             total += nbytes
-            del raw
     finally:
         writer.close()
     return total
