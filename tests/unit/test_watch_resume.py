@@ -151,3 +151,55 @@ def test_an_old_record_of_a_command_line_loads(tmp_path):
     rec = {"job_file": str(tmp_path / "python3"), "overrides": ["-m", "verl.trainer.main_ppo", "a.b=1"]}
     ji = JobInput.from_record(rec)
     assert ji.kind == "command" and ji.argv[1:] == ("-m", "verl.trainer.main_ppo", "a.b=1")
+
+
+# ---- recorded on an H100 (verl 0.9.1 + vLLM 0.24.0, tiny GRPO, submit --watch), docs/BENCHMARKS.md ----
+
+from pathlib import Path  # noqa: E402
+
+LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "verl_logs"
+
+
+def _lines(name):
+    return (LOGS / name).read_text().splitlines()
+
+
+def test_recorded_worker_kill_is_worker_died_with_its_evidence():
+    """A SIGKILLed ray::WorkerDict 2 s after global_step_2 appeared: Hydra wraps verl's ActorDiedError in 'Error
+    executing job with overrides' — still a worker that died on a live node, retried (was called node-lost)."""
+    lines = _lines("h100_grpo_tiny_worker_killed.log")
+    p = read_progress("\n".join(lines))
+    d = diagnose(lines, "Job entrypoint command failed with exit code 1", made_progress=p.first_step is not None)
+    assert d.cls == "worker-died" and d.retry
+    assert "WorkerDict pid 6361 on 192.0.2.2 died: SYSTEM_ERROR" in d.evidence
+    assert p.steps == [1, 2] and p.checkpoint == 2 and p.resumed_from == 0 and p.lost() == 0
+
+
+def test_recorded_resume_says_where_it_started():
+    new = read_progress((LOGS / "h100_grpo_tiny_resumed.log").read_text())
+    assert new.resumed_from == 2 and new.first_step == 3 and new.steps == [3, 4] and new.checkpoint == 4
+    verdict, why = resume_verdict(read_progress(""), new, 2)
+    assert verdict == "resumed" and why.startswith("resumed from step 2 (/root/ckpt/watch/argv/global_step_2)")
+
+
+def test_recorded_hydra_refusal_is_not_retried():
+    lines = _lines("h100_grpo_tiny_hydra_refused.log")
+    d = diagnose(lines, "Job entrypoint command failed with exit code 1", made_progress=False)
+    assert d.cls == "user-code" and not d.retry
+    assert "Could not override 'actor_rollout_ref.actor.no_such_key'" in d.evidence
+
+
+def test_recorded_gpu_runs_ended_as_claimed():
+    """The events of the two GPU scenarios kept as evidence: one restart and SUCCEEDED after a worker kill (the
+    command-line form), no retry and exit 1 after verl refused an override."""
+    import json as _json
+
+    fx = LOGS.parent / "watch_gpu"
+    kill = [_json.loads(x) for x in (fx / "h100_argv_kill_events.jsonl").read_text().splitlines()]
+    assert [e["class"] for e in kill if e["class"] != "info"] == ["worker-died"]
+    assert kill[-1]["action"] == "done: the run SUCCEEDED" and "steps 3..4" in kill[-1]["evidence"]
+    assert any(e["action"] == "first step 3" and "resumed from step 2" in e["evidence"] for e in kill)
+    figures = _json.loads((fx / "h100_argv_kill_figures.json").read_text())
+    assert figures["rc"] == 0 and figures["states"] == ["FAILED", "SUCCEEDED"] and figures["command"][6] == "--"
+    refused = _json.loads((fx / "h100_refused_figures.json").read_text())
+    assert refused["rc"] == 1 and refused["states"] == ["FAILED"]
