@@ -331,6 +331,8 @@ def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: Text
                 await asyncio.wait_for(asyncio.shield(tailer), timeout=DRAIN_S)  # the last lines still in flight
             except asyncio.TimeoutError:
                 tailer.cancel()
+        else:
+            tailer.result()  # a stream refused at the start (HTTP 400/401) is the caller's error to see
         while seen["status"] not in TERMINAL:  # the stream ended first: wait for the status to say so
             await asyncio.sleep(poll_s)
             show_status((await asyncio.get_running_loop().run_in_executor(None, job_info, api, job_id)).status)
