@@ -156,7 +156,7 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
     from verl_cluster.reshard.dtensor_files import reshard_file_set
     from verl_cluster.reshard.extra import write_extra
     from verl_cluster.reshard.memory import PeakMemory
-    from verl_cluster.reshard.shards import MeshShape
+    from verl_cluster.reshard.shards import MeshShape, release_reader
     from verl_cluster.reshard.torchfile import UnsupportedContent, forget_locations
 
     result = ReshardResult(plan)
@@ -208,6 +208,7 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
         raise
     finally:
         forget_locations()
+        release_reader()
     result.seconds = time.monotonic() - t0
     return result
 

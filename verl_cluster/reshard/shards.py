@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -132,20 +132,58 @@ def segments(pieces: Pieces, a: int, b: int) -> list[tuple[TorchFile, int, int]]
     return out
 
 
+class _Reader:
+    """Two reused block buffers and one reading thread: fresh buffers per record would be zeroed and faulted
+    in again, and a thread per record costs more than a small record's read."""
+
+    def __init__(self):
+        self.bufs: list[bytearray] = []
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending: Future | None = None
+
+    def stream(self, segs: list[tuple[TorchFile, int, int]], block: int) -> Iterator[memoryview]:
+        jobs = [(tf, off + i, min(block, n - i)) for tf, off, n in segs for i in range(0, n, block)]
+        self._settle()
+        if len(self.bufs) != 2 or len(self.bufs[0]) != block:
+            self.bufs = [bytearray(block), bytearray(block)]
+        if len(jobs) == 1:  # most records: one read, no hand-off
+            yield _read(jobs[0], self.bufs[0])
+            return
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reshard-read")
+        try:
+            self.pending = self.pool.submit(_read, jobs[0], self.bufs[0]) if jobs else None
+            for k in range(len(jobs)):
+                view = self.pending.result()
+                # the caller is done with the other buffer: it asked for this block
+                self.pending = self.pool.submit(_read, jobs[k + 1], self.bufs[(k + 1) % 2]) \
+                    if k + 1 < len(jobs) else None
+                yield view
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        if self.pending is not None:
+            self.pending.exception()  # wait: its buffer is about to be reused
+            self.pending = None
+
+    def close(self) -> None:
+        self._settle()
+        if self.pool is not None:
+            self.pool.shutdown()
+        self.__init__()
+
+
+_READER = _Reader()
+
+
 def stream(segs: list[tuple[TorchFile, int, int]], block: int | None = None) -> Iterator[memoryview]:
     """The bytes of `segs` in blocks; the next block is read while the caller writes this one."""
-    block = block or BLOCK
-    jobs = [(tf, off + i, min(block, n - i)) for tf, off, n in segs for i in range(0, n, block)]
-    if not jobs:
-        return
-    bufs = [bytearray(min(block, max(j[2] for j in jobs))) for _ in range(2 if len(jobs) > 1 else 1)]
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reshard-read") as pool:
-        pending = pool.submit(_read, jobs[0], bufs[0])
-        for k in range(len(jobs)):
-            view = pending.result()
-            if k + 1 < len(jobs):  # the caller is done with the other buffer: it asked for this block
-                pending = pool.submit(_read, jobs[k + 1], bufs[(k + 1) % len(bufs)])
-            yield view
+    return _READER.stream(segs, block or BLOCK)
+
+
+def release_reader() -> None:
+    _READER.close()
 
 
 def _read(job: tuple[TorchFile, int, int], buf: bytearray) -> memoryview:

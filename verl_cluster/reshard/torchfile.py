@@ -1,11 +1,11 @@
-"""Read and write `torch.save` files a tensor at a time.
+"""Read and write `torch.save` files a block at a time.
 
 `torch.load` reads every storage of a file; a 7B optimizer shard does not fit that way next to its neighbours.
 Here a file's pickle is read alone: plain (small) tensors are materialised, while each DTensor's local tensor
 stays a `TensorRef` (storage key, dtype, shape, stride) whose bytes are read later with `pread` from the
 record's offset in the (uncompressed) zip. Writing mirrors `torch.save`: the pickle goes first — it needs
-only shapes — then each storage record is produced and written when its turn comes, so one tensor's bytes
-are in memory at a time.
+only shapes — then each storage record is streamed in when its turn comes (a sharded tensor in blocks read from
+the source files, a small plain tensor whole).
 """
 
 from __future__ import annotations
