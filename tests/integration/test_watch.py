@@ -202,6 +202,38 @@ def test_worker_killed_and_back(lab3):
     last_ckpt = (a[-1] // 3) * 3
     assert b == list(range(last_ckpt + 1, 15))  # resumed right after the newest checkpoint, each step once
     assert "Resuming from %s, setting global step to %d" % (ckpt / f"global_step_{last_ckpt}", last_ckpt) in out
+    # the healed worker's Ray gives its workers the backend env `up` chose (watch heals through bring_up);
+    # NCCL takes "=eth0" as "exactly eth0"
+    first, resumed = out[:out.rindex("starting")], out[out.rindex("starting"):]
+    assert f"env {w2.ip} NCCL_SOCKET_IFNAME==eth0 GLOO_SOCKET_IFNAME=eth0" in first, first[-2000:]
+    assert f"env {w2.ip} NCCL_SOCKET_IFNAME==eth0 GLOO_SOCKET_IFNAME=eth0" in resumed, resumed[:2000]
+    assert any(e["action"] == "first step %d" % (last_ckpt + 1) and "resumed from step %d" % last_ckpt
+               in e["evidence"] for e in events), show(events)
+
+
+@pytest.mark.parametrize("form", ["command", "script"])
+def test_every_submit_form_resumes(lab3, form):
+    """`submit [key=value...] --watch -- python3 -m MODULE ...` and `submit SCRIPT.sh key=value --watch`: the run
+    record keeps the form, so the resubmission after a failure runs the same command with resume on."""
+    lab, path = lab3[0], lab3[1]
+    ckpt = lab.dir / f"ckpt-form-{form}"
+    words = ["trainer.total_training_steps=6", "trainer.save_freq=2", f"trainer.default_local_dir={ckpt}",
+             "resumable.step_s=0.2", "resumable.oom_at=4"]
+    pre = ["watch.backoff_s=0.2", "watch.max_restarts=2", f"env.PYTHONPATH={ROOT / 'launch'}"]
+    if form == "command":
+        r = cli(lab3, "submit", "-c", path, *pre, "--watch", "--", "python3", "-m", "resumable_job", *words)
+    else:
+        script = lab.dir / "run_resumable.sh"
+        script.write_text(f"#!/bin/bash\nset -x\nexport PYTHONPATH={ROOT / 'launch'}\n"
+                          f"python3 -m resumable_job {' '.join(words)} \"$@\"\n")
+        r = cli(lab3, "submit", script, "-c", path, "watch.backoff_s=0.2", "watch.max_restarts=2", "--watch")
+    assert r.returncode == 0, r.stderr[-3000:]
+    st, events = run_state(lab3, first_sid(r.stderr))
+    assert st["input"]["kind"] == form and st["state"] == "succeeded" and st["restarts"] == 1, show(events)
+    assert [a["status"] for a in st["attempts"]] == ["FAILED", "SUCCEEDED"]
+    assert st["attempts"][1]["resumed_from"] == 2 and st["attempts"][1]["first_step"] == 3
+    a, b = steps_by_attempt(ckpt)
+    assert a == [1, 2, 3] and b == [3, 4, 5, 6]
 
 
 def test_watcher_killed_reattaches_without_duplicate(lab3):

@@ -203,3 +203,32 @@ def test_recorded_gpu_runs_ended_as_claimed():
     assert figures["rc"] == 0 and figures["states"] == ["FAILED", "SUCCEEDED"] and figures["command"][6] == "--"
     refused = _json.loads((fx / "h100_refused_figures.json").read_text())
     assert refused["rc"] == 1 and refused["states"] == ["FAILED"]
+
+
+def test_follow_returns_on_the_jobs_status_when_the_log_stream_stays_open():
+    """A real verl run that SUCCEEDED kept `submit` following for minutes: processes it left behind held the log
+    stream open. follow() ends on the job's status, drains for a moment, and prints what the stream had not."""
+    import asyncio
+    import io
+    import time
+    import types
+
+    from verl_cluster.launch import ray_jobs
+
+    class Client:
+        async def tail_job_logs(self, job_id):
+            yield "step:1 - a:1.0\n"
+            await asyncio.sleep(3600)  # the stream never closes
+
+        def get_job_info(self, job_id):
+            return types.SimpleNamespace(submission_id=job_id, job_id="02000000", status="SUCCEEDED", entrypoint="",
+                                         start_time=None, end_time=None, message="", metadata={})
+
+        def get_job_logs(self, job_id):
+            return "step:1 - a:1.0\nstep:2 - a:1.0\n"
+
+    out = io.StringIO()
+    t0 = time.monotonic()
+    res = ray_jobs.follow(ray_jobs.JobsApi(Client(), "here"), "j", out=out, status_out=io.StringIO(), poll_s=0.05)
+    assert res.status == "SUCCEEDED" and time.monotonic() - t0 < ray_jobs.DRAIN_S + 2
+    assert out.getvalue() == "step:1 - a:1.0\nstep:2 - a:1.0\n"  # the line the stream had not delivered, once
