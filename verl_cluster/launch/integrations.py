@@ -79,6 +79,11 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
     from verl_cluster.placement.hardware import flash_status
 
     flash, flash_note = flash_status(facts)
+    if plan.not_covered:  # no verdict either way: a warning, the node/GPU counts, no memory-derived keys
+        return PlanInfo(dict(plan.overrides or {}), None, summary, f"no memory verdict: {plan.not_covered}",
+                        flash, flash_note, unplanned="the job's own Megatron settings are used; a first short run "
+                        "(verl logs max_memory_reserved_gb each step) shows its memory", lengths=plans.lengths.to_dict(),
+                        findings=findings)
     return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note, flash, flash_note,
                     lengths=plans.lengths.to_dict(), findings=findings,
                     hint="" if plan.feasible else plans.refusal_hint())

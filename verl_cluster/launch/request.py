@@ -84,8 +84,9 @@ NOT_IN_MEGATRON = ("fsdp_config.", "critic.fsdp.", "critic.forward_micro_batch_s
 
 def uses_megatron(job: JobSpec) -> bool:
     """verl's Megatron workers (ppo_megatron_trainer config): no fsdp_config keys there."""
-    name = next((a.split("=", 1)[1] for a in job.args if a.startswith(("--config-name=", "-cn="))), "")
-    return "megatron" in name or str(job.get("actor_rollout_ref.actor.strategy", "")) == "megatron"
+    from verl_cluster.placement.settings import uses_megatron as megatron
+
+    return megatron(job)
 
 
 def merge_overrides(job: JobSpec, plan_overrides: Mapping[str, Any]) -> tuple[dict[str, Any], list[NotApplied]]:

@@ -232,6 +232,8 @@ class LengthPlans:
 
     @property
     def verdict(self) -> str:
+        if self.worst.not_covered:
+            return "not-covered"
         if self.worst.feasible:
             return "fits"
         return "fits-at-known-lengths" if self.known is not None and self.known.feasible else "does-not-fit"

@@ -104,6 +104,8 @@ class Plan:
     # the lengths planned at and where each came from, and the worst case's verdict (placement/lengths.py)
     lengths: Optional[dict[str, Any]] = None
     worst_case: Optional[dict[str, Any]] = None
+    # "" when the memory verdict covers the job; else why it does not (verl's Megatron workers: the model is FSDP's)
+    not_covered: str = ""
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -165,6 +167,8 @@ class Plan:
             "fits_at_fill": self.fits_at_fill,
             **({"lengths": self.lengths} if self.lengths is not None else {}),
             **({"worst_case": self.worst_case} if self.worst_case is not None else {}),
+            "memory_verdict": "not-covered" if self.not_covered else ("fits" if self.feasible else "does-not-fit"),
+            **({"not_covered": self.not_covered} if self.not_covered else {}),
         }
 
 
@@ -246,7 +250,24 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
                             f"`plan --fill {fits_at:g}` shows that plan) — use_remove_padding packs real lengths, and "
                             "most RL data sits well below the maximum; or one of the changes below at any length")
     plan_ = _assemble(shown, s, shape, hw, fill, reasons, warnings, problems, fixes, best is not None and not problems)
-    return replace(plan_, binding=binding, options=tuple(options), fits_at_fill=fits_at)
+    plan_ = replace(plan_, binding=binding, options=tuple(options), fits_at_fill=fits_at)
+    return megatron_scope(plan_) if s.megatron else plan_
+
+
+# What a plan still says of a Megatron job: the GPUs it runs on. Everything else (offload, micro batches, rollout
+# TP and memory share) comes from the FSDP memory model.
+TOPOLOGY_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
+MEGATRON_NOTE = ("the memory verdict does not cover Megatron jobs (verl's Megatron workers shard by TP x PP x CP x "
+                 "EP with a distributed optimizer; the planner models FSDP workers): no fit is claimed, the numbers "
+                 "below are the FSDP model's and only the node/GPU counts are suggested")
+
+
+def megatron_scope(p: Plan) -> Plan:
+    """A Megatron job's plan: no memory verdict, no FSDP keys or memory-derived settings, nothing refused."""
+    fsdp = [f"FSDP model, not Megatron's: {x}" for x in p.problems]
+    return replace(p, feasible=True, not_covered=MEGATRON_NOTE, problems=(), fixes=(), options=(), binding="",
+                   fits_at_fill=None, overrides={k: v for k, v in p.overrides.items() if k in TOPOLOGY_KEYS},
+                   warnings=(MEGATRON_NOTE,) + tuple(fsdp) + p.warnings)
 
 
 # Below this average sequence a "fits at real lengths" is no promise worth making (GSM8K's prompt alone, with the

@@ -34,6 +34,8 @@ def render_lengths(plans, shown: Plan, con: Console) -> None:
                   f"({p.limit}; longest {p.max})[/]")
 
     def verdict(p: Plan) -> str:
+        if p.not_covered:
+            return "[yellow]not checked[/] (Megatron)"
         if not p.feasible:
             return f"[red]does not fit[/] — {escape(p.binding)}"
         return "fits" + (" [yellow](at the GPU's limit)[/]" if p.at_limit_phases() else "")
@@ -96,6 +98,9 @@ def render(plan: Plan, con: Console, *, brief: bool = False, lengths=None) -> No
 
 def _verdict(plan: Plan, con: Console, lengths=None) -> None:
     head = f"[bold]plan[/] {escape(plan.model)} ({plan.params / 1e9:.2f}B) on {escape(plan.hardware)}: "
+    if plan.not_covered:
+        con.print(head + f"[bold yellow]memory not checked[/] — {escape(plan.not_covered)}")
+        return
     if plan.feasible:
         tight = max(plan.gpus, key=lambda g: g.peak_gib / (g.capacity_gib or plan.capacity_gib), default=None)
         peak, cap = (tight.peak_gib, tight.capacity_gib or plan.capacity_gib) if tight else (0.0, plan.capacity_gib)

@@ -78,6 +78,7 @@ class Settings:
     allow_lora: bool = False  # placement.allow_lora: the planner may propose LoRA
     lora_offer: int = 32  # placement.lora_rank: the rank it proposes
     at_limit: bool = True  # placement.at_limit: a phase may run at the GPU's limit when nothing fits with room
+    megatron: bool = False  # verl's Megatron workers: the memory model (FSDP) does not cover them
 
     @property
     def seq_len(self) -> int:
@@ -89,6 +90,21 @@ class Settings:
 
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
+
+
+def uses_megatron(job: JobSpec) -> bool:
+    """verl's Megatron workers: the ppo_megatron_trainer config (--config-name / -cn), actor.strategy=megatron, or
+    any `.megatron.` key (only that config has them)."""
+    args = [str(a) for a in job.args]
+    names = [a.split("=", 1)[1] for a in args if a.startswith(("--config-name=", "-cn="))]
+    names += [b for a, b in zip(args, args[1:]) if a in ("--config-name", "-cn")]
+    if any("megatron" in n for n in names):
+        return True
+    ov = job.verl_overrides()
+    if any(str(ov.get(p + k, "")).lower() == "megatron" for k in (f"{AR}.actor.strategy", "critic.strategy")
+           for p in ("", "+", "++")):
+        return True
+    return any(".megatron." in k for k in ov)
 
 
 class _Reader:
@@ -234,7 +250,7 @@ def read_settings(job: JobSpec) -> Settings:
     if job.placement.lora_rank <= 0:
         raise ConfigError(f"placement.lora_rank must be a positive rank, got {job.placement.lora_rank}",
                           "use 16, 32 or 64")
-    s = replace(s, lora_rank=lora, critic_lora_rank=critic_lora, lora_targets=_targets(r.raw(f"{AR}.model.target_modules")),
+    s = replace(s, megatron=uses_megatron(job), lora_rank=lora, critic_lora_rank=critic_lora, lora_targets=_targets(r.raw(f"{AR}.model.target_modules")),
                 allow_lora=job.placement.allow_lora, lora_offer=job.placement.lora_rank,
                 at_limit=job.placement.at_limit)
     if s.ppo_mini_batch_size > s.train_batch_size:
