@@ -11,15 +11,17 @@ from tests.harness.netns import Host, NetnsLab
 
 @contextlib.contextmanager
 def running_cluster(lab: NetnsLab, head: Host, workers: Sequence[Host] = (), name: str | None = None,
-                    extra: str = "") -> Iterator[Path]:
-    """Yields the cluster file of a healthy cluster (head + workers)."""
+                    extra: str = "", backend_env: bool = False) -> Iterator[Path]:
+    """Yields the cluster file of a healthy cluster (head + workers); `backend_env`: started as the CLI's `up`
+    starts it, with the detected NCCL/Gloo interface in every node's environment (a few seconds more)."""
     from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.lifecycle.bring_up import bring_up
     from verl_cluster.lifecycle.down import down
     from verl_cluster.lifecycle.up import up
 
     path = lab.cluster_yaml(head, list(workers), name=name, extra=extra)
     spec = load_cluster(path)
-    report = up(spec)
+    report = bring_up(spec).report if backend_env else up(spec)
     assert report.healthy, report.to_json()
     try:
         yield path

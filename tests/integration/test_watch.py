@@ -24,7 +24,8 @@ def lab3(module_lab, tmp_path_factory):
     lab = module_lab
     head, w1, w2 = lab.add_host("head"), lab.add_host("w1"), lab.add_host("w2")
     home = tmp_path_factory.mktemp("home")  # job records and run folders of this module only
-    with running_cluster(lab, head, [w1, w2], name=f"watch{lab.n}", extra="network:\n  interface: eth0\n") as path:
+    # interface auto: up detects it and gives it to every node, as the CLI does
+    with running_cluster(lab, head, [w1, w2], name=f"watch{lab.n}", backend_env=True) as path:
         yield lab, path, (head, w1, w2), home
 
 
@@ -76,6 +77,21 @@ def run_state(lab3, sid):
 
 def show(events):
     return "\n".join(f"{e['time']:.1f} {e['class']} {e['node']} {e['action']} | {e['evidence']}" for e in events)
+
+
+def raylet_env(ip):
+    """The environment of the raylet serving `ip` (namespace hosts share this machine's /proc)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            flag = [a for a in cmd if a.endswith(f"node_ip_address={ip}".encode())
+                    or a.endswith(f"node-ip-address={ip}".encode())]
+            if cmd and cmd[0].endswith(b"raylet") and flag:
+                raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                return dict(x.decode(errors="replace").split("=", 1) for x in raw if b"=" in x)
+        except OSError:
+            continue
+    raise AssertionError(f"no raylet for {ip}")
 
 
 def first_sid(stderr):
@@ -202,11 +218,13 @@ def test_worker_killed_and_back(lab3):
     last_ckpt = (a[-1] // 3) * 3
     assert b == list(range(last_ckpt + 1, 15))  # resumed right after the newest checkpoint, each step once
     assert "Resuming from %s, setting global step to %d" % (ckpt / f"global_step_{last_ckpt}", last_ckpt) in out
-    # the healed worker's Ray gives its workers the backend env `up` chose (watch heals through bring_up);
-    # NCCL takes "=eth0" as "exactly eth0"
+    # the job's workers get the backend env `up` chose (NCCL takes "=eth0" as "exactly eth0"), and so does the
+    # healed node's raylet itself: watch heals through bring_up, as the CLI's `up` starts it
     first, resumed = out[:out.rindex("starting")], out[out.rindex("starting"):]
     assert f"env {w2.ip} NCCL_SOCKET_IFNAME==eth0 GLOO_SOCKET_IFNAME=eth0" in first, first[-2000:]
     assert f"env {w2.ip} NCCL_SOCKET_IFNAME==eth0 GLOO_SOCKET_IFNAME=eth0" in resumed, resumed[:2000]
+    assert raylet_env(w1.ip).get("NCCL_SOCKET_IFNAME") == "=eth0"  # started by `up`
+    assert raylet_env(w2.ip).get("NCCL_SOCKET_IFNAME") == "=eth0"  # restarted by watch
     assert any(e["action"] == "first step %d" % (last_ckpt + 1) and "resumed from step %d" % last_ckpt
                in e["evidence"] for e in events), show(events)
 
