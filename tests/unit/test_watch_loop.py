@@ -1,0 +1,94 @@
+"""The watch loop's decisions, with fakes only where Ray would answer (an attempt's outcome, the heal, the
+resubmission): what is retried, what stops the run, what the run record says."""
+
+from pathlib import Path
+
+import pytest
+
+from verl_cluster.config.cluster import load_cluster
+from verl_cluster.launch.job_input import JobInput
+from verl_cluster.watch import runs
+from verl_cluster.watch.events import Reporter
+from verl_cluster.watch.failures import diagnose
+from verl_cluster.watch.progress import read_progress
+from verl_cluster.watch.settings import WatchSettings
+from verl_cluster.watch.watcher import Outcome, Watcher
+
+LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "verl_logs"
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _watcher(tmp_path, monkeypatch, outcomes):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = load_cluster(str(ROOT / "cluster_configs" / "local.yaml"))
+    ji = JobInput.from_words(str(ROOT / "launch" / "resumable.yaml"), [])
+    st = runs.new_run("r", spec.cluster_name, str(ROOT / "cluster_configs" / "local.yaml"), ji)
+    settings = WatchSettings(max_restarts=3, backoff_s=0, backoff_max_s=0, hang_after_s=60, allow_fewer_nodes=False,
+                             node_wait_s=1, notify=())
+    w = Watcher(st, spec, ji.job(), settings, Reporter(st.dir / "events.jsonl", say=lambda _: None))
+    seq = iter(outcomes)
+    monkeypatch.setattr(w, "watch_attempt", lambda sid: next(seq))
+    monkeypatch.setattr(w, "heal", lambda: spec)
+    monkeypatch.setattr(w, "_clean_slate", lambda sid, jid: None)
+
+    def resubmit(spec, waited):
+        sid = f"r-r{len(st.attempts)}"
+        st.attempts.append({"submission_id": sid})
+        st.restarts += 1
+        return sid
+
+    monkeypatch.setattr(w, "resubmit", resubmit)
+    monkeypatch.setattr(w.monitor, "close", lambda: None)
+    return w, st
+
+
+def _failed(log: str, progress_text: str = "") -> Outcome:
+    lines = log.splitlines()
+    p = read_progress(progress_text or log)
+    return Outcome("FAILED", diagnose(lines, "", made_progress=p.first_step is not None), tail=lines[-5:], progress=p)
+
+
+KILLED = (LOGS / "h100_grpo_tiny_worker_killed.log").read_text()
+RESUMED = (LOGS / "h100_grpo_tiny_resumed.log").read_text()
+STARTUP_DEATH = ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+                 "\tclass_name: TaskRunnerV1\n\tpid: 11\n\tip: 10.0.0.2\n"
+                 "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR\n")
+
+
+def test_a_killed_worker_is_resumed_and_the_record_says_how(tmp_path, monkeypatch):
+    w, st = _watcher(tmp_path, monkeypatch, [_failed(KILLED), Outcome("SUCCEEDED", progress=read_progress(RESUMED))])
+    assert w.run() == 0
+    a, b = st.attempts
+    assert a["class"] == "worker-died" and a["checkpoint"] == 2 and a["steps_lost"] == 0 and a["last_step"] == 2
+    assert b["resumed_from"] == 2 and b["first_step"] == 3 and b["status"] == "SUCCEEDED"
+    assert st.state == "succeeded" and st.restarts == 1
+
+
+def test_the_same_failure_before_any_step_stops_the_run(tmp_path, monkeypatch):
+    """The first try on the GPU spent its whole budget on a failure that repeated within seconds."""
+    w, st = _watcher(tmp_path, monkeypatch, [_failed(KILLED), _failed(STARTUP_DEATH), _failed(STARTUP_DEATH),
+                                             pytest.fail])
+    assert w.run() == 1
+    assert st.state == "failed" and st.restarts == 2 and len(st.attempts) == 3
+    events = (st.dir / "events.jsonl").read_text()
+    assert "the same failure as the attempt before it, before any step ran" in events
+
+
+def test_a_repeat_after_progress_is_retried(tmp_path, monkeypatch):
+    ran = "step:3 - a:1.0\n"
+    w, st = _watcher(tmp_path, monkeypatch, [_failed(STARTUP_DEATH), _failed(STARTUP_DEATH + ran, ran),
+                                             Outcome("SUCCEEDED")])
+    assert w.run() == 0 and st.restarts == 2
+
+
+def test_verl_refusing_the_command_is_not_retried(tmp_path, monkeypatch):
+    refused = (LOGS / "h100_grpo_tiny_hydra_refused.log").read_text()
+    w, st = _watcher(tmp_path, monkeypatch, [_failed(refused)])
+    assert w.run() == 1 and st.state == "failed" and st.restarts == 0
+    assert "not retried" in (st.dir / "events.jsonl").read_text()
+
+
+def test_the_budget_bounds_different_failures(tmp_path, monkeypatch):
+    outs = [_failed(KILLED), _failed(KILLED.replace("step:1", "step:5").replace("step:2", "step:6"))] * 3
+    w, st = _watcher(tmp_path, monkeypatch, outs)
+    assert w.run() == 1 and st.state == "gave-up" and st.restarts == 3
