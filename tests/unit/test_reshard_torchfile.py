@@ -82,8 +82,7 @@ def test_foreign_files_are_unsupported(tmp_path):
 def test_stream_blocks_across_files(tmp_path):
     """Byte ranges of two files, streamed in odd-sized blocks with the next one read ahead, give the same
     bytes; a stream left half-read does not spoil the next one."""
-    from verl_cluster.reshard.shards import release_reader, stream
-    from verl_cluster.reshard.torchfile import TorchFile
+    from verl_cluster.reshard.torchfile import TorchFile, read_blocks, release_reader
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_bytes(bytes(range(256)) * 40)
@@ -93,11 +92,11 @@ def test_stream_blocks_across_files(tmp_path):
     want = a.read_bytes()[7:5007] + b.read_bytes()[100:3433] + a.read_bytes()[:1]
     try:
         for block in (1, 64, 999, 10000):
-            assert b"".join(bytes(c) for c in stream(segs, block)) == want
-        half = stream(segs, 100)
+            assert b"".join(bytes(c) for c in read_blocks(segs, block)) == want
+        half = read_blocks(segs, 100)
         next(half), next(half)
         half.close()
-        assert b"".join(bytes(c) for c in stream(segs, 100)) == want
+        assert b"".join(bytes(c) for c in read_blocks(segs, 100)) == want
     finally:
         release_reader()
         fa.close()

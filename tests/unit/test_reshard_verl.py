@@ -205,9 +205,9 @@ def test_layout_is_the_one_verl_writes(ckpt4):
 
 
 def test_4_to_2_to_4_is_bit_identical_and_loads(ckpt4, tmp_path, monkeypatch):
-    from verl_cluster.reshard import shards
+    from verl_cluster.reshard import torchfile
 
-    monkeypatch.setattr(shards, "BLOCK", 1000)  # records stream in many odd-sized blocks across piece boundaries
+    monkeypatch.setattr(torchfile, "BLOCK", 1000)  # records stream in many odd-sized blocks across piece boundaries
     src = _digest(ckpt4 / "global_step_1")
     two = reshard(ckpt4, 2, out_dir=tmp_path / "ws2")
     assert two.plan.from_world_size == 4 and (tmp_path / "ws2" / "latest_checkpointed_iteration.txt").read_text() == "1"

@@ -156,8 +156,8 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
     from verl_cluster.reshard.dtensor_files import reshard_file_set
     from verl_cluster.reshard.extra import write_extra
     from verl_cluster.reshard.memory import PeakMemory
-    from verl_cluster.reshard.shards import MeshShape, release_reader
-    from verl_cluster.reshard.torchfile import UnsupportedContent, forget_locations
+    from verl_cluster.reshard.shards import MeshShape
+    from verl_cluster.reshard.torchfile import UnsupportedContent, forget_locations, release_reader
 
     result = ReshardResult(plan)
     if plan.nothing_to_do:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from verl_cluster.reshard.shards import (MeshShape, Pieces, assemble, chunk_bounds, gather_pieces, new_mesh, new_spec,
-                                         segments, stream)
+                                         segments)
 from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, TorchFile, UnsupportedContent, WrapperRef,
                                             normalize_location, open_torch_file, write_torch_file)
 
@@ -153,5 +153,5 @@ def _source_of(pieces: Pieces, a: int, b: int) -> dict[str, Callable]:
     """How the writer gets rows [a, b): streamed from the source files' byte ranges (dim 0, FSDP2's), or
     assembled whole (another dim)."""
     if pieces.dim == 0:
-        return {"chunks": lambda: stream(segments(pieces, a, b))}
+        return {"segments": lambda: segments(pieces, a, b)}
     return {"produce": lambda: assemble(pieces, a, b)}

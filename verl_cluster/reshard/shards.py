@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -119,9 +118,6 @@ def gather_pieces(files: list[TorchFile], refs: list[WrapperRef]) -> Pieces:
     return Pieces(shape, dim, [chosen[i] for i in range(parts)])
 
 
-BLOCK = 64 << 20  # bytes per read; two blocks are in memory while a record streams
-
-
 def segments(pieces: Pieces, a: int, b: int) -> list[tuple[TorchFile, int, int]]:
     """Rows [a, b) of a dim-0 sharded tensor as byte ranges of the source files: (file, offset, nbytes)."""
     out = []
@@ -130,67 +126,6 @@ def segments(pieces: Pieces, a: int, b: int) -> list[tuple[TorchFile, int, int]]
         if lo < hi:
             out.append(tf.byte_range(ref, lo - s, hi - s))
     return out
-
-
-class _Reader:
-    """Two reused block buffers and one reading thread: fresh buffers per record would be zeroed and faulted
-    in again, and a thread per record costs more than a small record's read."""
-
-    def __init__(self):
-        self.bufs: list[bytearray] = []
-        self.pool: ThreadPoolExecutor | None = None
-        self.pending: Future | None = None
-
-    def stream(self, segs: list[tuple[TorchFile, int, int]], block: int) -> Iterator[memoryview]:
-        jobs = [(tf, off + i, min(block, n - i)) for tf, off, n in segs for i in range(0, n, block)]
-        self._settle()
-        if len(self.bufs) != 2 or len(self.bufs[0]) != block:
-            self.bufs = [bytearray(block), bytearray(block)]
-        if len(jobs) == 1:  # most records: one read, no hand-off
-            yield _read(jobs[0], self.bufs[0])
-            return
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reshard-read")
-        try:
-            self.pending = self.pool.submit(_read, jobs[0], self.bufs[0]) if jobs else None
-            for k in range(len(jobs)):
-                view = self.pending.result()
-                # the caller is done with the other buffer: it asked for this block
-                self.pending = self.pool.submit(_read, jobs[k + 1], self.bufs[(k + 1) % 2]) \
-                    if k + 1 < len(jobs) else None
-                yield view
-        finally:
-            self._settle()
-
-    def _settle(self) -> None:
-        if self.pending is not None:
-            self.pending.exception()  # wait: its buffer is about to be reused
-            self.pending = None
-
-    def close(self) -> None:
-        self._settle()
-        if self.pool is not None:
-            self.pool.shutdown()
-        self.__init__()
-
-
-_READER = _Reader()
-
-
-def stream(segs: list[tuple[TorchFile, int, int]], block: int | None = None) -> Iterator[memoryview]:
-    """The bytes of `segs` in blocks; the next block is read while the caller writes this one."""
-    return _READER.stream(segs, block or BLOCK)
-
-
-def release_reader() -> None:
-    _READER.close()
-
-
-def _read(job: tuple[TorchFile, int, int], buf: bytearray) -> memoryview:
-    tf, offset, n = job
-    view = memoryview(buf)[:n]
-    tf.pread_into(view, offset)
-    return view
 
 
 def assemble(pieces: Pieces, a: int, b: int) -> torch.Tensor:

@@ -11,6 +11,7 @@ the source files, a small plain tensor whole).
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
 import pickle
@@ -20,7 +21,8 @@ import sys
 import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -304,7 +306,7 @@ class OutStorage:
     numel: int
     location: str
     produce: Callable[[], torch.Tensor] | None = None  # a contiguous tensor of exactly these bytes, or
-    chunks: Callable[[], Iterable[memoryview]] | None = None  # these bytes, block after block
+    segments: Callable[[], list[tuple["TorchFile", int, int]]] | None = None  # where they lie in source files
 
 
 @dataclass
@@ -380,6 +382,79 @@ def _materialize(st: "OutStorage | torch.UntypedStorage") -> tuple[torch.Untyped
     return t.untyped_storage(), nbytes
 
 
+BLOCK = 64 << 20  # bytes per read; two blocks are in memory while records stream
+
+
+def _split(segs: list[tuple["TorchFile", int, int]], block: int) -> list[tuple["TorchFile", int, int]]:
+    return [(tf, off + i, min(block, n - i)) for tf, off, n in segs for i in range(0, n, block)]
+
+
+def _block_count(segs: list[tuple["TorchFile", int, int]], block: int | None = None) -> int:
+    block = block or BLOCK
+    return sum(-(-n // block) for _, _, n in segs)
+
+
+class _BlockReader:
+    """Two reused block buffers and one reading thread for a whole reshard: fresh buffers per record would be
+    zeroed and faulted in again, and a thread per record costs more than a small record's read."""
+
+    def __init__(self):
+        self.bufs: list[bytearray] = []
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending: Future | None = None
+
+    def blocks(self, segs: list[tuple["TorchFile", int, int]], block: int) -> Iterator[memoryview]:
+        jobs = _split(segs, block)
+        self._settle()
+        if not jobs:
+            return
+        if len(self.bufs) != 2 or len(self.bufs[0]) != block:
+            self.bufs = [bytearray(block), bytearray(block)]
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reshard-read")
+        try:
+            self.pending = self.pool.submit(_read_block, jobs[0], self.bufs[0])
+            for k in range(len(jobs)):
+                view = self.pending.result()
+                # the caller is done with the other buffer: it asked for this block
+                self.pending = self.pool.submit(_read_block, jobs[k + 1], self.bufs[(k + 1) % 2]) \
+                    if k + 1 < len(jobs) else None
+                yield view
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        if self.pending is not None:
+            self.pending.exception()  # wait: its buffer is about to be reused
+            self.pending = None
+
+    def close(self) -> None:
+        self._settle()
+        if self.pool is not None:
+            self.pool.shutdown()
+        self.__init__()
+
+
+def _read_block(job: tuple["TorchFile", int, int], buf: bytearray) -> memoryview:
+    tf, offset, n = job
+    view = memoryview(buf)[:n]
+    tf.pread_into(view, offset)
+    return view
+
+
+_READER = _BlockReader()
+
+
+def read_blocks(segs: list[tuple["TorchFile", int, int]], block: int | None = None) -> Iterator[memoryview]:
+    """The bytes of `segs` (file, offset, length) in blocks; the next block is read while the caller uses
+    this one (valid until the caller asks for the one after next)."""
+    return _READER.blocks(segs, block or BLOCK)
+
+
+def release_reader() -> None:
+    _READER.close()
+
+
 class _ZipOut:
     """The zip layout torch.save writes (stored records, each record's data 64-byte aligned through an "FB"
     extra field, zip64 where needed), with zlib's CRC-32: torch's own writer computes CRCs several times slower
@@ -435,15 +510,23 @@ def write_torch_file(path: str, obj: Any, device: str | None = None) -> int:
         writer.write(".storage_alignment", str(torch.serialization._get_storage_alignment()).encode())
         writer.write("byteorder", sys.byteorder.encode())
         total = 0
-        for i, st in enumerate(pickler.order):
-            if isinstance(st, OutStorage) and st.chunks is not None:
-                nbytes = st.numel * _itemsize(st.dtype)
-                writer.write_stream(f"data/{i}", nbytes, st.chunks())
-            else:
-                raw, nbytes = _materialize(st)  # one record in memory at a time
-                writer.write(f"data/{i}", _bytes_of(raw, nbytes))
-                del raw
-            total += nbytes
+        segs = {i: st.segments() for i, st in enumerate(pickler.order)
+                if isinstance(st, OutStorage) and st.segments is not None}
+        # one read-ahead across all records: the next block (of this record or the next) is read while this
+        # one is written, small records included
+        blocks = read_blocks([seg for i in segs for seg in segs[i]])
+        try:
+            for i, st in enumerate(pickler.order):
+                if i in segs:
+                    nbytes = st.numel * _itemsize(st.dtype)
+                    writer.write_stream(f"data/{i}", nbytes, itertools.islice(blocks, _block_count(segs[i])))
+                else:
+                    raw, nbytes = _materialize(st)  # a plain tensor, or one assembled whole
+                    writer.write(f"data/{i}", _bytes_of(raw, nbytes))
+                    del raw
+                total += nbytes
+        finally:
+            blocks.close()
     finally:
         writer.close()
     return total
