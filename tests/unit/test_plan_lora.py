@@ -25,10 +25,13 @@ def job(base=PPO, catalog="qwen2.5-7b", allow=False, **overrides):
 def test_7b_ppo_on_4090s_says_lora_would_fit_but_does_not_apply_it_unasked():
     p = plan_job(job(), RTX)
     assert not p.feasible and p.binding.startswith("actor update memory")
-    assert [o.kind for o in p.options] == ["lora (not allowed)", "more nodes"]
-    assert "only if you allow it" in p.options[0].changes[0]
-    assert "placement.allow_lora=true" in p.fixes[0]
-    assert p.options[0].overrides["actor_rollout_ref.model.lora_rank"] == 32
+    # more nodes first: the job takes it as it is (both are about as fast; LoRA must be allowed first)
+    assert [o.kind for o in p.options] == ["more nodes", "lora (not allowed)"]
+    assert p.options[0].s_per_seq > 0 and p.options[1].s_per_seq > 0
+    lora = p.options[1]
+    assert "only if you allow it" in lora.changes[0]
+    assert "placement.allow_lora=true" in p.fixes[1]
+    assert lora.overrides["actor_rollout_ref.model.lora_rank"] == 32
 
 
 def test_7b_ppo_on_4090s_with_lora_allowed_gets_a_plan_that_fits_when_planned_again():

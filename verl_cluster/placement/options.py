@@ -15,7 +15,9 @@ from typing import Any, Optional
 from verl_cluster.placement.hardware import Hardware
 from verl_cluster.placement.memory import GIB
 from verl_cluster.placement.overrides import build_overrides
-from verl_cluster.placement.planner import (OFFLOAD_NAMES, Candidate, Evaluator, host_per_node, relaxed,
+from verl_cluster.placement.host_memory import host_per_node
+from verl_cluster.placement.step_time import step_time
+from verl_cluster.placement.planner import (OFFLOAD_NAMES, Candidate, Evaluator, relaxed,
                                             search)
 from verl_cluster.placement.settings import AR, Settings
 
@@ -36,10 +38,13 @@ class Option:
     levers: frozenset = frozenset()  # the variant's own changes (an option needing more levers than another is
     # dominated by it)
     pool_nodes: tuple[int, ...] = ()  # nodes of each verl resource pool, in order
+    step_s: float = 0.0  # predicted seconds per step (placement/step_time.py)
+    s_per_seq: float = 0.0  # predicted seconds per trained sequence: what the options are ranked by
 
     def to_dict(self) -> dict[str, Any]:
         return {"changes": list(self.changes), "overrides": dict(self.overrides), "peak_gib": round(self.peak_gib, 2),
-                "strategy": self.strategy, "tp": self.tp, "offload": self.offload, "kind": self.kind}
+                "strategy": self.strategy, "tp": self.tp, "offload": self.offload, "kind": self.kind,
+                "step_s": round(self.step_s, 2), "s_per_sequence": round(self.s_per_seq, 4)}
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,7 @@ def find_options(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any
             if opt is not None:
                 out.append(replace(opt, kind="lora (not allowed)"))
                 break
-    return sorted(out, key=lambda o: o.cost)
+    return _ranked(out)
 
 
 def _node_pools(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any]) -> Optional[Option]:
@@ -224,13 +229,28 @@ def pick(found: list[Option], k: int = MAX_OPTIONS) -> list[Option]:
         kinds.setdefault(o.kind, o)
     chosen = list(kinds.values())[:k]
     chosen += [o for o in ranked if o not in chosen][:k - len(chosen)]
-    return sorted(chosen, key=lambda o: o.cost)
+    return _ranked(chosen)
+
+
+SAME_SPEED = 1.15  # options within this factor of the fastest count as equally fast (the time model's own spread)
+
+
+def _ranked(options: list[Option]) -> list[Option]:
+    """Fastest first by predicted seconds per trained sequence (a smaller batch is not "faster"): those within
+    SAME_SPEED of the fastest by closeness to the job, slower ones by their time. An option the job must allow
+    first (LoRA) comes after those it can take as it is."""
+    fastest = min((o.s_per_seq for o in options if o.s_per_seq > 0), default=0.0)
+
+    def key(o: Option) -> tuple:
+        tier = 0.0 if o.s_per_seq <= fastest * SAME_SPEED else o.s_per_seq
+        return (o.kind == "lora (not allowed)", tier, o.cost)
+    return sorted(options, key=key)
 
 
 def _try(ev: Evaluator, v: Variant, strategies: tuple[str, ...], user: dict[str, Any]) -> Optional[Option]:
     e = Evaluator(v.s, ev.shape, ev.rm_shape, v.hw, ev.prec, ev.fill)
     best, _ = search(e, strategies)
-    if best is None or (v.hw.host_mem_bytes is not None and host_per_node(best) > v.hw.host_mem_bytes):
+    if best is None or (v.hw.host_mem_bytes is not None and host_per_node(best, v.s, ev.shape) > v.hw.host_mem_bytes):
         return None
     ov = dict(v.job_keys)
     ov.update(build_overrides(best, v.s))
@@ -243,10 +263,11 @@ def _try(ev: Evaluator, v: Variant, strategies: tuple[str, ...], user: dict[str,
     limit = [p.phase for p in best.phases if p.at_limit]
     if limit:
         changes.append(f"{', '.join(limit)} at the GPU's limit")
+    st = step_time(best, v.s, ev.shape, v.hw, ev.fill)
     # a plan with room beats one at the limit (longer sequences than planned would fail there)
     return Option(tuple(changes), ov, _peak(best) / GIB, best.strategy, best.tp, OFFLOAD_NAMES[best.offload],
                   v.cost + 0.4 * best.offload + (1.0 if limit else 0.0), v.kind, frozenset(v.changes),
-                  tuple(p.nnodes for p in best.pools))
+                  tuple(p.nnodes for p in best.pools), st.step_s, st.step_s / max(1, v.s.sequences))
 
 
 def _peak(c: Candidate) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,12 +13,14 @@ from verl_cluster.errors import ConfigError, PlanError
 from verl_cluster.facts.model import NodeFacts
 from verl_cluster.placement import memory as mem
 from verl_cluster.placement.hardware import Hardware, hardware_from_facts
+from verl_cluster.placement.host_memory import host_parts
+from verl_cluster.placement.step_time import step_time
 from verl_cluster.placement.memory import GIB
 from verl_cluster.placement.model_shape import ModelShape, resolve_shape, shape_from_dir
 from verl_cluster.placement.options import Option, batch_divides, find_options
 from verl_cluster.placement.overrides import build_overrides
 from verl_cluster.placement.planner import (OFFLOAD_NAMES, STRATEGIES, UTIL_DEFAULT, Candidate, Evaluator,
-                                            PhaseResult, choose_precision, closest, host_per_node, make_pools, search,
+                                            PhaseResult, choose_precision, closest, make_pools, search,
                                             wanted_concurrency)
 from verl_cluster.placement.settings import Settings, read_settings
 
@@ -104,8 +106,18 @@ class Plan:
     # the lengths planned at and where each came from, and the worst case's verdict (placement/lengths.py)
     lengths: Optional[dict[str, Any]] = None
     worst_case: Optional[dict[str, Any]] = None
+    host_parts: dict[str, float] = field(default_factory=dict)
+    # predicted seconds per step and per phase at the lengths planned (placement/step_time.py StepTime.to_dict())
+    time: Optional[dict[str, Any]] = None  # host RAM of the busiest node by part, GiB
     # "" when the memory verdict covers the job; else why it does not (verl's Megatron workers: the model is FSDP's)
     not_covered: str = ""
+
+    @property
+    def host_steady_gib(self) -> float:
+        """Host RAM per node between checkpoint saves (the peak, host_gib_per_node, includes a save)."""
+        from verl_cluster.placement.host_memory import CHECKPOINT_PART
+
+        return self.host_gib_per_node - self.host_parts.get(CHECKPOINT_PART, 0.0)
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -155,6 +167,9 @@ class Plan:
                       "capacity_gib": round(g.capacity_gib or self.capacity_gib, 2)} for g in self.gpus],
             "rollout": {"seqs_fit_per_replica": self.rollout_seqs_fit, "seqs_wanted_per_replica": self.rollout_seqs_wanted},
             "host_gib_per_node": round(self.host_gib_per_node, 2),
+            "host_parts_gib": {k: round(v, 2) for k, v in self.host_parts.items()},
+            "host_steady_gib_per_node": round(self.host_steady_gib, 2),
+            **({"time": self.time} if self.time is not None else {}),
             "overrides": dict(self.overrides),
             "reasons": list(self.reasons),
             "warnings": list(self.warnings),
@@ -228,7 +243,7 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     options: list[Option] = []
     if best is not None:
         reasons += _explain(best, tried, s, hw, want)
-        problems, fixes = _host_check(best, hw, warnings)
+        problems, fixes = _host_check(best, s, shape, hw, warnings)
         warnings += [f"{p.phase} runs at the GPU's limit ({p.note.split(': ', 1)[1]}): real sequences "
                      "longer than planned, or other processes on the GPU, will run out of memory there"
                      for p in best.phases if p.at_limit]
@@ -403,15 +418,19 @@ def _by_kind_line(c: Candidate, hw: Hardware) -> str:
             "those nodes `resources: {RESOURCE: 1}`")
 
 
-def _host_check(c: Candidate, hw: Hardware, warnings: list[str]) -> tuple[list[str], list[str]]:
-    need = host_per_node(c)
+def _host_check(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware,
+                warnings: list[str]) -> tuple[list[str], list[str]]:
+    parts = host_parts(c, s, shape)
+    need = mem.total(parts)
     if hw.host_mem_bytes is None:
         return [], []
+    top = ", ".join(f"{p.name} {p.gib:.1f}" for p in sorted(parts, key=lambda p: -p.bytes)[:3])
     if need > hw.host_mem_bytes:
-        return ([f"host memory: {_gib(need)} per node (offloaded states, sleeping rollout weights, processes) > "
-                 f"{_gib(hw.host_mem_bytes)} RAM"], ["use less offload or nodes with more RAM"])
+        return ([f"host memory: {_gib(need)} per node ({top}) > {_gib(hw.host_mem_bytes)} RAM"],
+                ["use less offload, fewer GPUs per node or nodes with more RAM"])
     if need > 0.9 * hw.host_mem_bytes:
-        warnings.append(f"host memory {_gib(need)} per node is over 90% of {_gib(hw.host_mem_bytes)} RAM")
+        warnings.append(f"host memory {_gib(need)} per node ({top}) is over 90% of {_gib(hw.host_mem_bytes)} RAM "
+                        "(Ray's memory monitor kills workers at 95%)")
     return [], []
 
 
@@ -508,13 +527,16 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
     role_plans.sort(key=lambda r: ROLE_ORDER.index(r.role))
     slots.sort(key=lambda x: (x.node, x.gpu))
     r = c.rollout
+    host = host_parts(c, s, shape)
+    timed = step_time(c, s, shape, hw, fill).to_dict()
     return Plan(
         feasible=feasible, strategy=c.strategy, model=shape.name, params=shape.params,
         hardware=_hw_short(hw), capacity_gib=cap / GIB, nnodes=hw.nnodes,
         gpus_per_node=hw.gpus_per_node, tp=c.tp, gpu_memory_utilization=c.util, offload=OFFLOAD_NAMES[c.offload],
         dtype=c.prec.train_dtype, attn=c.prec.attn, fill=fill, roles=tuple(role_plans), gpus=tuple(slots),
         overrides=build_overrides(c, s), reasons=tuple(reasons), warnings=tuple(warnings),
-        problems=tuple(problems), fixes=tuple(fixes), host_gib_per_node=host_per_node(c) / GIB,
+        problems=tuple(problems), fixes=tuple(fixes), host_gib_per_node=mem.total(host) / GIB,
+        host_parts={p.name: p.gib for p in host}, time=timed,
         rollout_seqs_fit=r.seqs_fit if r else 0,
         host_mem_gib=None if hw.host_mem_bytes is None else hw.host_mem_bytes / GIB,
         rollout_seqs_wanted=wanted_concurrency(s, c.pools[0].size, c.tp),

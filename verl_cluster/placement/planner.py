@@ -534,15 +534,6 @@ def search(ev: Evaluator, strategies: tuple[str, ...]) -> tuple[Optional[Candida
     return best, tried
 
 
-def host_per_node(c: Candidate) -> float:
-    """Host RAM one node needs: offloaded states, sleeping rollout weights, ref/RM params, worker processes."""
-    total = 0.0
-    for pool in c.pools:
-        per_gpu = sum(mem.total(c.host.get(r, ())) for r in pool.roles) + mem.HOST_BASE_BYTES
-        total += per_gpu * len(pool.gpu_indices)
-    return total
-
-
 def _pinned_offload(s: Settings) -> Optional[int]:
     flags = [s.actor_param_offload, s.actor_optimizer_offload, s.critic_param_offload, s.critic_optimizer_offload]
     if all(f is None for f in flags):

@@ -82,6 +82,10 @@ def render(plan: Plan, con: Console, *, brief: bool = False, lengths=None) -> No
     _gpu_map(plan, con)
     ram = f" of {plan.host_mem_gib:.0f} GiB RAM" if plan.host_mem_gib is not None else " (node RAM unknown: --host-mem)"
     con.print(f"host memory per node: needs {plan.host_gib_per_node:.1f} GiB{ram}")
+    if plan.host_parts:
+        con.print("  " + escape("; ".join(f"{k} {v:.1f}" for k, v in plan.host_parts.items() if v >= 0.05)),
+                  style="dim")
+    _time(plan, con)
     con.print("[bold]reasons[/]")
     for r in plan.reasons:
         con.print(f"  • {escape(r)}")
@@ -94,6 +98,19 @@ def render(plan: Plan, con: Console, *, brief: bool = False, lengths=None) -> No
         con.print("[bold]verl overrides[/] (of the closest setting shown above)")
         for k, v in plan.overrides.items():
             con.print(f"  {escape(k)}={escape(_fmt(v))}")
+
+
+def _time(plan: Plan, con: Console) -> None:
+    """Predicted seconds per step, by phase (verl's timing_s names), at the lengths planned."""
+    t = plan.time
+    if not t:
+        return
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in t["phases_s"].items())
+    save = f"; checkpoint save {t['save_checkpoint_s']:.1f} s each" if t["save_checkpoint_s"] else ""
+    con.print(f"step time (predicted, fill {plan.fill:.2g}): {t['step_s']:.1f} s — {escape(phases)}{save}; "
+              f"~{t['tokens_per_gpu_s']:.0f} tokens/GPU/s")
+    for n in t.get("notes", []):
+        con.print(f"  [dim]{escape(n)}[/]")
 
 
 def _verdict(plan: Plan, con: Console, lengths=None) -> None:
@@ -110,7 +127,8 @@ def _verdict(plan: Plan, con: Console, lengths=None) -> None:
         if lengths is not None and plan is lengths.known and not lengths.worst.feasible:
             verdict += f" [yellow]at the lengths known (fill {plan.fill:.3g}), not at the worst case[/]"
         con.print(head + f"{verdict} — peak {peak:.1f} of {cap:.1f} GiB/GPU; "
-                  f"strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}")
+                  f"strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}"
+                  + (f"; ~{plan.time['step_s']:.0f} s/step predicted" if plan.time else ""))
         if lengths is not None:
             render_lengths(lengths, plan, con)
         return
@@ -124,7 +142,7 @@ def _verdict(plan: Plan, con: Console, lengths=None) -> None:
     con.print("[bold]feasible plans[/] (best first; `plan` with an option's overrides shows its tables)")
     for i, o in enumerate(plan.options, 1):
         con.print(f"  [bold]{i}.[/] {escape('; '.join(o.changes) or 'as written')} — {o.strategy}, TP {o.tp}, "
-                  f"{_offload(o.offload)}, peak {o.peak_gib:.1f} GiB/GPU")
+                  f"{_offload(o.offload)}, peak {o.peak_gib:.1f} GiB/GPU, ~{o.step_s:.0f} s/step")
         con.print("     " + escape(" ".join(f"{k}={_fmt(v)}" for k, v in o.overrides.items())), soft_wrap=True)
 
 

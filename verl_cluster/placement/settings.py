@@ -78,6 +78,7 @@ class Settings:
     allow_lora: bool = False  # placement.allow_lora: the planner may propose LoRA
     lora_offer: int = 32  # placement.lora_rank: the rank it proposes
     at_limit: bool = True  # placement.at_limit: a phase may run at the GPU's limit when nothing fits with room
+    save_freq: int = -1  # trainer.save_freq: > 0 saves checkpoints (the CPU copy of the states at each save)
     megatron: bool = False  # verl's Megatron workers: the memory model (FSDP) does not cover them
 
     @property
@@ -250,7 +251,7 @@ def read_settings(job: JobSpec) -> Settings:
     if job.placement.lora_rank <= 0:
         raise ConfigError(f"placement.lora_rank must be a positive rank, got {job.placement.lora_rank}",
                           "use 16, 32 or 64")
-    s = replace(s, megatron=uses_megatron(job), lora_rank=lora, critic_lora_rank=critic_lora, lora_targets=_targets(r.raw(f"{AR}.model.target_modules")),
+    s = replace(s, megatron=uses_megatron(job), save_freq=r.get("trainer.save_freq", int, -1), lora_rank=lora, critic_lora_rank=critic_lora, lora_targets=_targets(r.raw(f"{AR}.model.target_modules")),
                 allow_lora=job.placement.allow_lora, lora_offer=job.placement.lora_rank,
                 at_limit=job.placement.at_limit)
     if s.ppo_mini_batch_size > s.train_batch_size:
