@@ -119,6 +119,13 @@ class Plan:
 
         return self.host_gib_per_node - self.host_parts.get(CHECKPOINT_PART, 0.0)
 
+    def predictions(self) -> dict[str, Any]:
+        """What a run of this plan can be held against (placement/check_run.py): seconds per phase and step, one
+        checkpoint save, host RAM per node between saves."""
+        t = self.time or {}
+        return {"phases_s": dict(t.get("phases_s") or {}), "step_s": t.get("step_s"),
+                "save_checkpoint_s": t.get("save_checkpoint_s"), "host_gib": round(self.host_steady_gib, 2)}
+
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
             if r.role == name:
