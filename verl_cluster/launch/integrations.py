@@ -31,6 +31,7 @@ class PlanInfo:
     lengths: Optional[dict[str, Any]] = None  # the lengths planned at and their sources (placement/lengths.py)
     findings: tuple[Any, ...] = ()  # preflight findings of the planning: prompt lengths, planned at known lengths
     hint: str = ""  # what would make an infeasible plan fit
+    predicted: Optional[dict[str, Any]] = None  # seconds per phase/step, host RAM: held against verl's metrics
 
 
 def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None) -> PlanInfo:
@@ -86,7 +87,7 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
                         findings=findings)
     return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note, flash, flash_note,
                     lengths=plans.lengths.to_dict(), findings=findings,
-                    hint="" if plan.feasible else plans.refusal_hint())
+                    hint="" if plan.feasible else plans.refusal_hint(), predicted=plan.predictions())
 
 
 def _facts_and_lengths(job: JobSpec, spec: ClusterSpec, facts: Optional[list]):
@@ -124,4 +125,16 @@ def plan_metadata(plan: PlanInfo, limit: int = 4000) -> str:
     if plan.lengths:  # what the plan assumed of the sequences, for whoever reads the job later
         doc["lengths"] = {"fill": plan.lengths["fill"], "prompt_mean": plan.lengths["prompt"]["mean"],
                           "response_mean": plan.lengths["response"]["mean"]}
+    if plan.predicted:  # so `logs`/`jobs --json` can pair them with what verl logs (placement/check_run.py)
+        doc["predicted"] = plan.predicted
     return json.dumps(doc, default=str)[:limit]
+
+
+def plan_predictions(metadata: Optional[str]) -> Optional[dict[str, Any]]:
+    """The plan's predictions kept in a job's metadata by plan_metadata (None: none kept, or not ours)."""
+    try:
+        doc = json.loads(metadata or "")
+    except (ValueError, TypeError):
+        return None
+    got = doc.get("predicted") if isinstance(doc, dict) else None
+    return got if isinstance(got, dict) else None

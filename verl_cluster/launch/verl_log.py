@@ -137,6 +137,7 @@ class VerlProgress:
     window: list[str] = field(default_factory=list)
     window_lines: int = 400
     partial: str = ""  # a line not yet ended by a newline
+    predicted: Optional[dict[str, Any]] = None  # the plan's predictions (Plan.predictions()), to hold the run against
 
     def feed(self, text: str) -> None:
         lines = (self.partial + text).split("\n")
@@ -184,7 +185,16 @@ class VerlProgress:
             "max_memory_allocated_gb": peak("perf/max_memory_allocated_gb"),
             "max_memory_reserved_gb": peak("perf/max_memory_reserved_gb"),
             "validation": val, "checkpoints": list(self.checkpoints),
+            **({"vs_plan": self.vs_plan()} if self.predicted else {}),
         }
+
+    def vs_plan(self) -> list[dict[str, Any]]:
+        """Predicted vs measured (steps after the first; placement/check_run.py), once a step after the first is in."""
+        from verl_cluster.placement.check_run import measured, pairs
+
+        first = min(self.steps) if self.steps else 0
+        got = measured(self.steps, skip=(first,))
+        return pairs(self.predicted or {}, got) if got else []
 
     def failure(self) -> Optional[Failure]:
         return classify(self.window)
@@ -227,4 +237,17 @@ def describe(summary: dict[str, Any]) -> list[str]:
         out.append("verl: validation " + ", ".join(f"{k}={v:g}" for k, v in sorted(core.items())))
     for ck in summary.get("checkpoints", []):
         out.append(f"verl: checkpoint {ck}")
+    return out + vs_plan_lines(summary.get("vs_plan") or [])
+
+
+def vs_plan_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line of predicted vs measured, and a warning for each figure off by more than 25%."""
+    from verl_cluster.placement.check_run import WARN_OFF_BY, off
+
+    if not rows:
+        return []
+    out = ["verl vs plan: " + ", ".join(f"{r['what']} {r['predicted']:g} predicted / {r['measured']:g} measured "
+                                        f"({r['error']:+.0%})" for r in rows)]
+    out += [f"warning: {r['what']} is {r['error']:+.0%} off the plan (more than {WARN_OFF_BY:.0%}): "
+            "the plan's model does not hold for this run" for r in off(rows)]
     return out
