@@ -92,3 +92,14 @@ def test_the_budget_bounds_different_failures(tmp_path, monkeypatch):
     outs = [_failed(KILLED), _failed(KILLED.replace("step:1", "step:5").replace("step:2", "step:6"))] * 3
     w, st = _watcher(tmp_path, monkeypatch, outs)
     assert w.run() == 1 and st.state == "gave-up" and st.restarts == 3
+
+
+def test_a_watched_attempt_keeps_the_lengths_verl_logged(tmp_path, monkeypatch):
+    """The next plan of the job uses them (submit's follow keeps them too; a watched run never follows)."""
+    from verl_cluster.launch import job_records, length_store
+
+    w, st = _watcher(tmp_path, monkeypatch, [])
+    job_records.record("r-r1", st.cluster_file, "local", "gsm8k-grpo")
+    w._remember_lengths("r-r1", RESUMED)
+    kept = length_store.lookup("gsm8k-grpo")
+    assert kept and kept["response_length_mean"] > 0 and kept["prompt_length_mean"] > 60

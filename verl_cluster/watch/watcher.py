@@ -104,6 +104,19 @@ class Watcher:
                 self._room_after_oom(spec)
             self.resubmit(spec, wait)
 
+    def _remember_lengths(self, sid: str, text: str) -> None:
+        """The sequence lengths verl logged, kept for the next plan of this job (as `submit`'s follow does)."""
+        from verl_cluster.launch.length_store import remember_run
+        from verl_cluster.launch.verl_log import VerlProgress
+
+        progress = VerlProgress()
+        progress.feed(text)
+        progress.flush()
+        try:
+            remember_run(sid, progress)
+        except OSError:
+            pass  # best effort: a read-only home costs the next plan its measured lengths only
+
     def _record(self, out: Outcome) -> None:
         a = self.st.attempts[-1]
         p = out.progress
@@ -172,6 +185,7 @@ class Watcher:
                     said_first = True
                     self._say_resumed(progress)
             if row.status in ray_jobs.TERMINAL:
+                self._remember_lengths(sid, text)
                 out = self._ended(api, sid, row, expected, tracker, (started, gpus), progress)
                 out.ray_job_id = ray_job_id
                 return out
