@@ -3,7 +3,7 @@
 CKPT_DIR is trainer.default_local_dir (the step in latest_checkpointed_iteration.txt is used) or one
 global_step_N folder. Every role (actor, critic) gets model, optimizer and extra-state files for M ranks, written
 beside the existing ones (the step still resumes on the old world size), or, with --out, as a new checkpoint
-root whose latest_checkpointed_iteration.txt is written last. Runs on CPU in ~0.3 GiB of memory, whatever the model.
+root whose latest_checkpointed_iteration.txt is written last. Runs on CPU in ~0.4 GiB of memory, whatever the model.
 Exit 0 done (or nothing to do), 2 a checkpoint this tool does not understand or bad arguments.
 """
 
