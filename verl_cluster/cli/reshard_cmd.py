@@ -76,7 +76,7 @@ def _rng_summary(lines: list[str]) -> list[str]:
     carried = sum(1 for s in lines if s.endswith(": carried"))
     reseeded = sum(1 for s in lines if ": re-seeded" in s)
     rest = [s for s in lines if not s.endswith(": carried") and ": re-seeded" not in s]
-    return [f"{carried} extra-state files carried as saved", f"{reseeded} new ranks re-seeded"] + rest
+    return [f"{carried} extra-state files carried as saved", f"{reseeded} re-seeded (ranks that did not exist)"] + rest
 
 
 def _print_plan(plan) -> None:
