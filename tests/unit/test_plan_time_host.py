@@ -43,7 +43,7 @@ def replay(name, tmp_path):
         write_model(tmp_path / "tiny", "tiny", seed=0)
         args.append(f"model.path={tmp_path / 'tiny'}")
     steps: dict = {}
-    for i, log in enumerate(run["logs"]):
+    for log in run["logs"]:
         v = VerlProgress()
         v.feed((ROOT / "tests/fixtures/verl_logs" / log).read_text())
         v.flush()
