@@ -100,9 +100,11 @@ def run_logs(args) -> int:
             return EXIT_OK
         from verl_cluster.cli.submit_cmd import follow_job
 
-        verl = "verl." in ray_jobs.job_info(api, args.job_id).entrypoint
+        from verl_cluster.launch.integrations import plan_predictions
+
+        row = ray_jobs.job_info(api, args.job_id)
         return follow_job(api, args.job_id, False, f"verl-cluster logs {args.job_id} -c {args.cluster} --follow",
-                          verl=verl)
+                          verl="verl." in row.entrypoint, predicted=plan_predictions(row.plan))
 
 
 def run_stop(args) -> int:

@@ -145,7 +145,10 @@ def _apply_ray(sub: Submission, args) -> int:
             return EXIT_UNHEALTHY if status in ("FAILED", "STOPPED") else EXIT_OK
         err.print(f"submitted [bold]{sid}[/] to {escape(api.where)}; Ctrl-C detaches "
                   f"({'stops the job' if args.stop_on_interrupt else 'the job keeps running'})")
-        return follow_job(api, sid, args.stop_on_interrupt, reattach, args.json, verl=is_verl_job(sub.job))
+        from verl_cluster.launch.integrations import plan_predictions
+
+        return follow_job(api, sid, args.stop_on_interrupt, reattach, args.json, verl=is_verl_job(sub.job),
+                          predicted=plan_predictions(req.metadata.get("verl_cluster.plan")))
 
 
 def is_verl_job(job) -> bool:
@@ -155,10 +158,11 @@ def is_verl_job(job) -> bool:
 
 
 def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: bool = False,
-               verl: bool = False) -> int:
+               verl: bool = False, predicted=None) -> int:
+    """`predicted`: the plan's predictions (kept in the job's metadata), held against what verl logs."""
     from verl_cluster.launch.verl_log import VerlProgress, describe
 
-    progress = VerlProgress() if verl else None
+    progress = VerlProgress(predicted=predicted) if verl else None
     try:
         res = ray_jobs.follow(api, sid, out=sys.stderr if as_json else sys.stdout, progress=progress)
     except KeyboardInterrupt:

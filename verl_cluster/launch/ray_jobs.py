@@ -198,6 +198,7 @@ class JobRow:
     run: str = ""  # the first submission of a watched run (`watch` resubmits under new ids)
     previous: str = ""  # the submission this one resumed
     ray_job_id: str = ""  # the driver's Ray job id (hex) once it connected: its workers carry it
+    plan: str = ""  # what the plan assumed and predicted (launch/integrations.plan_metadata), JSON
 
     @property
     def duration_s(self) -> Optional[float]:
@@ -212,7 +213,7 @@ def _row(d: Any) -> JobRow:
     return JobRow(d.submission_id or d.job_id or "?", str(getattr(d.status, "value", d.status)), d.entrypoint or "",
                   d.start_time, d.end_time, (d.message or "").strip(), meta.get("verl_cluster.job", ""),
                   meta.get("verl_cluster.run", ""), meta.get("verl_cluster.previous", ""),
-                  d.job_id if d.submission_id else "")
+                  d.job_id if d.submission_id else "", meta.get("verl_cluster.plan", ""))
 
 
 def state_list(api: JobsApi, resource: str, filters: tuple[tuple[str, str], ...] = (), limit: int = 10000,
