@@ -8,7 +8,8 @@ Writes `global_step_1/actor` with model, optimizer (AdamW exp_avg, exp_avg_sq) a
 as verl's FSDP2 manager lays them out (fp32 DTensor shards), generated one tensor at a time; drops the files
 from the page cache; then runs `verl-cluster reshard --json` in a fresh process per target world size and reads
 its own figures (time, bytes, sampled peak anonymous memory and the kernel's high-water mark VmHWM). The
-disk-bound baseline is `cp -r` of the same checkpoint (same bytes read and written, cold cache) in the same run. `--layers` keeps the full-size embedding / lm_head (the largest tensors) and fewer
+disk-bound baseline is `cp -r` of the same checkpoint (same bytes read and written, cold cache) right before each
+reshard. `--layers` keeps the full-size embedding / lm_head (the largest tensors) and fewer
 decoder layers, for machines whose disk cannot hold two copies of the whole checkpoint.
 """
 
@@ -65,6 +66,14 @@ def _mesh(world: int, rank: int):
     return mesh
 
 
+def _contiguous_stride(shape: tuple) -> tuple:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
+
+
 def _dtensor(shape: tuple, world: int, rank: int, mesh, seed: int) -> WrapperRef:
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -74,8 +83,7 @@ def _dtensor(shape: tuple, world: int, rank: int, mesh, seed: int) -> WrapperRef
     numel = 1
     for n in local:
         numel *= n
-    full_stride = tuple(int(torch.tensor(shape[i + 1:]).prod()) if i + 1 < len(shape) else 1 for i in range(len(shape)))
-    local_stride = tuple(int(torch.tensor(local[i + 1:]).prod()) if i + 1 < len(local) else 1 for i in range(len(local)))
+    full_stride, local_stride = _contiguous_stride(tuple(shape)), _contiguous_stride(local)
 
     def produce():
         g = torch.Generator().manual_seed(seed)

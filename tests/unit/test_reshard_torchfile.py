@@ -36,9 +36,9 @@ def test_written_file_loads_in_torch_plain_and_mmap(tmp_path):
     bf = torch.randn(33, 7).to(torch.bfloat16)
     shared = torch.arange(12.0)
     big = torch.randn(1000, 3)
+    lazy = OutTensor(OutStorage(torch.float32, 3000, "cpu", produce=lambda: big), 0, (1000, 3), (3, 1))
     obj = {"bf16": bf, "empty": torch.empty(0, 5), "int": torch.tensor([1, 2, 3]), "view": shared[4:], "base": shared,
-           "nested": [{"step": torch.tensor(3.0)}], "lazy": OutTensor(OutStorage(torch.float32, 3000, "cpu",
-                                                                                  produce=lambda: big), 0, (1000, 3), (3, 1))}
+           "nested": [{"step": torch.tensor(3.0)}], "lazy": lazy}
     path = tmp_path / "f.pt"
     written = write_torch_file(str(path), obj)
     assert written == bf.nbytes + shared.nbytes + 3 * 8 + 4 + big.nbytes

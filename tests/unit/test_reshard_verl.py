@@ -201,7 +201,8 @@ def test_layout_is_the_one_verl_writes(ckpt4):
         assert set(extra) == {"lr_scheduler", "rng"} and {"cpu", "numpy", "random"} <= set(extra["rng"])
     # tied embeddings: verl saves both keys, one DTensor
     model = torch.load(step / "actor" / "model_world_size_4_rank_0.pt", weights_only=False, map_location="cpu")
-    assert model["lm_head.weight"]._local_tensor.data_ptr() == model["model.embed_tokens.weight"]._local_tensor.data_ptr()
+    tied = model["lm_head.weight"]._local_tensor, model["model.embed_tokens.weight"]._local_tensor
+    assert tied[0].data_ptr() == tied[1].data_ptr()
 
 
 def test_4_to_2_to_4_is_bit_identical_and_loads(ckpt4, tmp_path, monkeypatch):

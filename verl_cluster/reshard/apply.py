@@ -105,7 +105,8 @@ def plan_reshard(ckpt_dir: str | os.PathLike, world_size: int, *, step: Optional
     if out is not None and (out / ckpt.path.name).exists():
         raise NotReshardable(f"{out / ckpt.path.name} exists already", "pick another --out folder")
     done = out is None and all(world_size in r.world_sizes for r in ckpt.roles)
-    scratch = (out / f".reshard-{ckpt.path.name}.tmp") if out is not None else (ckpt.path / f".reshard-ws{world_size}.tmp")
+    scratch = (out / f".reshard-{ckpt.path.name}.tmp") if out is not None else \
+        (ckpt.path / f".reshard-ws{world_size}.tmp")
     ops: list[FileOp] = []
     if not done:
         for role in ckpt.roles:
@@ -129,7 +130,8 @@ def plan_reshard(ckpt_dir: str | os.PathLike, world_size: int, *, step: Optional
     if done:
         notes.append(f"every role already has files for world size {world_size}")
     if any(r.lora for r in ckpt.roles):
-        notes.append("LoRA run: adapter (and any base) tensors are DTensors like the rest and are resharded the same way")
+        notes.append("LoRA run: adapter (and any base) tensors are DTensors like the rest and are resharded the "
+                     "same way")
     return ReshardPlan(str(ckpt.path), ckpt.step, tuple(r.name for r in ckpt.roles), w, world_size, fsdp,
                        str(out) if out is not None else None, str(scratch), tuple(ops), done, tuple(notes), device)
 

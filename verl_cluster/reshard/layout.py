@@ -224,7 +224,8 @@ def resume_world_size_problem(ckpt_dir: str | os.PathLike, world_size: int) -> O
     except NotReshardable as e:
         return f"global_step_{step} cannot be resumed on {world_size} GPUs: {e.message}"
     except OSError as e:
-        return f"{step_path}: cannot read it ({e.strerror or e}), so cannot tell whether it resumes on {world_size} GPUs"
+        return (f"{step_path}: cannot read it ({e.strerror or e}), so cannot tell whether it resumes on "
+                f"{world_size} GPUs")
     lacking = [r.name for r in ckpt.roles if world_size not in r.world_sizes]
     if not lacking:
         return None
