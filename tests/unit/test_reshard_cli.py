@@ -136,6 +136,18 @@ def test_not_a_torch_file_is_exit_2(tmp_path, capsys):
     assert not any(p.name.startswith(".reshard") for p in (tmp_path / "global_step_1").iterdir())
 
 
+def test_plain_tensor_rank_files_are_refused(tmp_path, capsys):
+    """Per-rank files of plain tensors (not FSDP2's DTensors): no way to tell how they split, so exit 2."""
+    role = tmp_path / "global_step_4" / "actor"
+    role.mkdir(parents=True)
+    for r in range(2):
+        torch.save({"w": torch.full((3, 2), float(r))}, role / f"model_world_size_2_rank_{r}.pt")
+        torch.save({"state": {}, "param_groups": []}, role / f"optim_world_size_2_rank_{r}.pt")
+    msg = _exit2(capsys, tmp_path, "--world-size", "3")
+    assert "no DTensor shards" in msg
+    assert not any(p.name.startswith(".reshard") for p in role.parent.iterdir())
+
+
 def test_bad_arguments(tmp_path, capsys):
     assert main(["reshard", str(tmp_path / "nope"), "--world-size", "2"]) == 2
     assert "no such checkpoint folder" in capsys.readouterr().err

@@ -50,6 +50,17 @@ def _pair_dtensors(trees: list[Any], path: str, out: dict[int, tuple[str, list[W
             _pair_dtensors([t[i] for t in trees], f"{path}/{i}", out)
 
 
+def _has_sharded_looking_tensor(o: Any) -> bool:
+    """A tensor of at least one dimension anywhere in the tree (an optimizer's `step` is 0-d)."""
+    if isinstance(o, torch.Tensor):
+        return o.dim() > 0
+    if isinstance(o, dict):
+        return any(_has_sharded_looking_tensor(v) for v in o.values())
+    if isinstance(o, (list, tuple)):
+        return any(_has_sharded_looking_tensor(v) for v in o)
+    return False
+
+
 def _rebuild(o: Any, replace: dict[int, Any]) -> Any:
     if id(o) in replace:
         return replace[id(o)]
@@ -91,6 +102,9 @@ def reshard_file_set(sources: list[Path], dests: list[Path], target: MeshShape, 
                 raise UnsupportedContent(f"{p}: {e}") from None
         pairs: dict[int, tuple[str, list[WrapperRef]]] = {}
         _pair_dtensors([f.obj for f in files], "", pairs)
+        if not pairs and _has_sharded_looking_tensor(files[0].obj):
+            raise UnsupportedContent(f"{sources[0]}: plain tensors, no DTensor shards (not a verl FSDP2 checkpoint); "
+                                     "copying rank 0's would be wrong on every other rank")
         planned: dict[int, _Planned] = {}
         for key, (path, refs) in pairs.items():
             try:
