@@ -103,3 +103,17 @@ def test_a_watched_attempt_keeps_the_lengths_verl_logged(tmp_path, monkeypatch):
     w._remember_lengths("r-r1", RESUMED)
     kept = length_store.lookup("gsm8k-grpo")
     assert kept and kept["response_length_mean"] > 0 and kept["prompt_length_mean"] > 60
+
+
+def test_fewer_nodes_is_refused_when_the_checkpoint_cannot_be_resharded(tmp_path, monkeypatch):
+    """verl loads the files of the world size it runs on: continuing on fewer GPUs needs the checkpoint for them;
+    verl 0.9.1's default FSDP1 checkpoint (the real one from the H100) cannot be resharded, so the run waits for
+    the node instead, and says why."""
+    import dataclasses
+
+    w, _ = _watcher(tmp_path, monkeypatch, [])
+    ckpt = Path(__file__).resolve().parent.parent / "fixtures" / "verl_ckpt_h100_fsdp1"
+    w.job = dataclasses.replace(w.job, overrides={**w.job.overrides, "trainer.default_local_dir": str(ckpt)})
+    ok, why = w._reshard_for(2)
+    assert not ok and "cannot be resumed on 2 GPUs" in why and "FSDP1" in why
+    assert w._reshard_for(0) == (True, "")  # a CPU run: no per-GPU files to match

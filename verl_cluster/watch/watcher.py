@@ -367,10 +367,38 @@ class Watcher:
             time.sleep(1.0)
 
     def _plan_fits(self, spec: ClusterSpec) -> tuple[bool, str]:
+        """Whether the run fits the nodes left, and — verl loads the checkpoint files of the world size it runs
+        on — whether its newest checkpoint is there for the new world size or can be resharded to it."""
         from verl_cluster.launch.integrations import placement_plan
 
         plan = placement_plan(self.job, spec)
-        return plan.feasible is not False, plan.note
+        if plan.feasible is False:
+            return False, plan.note
+        try:
+            world = int(plan.overrides.get("trainer.nnodes", 0)) * int(plan.overrides.get("trainer.n_gpus_per_node", 0))
+        except (TypeError, ValueError):
+            world = 0
+        ok, why = self._reshard_for(world)
+        return ok, plan.note + (f"; {why}" if why else "")
+
+    def _reshard_for(self, world: int) -> tuple[bool, str]:
+        """(can resume on `world` GPUs, what was done). Resharded here when the checkpoint folder is visible on
+        this machine (shared storage); where it is not, verl's own load decides."""
+        from verl_cluster.reshard import NotReshardable, apply_reshard, plan_reshard, resume_world_size_problem
+
+        folder = str(self.job.get("trainer.default_local_dir") or "")
+        if not world or not folder or not resume_world_size_problem(folder, world):
+            return True, ""
+        try:
+            plan = plan_reshard(folder, world)
+            if plan.nothing_to_do:
+                return True, ""
+            done = apply_reshard(plan)
+        except NotReshardable as e:
+            return False, f"the checkpoint cannot be resumed on {world} GPUs: {e.message}"
+        except OSError as e:
+            return False, f"resharding the checkpoint to {world} GPUs failed: {e}"
+        return True, f"resharded the newest checkpoint to {world} GPUs ({str(done.to_dict())[:200]})"
 
     def _room_after_oom(self, spec: ClusterSpec) -> None:
         """An OOM under a plan that ran a phase at the GPU's limit: the next attempts are planned with room."""
