@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian/Ubuntu machine and run the whole test suite (what CI runs).
 # Needs root for apt and for the network-namespace hosts of the integration tests.
-#   bash scripts/test.sh            # everything: all tests on the newest supported Ray, then the integration
-#                                   # tests again on the oldest (.venv-ray-old; VC_OLDEST_RAY=0 skips that pass)
+#   bash scripts/test.sh            # everything: all tests on the newest supported Ray, then the Ray-version
+#                                   # dependent integration tests on the oldest (.venv-ray-old; VC_OLDEST_RAY=0 skips it)
 #   bash scripts/test.sh -k config  # extra args go to pytest (both passes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,11 +29,15 @@ run_pass() {
 # do not meet): ~16 min instead of ~20 here, but on 2 cores the contention makes Ray's start-up time out now and
 # then, so CI runs them one after the other.
 old_pass() {
-  # torchrun's and the SSH runner's tests do not touch Ray, and Slurm's is about Slurm (slower): one pass is
-  # enough for them
+  # only what depends on Ray's version: starting and stopping Ray, its ports and auth, the Jobs/State API and the
+  # GCS that submit and watch read (torchrun, SSH, Slurm, the dashboard tunnel and the planner's measurements do not)
   run_pass .venv-ray-old/bin/python "$PWD/.venv/bin/python" "$([ "$#" -gt 0 ] && echo 1 || echo 0)" \
-    tests/integration --ignore=tests/integration/test_torchrun_gloo.py --ignore=tests/integration/test_slurm.py \
-    --ignore=tests/integration/test_ssh_runner.py "$@"
+    tests/integration/test_ray_versions.py tests/integration/test_lifecycle.py tests/integration/test_check.py \
+    tests/integration/test_security_listeners.py tests/integration/test_submit_ray.py \
+    tests/integration/test_watch.py::test_user_error_is_not_retried \
+    tests/integration/test_watch.py::test_hang_is_stopped_and_resumed \
+    tests/integration/test_watch.py::test_worker_killed_and_back \
+    "tests/integration/test_watch.py::test_every_submit_form_resumes[command]" "$@"
 }
 rc=0; old_rc=0; old_pid=""
 old_log=$(mktemp -t vc-old-ray-XXXX.log)
@@ -42,7 +46,7 @@ if [ "${VC_OLDEST_RAY:-1}" != 0 ] && [ "${VC_PARALLEL:-0}" = 1 ]; then
 fi
 run_pass .venv/bin/python "$PWD/.venv-ray-old/bin/python" 0 "$@" || rc=$?
 if [ "${VC_OLDEST_RAY:-1}" != 0 ]; then
-  echo "== the integration tests again, on the oldest supported Ray ($(.venv-ray-old/bin/python -c 'import ray; print(ray.__version__)'))"
+  echo "== the Ray-version-dependent integration tests again, on the oldest supported Ray ($(.venv-ray-old/bin/python -c 'import ray; print(ray.__version__)'))"
   if [ -n "$old_pid" ]; then
     wait "$old_pid" || old_rc=$?
     cat "$old_log"
