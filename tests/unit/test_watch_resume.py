@@ -232,3 +232,17 @@ def test_follow_returns_on_the_jobs_status_when_the_log_stream_stays_open():
     res = ray_jobs.follow(ray_jobs.JobsApi(Client(), "here"), "j", out=out, status_out=io.StringIO(), poll_s=0.05)
     assert res.status == "SUCCEEDED" and time.monotonic() - t0 < ray_jobs.DRAIN_S + 2
     assert out.getvalue() == "step:1 - a:1.0\nstep:2 - a:1.0\n"  # the line the stream had not delivered, once
+
+
+def test_plan_takes_the_job_words_before_the_command(capsys):
+    """`plan placement.fill=0.2 -- python3 -m verl...` as submit takes it (the words were dropped)."""
+    import json as _json
+
+    from verl_cluster.cli import main
+
+    cmd = ["--", "python3", "-m", "verl.trainer.main_ppo", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+           "+model.catalog=qwen2.5-0.5b", "data.train_batch_size=256"]
+    assert main(["plan", "placement.fill=0.2", "--gpus", "1x8xH100-80GB", "--json", *cmd]) in (0, 1)
+    doc = _json.loads(capsys.readouterr().out)
+    assert doc["lengths"]["fill"] == 0.2, doc.get("lengths")
+    assert main(["plan", "placement.fill=7", "--gpus", "1x8xH100-80GB", *cmd]) == 2  # read, and checked

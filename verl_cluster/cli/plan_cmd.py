@@ -114,10 +114,11 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
 def run(args: argparse.Namespace) -> int:
     from verl_cluster.launch.data_lengths import gather_lengths
     from verl_cluster.launch.request import merge_overrides
-    from verl_cluster.launch.script_import import load_job_input
+    from verl_cluster.launch.job_input import JobInput
     from verl_cluster.placement.lengths import plan_lengths
 
-    job, _ = load_job_input(args.job, args.overrides)
+    # the same three forms as submit, key=value words before `--` included
+    job = JobInput.from_words(args.job, list(args.overrides or []), getattr(args, "before", [])).job()
     facts = hardware(args, job.placement.gpus)
     spec = None
     if getattr(args, "cluster", None) and not args.data:  # the prompts measured on the head node, as submit does
