@@ -44,12 +44,12 @@ def test_resumed_attempt_and_verdicts():
     new = read_progress(P + "INFO:x:Resuming from /ckpt/global_step_2, setting global step to 2\n"
                         + P + "step:3 - a:1.0\n" + P + "step:4 - a:1.0\n")
     assert new.resumed_from == 2 and new.first_step == 3 and new.resume_path == "/ckpt/global_step_2"
-    verdict, why = resume_verdict(read_progress(FIRST), new, 2)
+    verdict, why = resume_verdict(new, 2)
     assert verdict == "resumed" and "resumed from step 2" in why and "first step 3" in why
     scratch = read_progress(P + "INFO:x:Training from scratch\n" + P + "step:1 - a:1.0\n")
-    verdict, why = resume_verdict(read_progress(FIRST), scratch, 2)
+    verdict, why = resume_verdict(scratch, 2)
     assert verdict == "scratch" and "global_step_2 exists" in why
-    assert resume_verdict(read_progress(FIRST), scratch, 0)[0] == "unknown"  # nothing to resume from: fine
+    assert resume_verdict(scratch, 0)[0] == "unknown"  # nothing to resume from: fine
 
 
 ACTOR_DIED = """Traceback (most recent call last):
@@ -178,7 +178,7 @@ def test_recorded_worker_kill_is_worker_died_with_its_evidence():
 def test_recorded_resume_says_where_it_started():
     new = read_progress((LOGS / "h100_grpo_tiny_resumed.log").read_text())
     assert new.resumed_from == 2 and new.first_step == 3 and new.steps == [3, 4] and new.checkpoint == 4
-    verdict, why = resume_verdict(read_progress(""), new, 2)
+    verdict, why = resume_verdict(new, 2)
     assert verdict == "resumed" and why.startswith("resumed from step 2 (/root/ckpt/watch/argv/global_step_2)")
 
 
@@ -246,3 +246,23 @@ def test_plan_takes_the_job_words_before_the_command(capsys):
     doc = _json.loads(capsys.readouterr().out)
     assert doc["lengths"]["fill"] == 0.2, doc.get("lengths")
     assert main(["plan", "placement.fill=7", "--gpus", "1x8xH100-80GB", *cmd]) == 2  # read, and checked
+
+
+def test_progress_fed_in_pieces_reads_as_the_whole_log():
+    """The watcher feeds each poll's new text (lines cut anywhere) instead of reading the whole log again."""
+    from verl_cluster.watch.detect import LogTracker
+    from verl_cluster.watch.progress import Progress
+
+    text = (LOGS / "h100_grpo_tiny_worker_killed.log").read_text()
+    whole = read_progress(text)
+    pieces = Progress()
+    for i in range(0, len(text), 777):
+        pieces.feed(text[i:i + 777])
+    pieces.flush()
+    assert (pieces.steps, pieces.saves, pieces.resumed_from) == (whole.steps, whole.saves, whole.resumed_from)
+    tracker = LogTracker()
+    tracker.update(text[:5000])
+    tracker.update(text)
+    assert tracker.progress.flush().steps == whole.steps == [1, 2]
+    tracker.update("step:1 - a:1.0\n")  # a shorter log: it started over
+    assert tracker.progress.steps == [1] and tracker.progress.saves == []

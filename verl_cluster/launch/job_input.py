@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from verl_cluster.config.job import JobSpec, load_job
+from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ConfigError
 
 KINDS = ("spec", "script", "command")
@@ -54,18 +54,12 @@ class JobInput:
 
     def load(self, extra: list[str] = ()) -> tuple[JobSpec, Any]:
         """(JobSpec, ImportedJob or None) with `extra` key=value words applied after the recorded ones."""
-        from verl_cluster.launch.script_import import import_argv, import_script
+        from verl_cluster.launch.script_import import load_job_input
 
         words = list(self.overrides) + list(extra)
         if self.kind == "command":
-            imp = import_argv(list(self.argv))
-            return imp.job(words), imp
-        if self.kind == "script":
-            if not Path(self.path).is_file():
-                raise ConfigError(f"{self.path}: script not found")
-            imp = import_script(self.path)
-            return imp.job(words), imp
-        return load_job(self.path, words), None
+            return load_job_input(self.argv[0], list(self.argv[1:]), words)
+        return load_job_input(self.path, words)
 
     def job(self, extra: list[str] = ()) -> JobSpec:
         return self.load(extra)[0]

@@ -220,7 +220,6 @@ def state_list(api: JobsApi, resource: str, filters: tuple[tuple[str, str], ...]
                timeout_s: float = 30.0) -> list[dict]:
     """Rows of Ray's State API (`actors`, `placement_groups`, ...) from the dashboard the Jobs API is on, through
     the same link and token; `filters`: (key, value) pairs that must be equal."""
-    import urllib.error
     import urllib.parse
     import urllib.request
 
@@ -325,8 +324,8 @@ def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: Text
     async def stream() -> None:
         # the job's end is decided by its status, not by the log stream: processes the job left behind (vLLM's
         # workers, say) can hold the stream open long after the job SUCCEEDED
-        tailer = asyncio.ensure_future(tail())
-        await asyncio.wait([tailer, asyncio.ensure_future(poll_status())], return_when=asyncio.FIRST_COMPLETED)
+        tailer, poller = asyncio.ensure_future(tail()), asyncio.ensure_future(poll_status())
+        await asyncio.wait([tailer, poller], return_when=asyncio.FIRST_COMPLETED)
         if not tailer.done():
             try:
                 await asyncio.wait_for(asyncio.shield(tailer), timeout=DRAIN_S)  # the last lines still in flight
@@ -334,9 +333,7 @@ def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: Text
                 tailer.cancel()
         else:
             tailer.result()  # a stream refused at the start (HTTP 400/401) is the caller's error to see
-        while seen["status"] not in TERMINAL:  # the stream ended first: wait for the status to say so
-            await asyncio.sleep(poll_s)
-            show_status((await asyncio.get_running_loop().run_in_executor(None, job_info, api, job_id)).status)
+            await poller  # the stream ended first: wait for the status to say so
 
     try:
         asyncio.run(stream())

@@ -213,18 +213,19 @@ def is_python(word: str) -> bool:
     return bool(PYTHON.fullmatch(word))
 
 
-def load_job_input(first: str, rest: list[str]) -> tuple[JobSpec, Optional[ImportedJob]]:
+def load_job_input(first: str, rest: list[str], before: list[str] = ()) -> tuple[JobSpec, Optional[ImportedJob]]:
     """The job a command names: `JOB.yaml key=value...`, `SCRIPT.sh key=value...` or `-- python3 -m MODULE ...`
-    (then every word after the module is the program's). The ImportedJob is None for a YAML spec."""
+    (then every word after the module is the program's; `before`: the job's key=value words given before `--`,
+    applied first in every form). The ImportedJob is None for a YAML spec."""
     if is_python(first):
         imp = import_argv([first] + list(rest))
-        return imp.job(), imp
+        return imp.job(list(before)), imp
     if is_script(first):
         if not Path(first).is_file():
             raise ConfigError(f"{first}: script not found")
         imp = import_script(first)
-        return imp.job(list(rest)), imp
-    return load_job(first, list(rest)), None
+        return imp.job(list(before) + list(rest)), imp
+    return load_job(first, list(before) + list(rest)), None
 
 
 def script_key_origin(source: str, key: str) -> Optional[str]:

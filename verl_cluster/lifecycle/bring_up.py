@@ -15,16 +15,15 @@ from verl_cluster.lifecycle.up import UpReport, up
 class BringUp:
     report: UpReport
     reasons: list[str] = field(default_factory=list)  # why each backend setting was chosen
-    node_env: dict = field(default_factory=dict)  # host -> env added to `ray start`
 
 
-def bring_up(spec: ClusterSpec, *, restart: bool = False, refresh_env: bool = False,
+def bring_up(spec: ClusterSpec, *, restart: bool = False,
              progress: Optional[Callable[[str, str], None]] = None) -> BringUp:
     """Start or heal every node with the backend environment; the environment is remembered for an hour per
-    cluster (`refresh_env` or `restart` detect it again). Unreachable nodes are skipped by the detection: `up`
-    reports them itself."""
+    cluster (`restart` detects it again). Unreachable nodes are skipped by the detection: `up` reports them
+    itself."""
     from verl_cluster.diagnostics.env_cache import cached_backend_env
 
-    env = cached_backend_env(spec, refresh=refresh_env or restart)
+    env = cached_backend_env(spec, refresh=restart)
     report = up(spec, restart=restart, node_env=env.by_host, progress=progress)
-    return BringUp(report, list(env.reasons) + list(env.notes), dict(env.by_host))
+    return BringUp(report, list(env.reasons) + list(env.notes))

@@ -329,11 +329,11 @@ def gpu_procs():
         return {}
 
 
-def job_procs(temp_dir, job_id):
+def job_procs(temp_dir, job_id, procs=None):
     """pid -> command of the processes here that belong to Ray job `job_id` of this cluster's Ray: they carry the
     job in RAY_JOB_ID (children inherit it: vLLM's engine and workers too) and either descend from our Ray or,
     orphaned when their parent died, name our raylet in RAY_RAYLET_PID (another cluster's job 01000000 does not)."""
-    procs = read_procs()
+    procs = procs if procs is not None else read_procs()
     mine = ours(temp_dir, procs)
     raylets = {str(pid).encode() for pid, cmd in mine.items() if kind(cmd) == "raylet"}
     out = {}
@@ -360,8 +360,9 @@ def cmd_jobprocs(temp_dir, job_id, kill="0"):
         if killed:
             time.sleep(1.0)
     on_gpu = gpu_procs()
+    procs = read_procs()
     left = []
-    for pid, cmd in sorted(job_procs(temp_dir, job_id).items()):
+    for pid, cmd in sorted(job_procs(temp_dir, job_id, procs).items()):
         state, rss = proc_state(pid)
         if state == "Z":
             continue  # exited; its parent has not reaped it yet: holds nothing
@@ -372,7 +373,7 @@ def cmd_jobprocs(temp_dir, job_id, kill="0"):
     emit({"hostname": socket.gethostname(), "left": left, "killed": killed,
           "gpus": [{"index": x["index"], "used_mib": x["memory_total_mib"] - x["memory_free_mib"],
                     "total_mib": x["memory_total_mib"]} for x in g],
-          "gpu_procs": [{"pid": pid, "gpu": i, "mib": mib, "cmd": read_procs().get(pid, (0, "?"))[1][:80]}
+          "gpu_procs": [{"pid": pid, "gpu": i, "mib": mib, "cmd": procs.get(pid, (0, "?"))[1][:80]}
                         for pid, (i, mib) in sorted(on_gpu.items())]})
 
 
@@ -400,8 +401,9 @@ def job_pids(temp_dir, sid, job_id):
     """Our Ray's processes that belong to one job: its workers carry RAY_JOB_ID, its driver the Jobs API's
     metadata (job_submission_id) in its environment."""
     out = []
-    workers = job_procs(temp_dir, job_id) if job_id else {}
-    for pid, cmd in sorted({**ours(temp_dir), **workers}.items()):
+    procs = read_procs()
+    workers = job_procs(temp_dir, job_id, procs) if job_id else {}
+    for pid, cmd in sorted({**ours(temp_dir, procs), **workers}.items()):
         env = environ(pid)
         driver = b'"job_submission_id": "' + sid.encode() + b'"' in env.get(b"RAY_JOB_CONFIG_JSON_ENV_VAR", b"")
         if not (driver or pid in workers):

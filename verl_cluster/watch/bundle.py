@@ -67,10 +67,12 @@ def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> 
             if not d["stack"]:
                 why.append(f"{r['ip']} pid {d['pid']}: {d['error'] or 'py-spy printed nothing'}")
     (folder / "stacks.txt").write_text("\n".join(text) + "\n")
+    actors: list[dict] = []
     try:
-        actors = ray_jobs.state_list(api, "actors", (("job_id", ray_job_id),)) if ray_job_id else []
+        if ray_job_id:
+            actors = ray_jobs.state_list(api, "actors", (("job_id", ray_job_id),))
     except ClusterError as e:
-        actors, _ = [], why.append(f"actor table: {e.message}")
+        why.append(f"actor table: {e.message}")
     (folder / "actors.json").write_text(json.dumps(actors, indent=1, default=str) + "\n")
     logs = fan_out(spec, "joblogs", lambda n: (n.spec.temp_dir, ray_job_id, "40"), timeout=60)
     (folder / "worker-logs.txt").write_text("\n".join(

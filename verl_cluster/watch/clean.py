@@ -78,8 +78,8 @@ def clean_slate(spec: ClusterSpec, api, sid: str, ray_job_id: str, timeout_s: fl
     try:
         row = ray_jobs.job_info(api, sid)
         if row.status not in ray_jobs.TERMINAL:
-            ray_jobs.stop(api, sid, wait_s=min(30.0, timeout_s))
-        ray_job_id = ray_job_id or ray_jobs.job_info(api, sid).ray_job_id
+            row = ray_jobs.stop(api, sid, wait_s=min(30.0, timeout_s))
+        ray_job_id = ray_job_id or row.ray_job_id
     except ClusterError as e:
         say(f"could not stop {sid} through the Jobs API: {e.message}")
     if not ray_job_id:  # never reached Ray: nothing of it can be running

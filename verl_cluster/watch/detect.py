@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -13,8 +12,8 @@ from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import RunnerError
 from verl_cluster.lifecycle.auth import node_token_path
 from verl_cluster.lifecycle.nodes import Node, index_by_ip
+from verl_cluster.watch.progress import Progress
 
-_STEP = re.compile(r"\bstep[: ]\s*(\d+)\b")
 
 
 def _refused(ip: str, port: int, timeout: float = 1.0) -> bool:
@@ -92,23 +91,24 @@ class NodeMonitor:
 
 @dataclass
 class LogTracker:
-    """New log text since the last look, the newest step, and when either last moved."""
+    """New log text since the last look, the training progress it shows (read once, as it arrives), and when the
+    log last moved."""
     seen: int = 0
-    last_step: int = 0
     last_change: float = field(default_factory=time.monotonic)
     tail: list[str] = field(default_factory=list)
     tail_lines: int = 40
+    progress: Progress = field(default_factory=Progress)
 
     def update(self, text: str) -> str:
         """Feed the whole log (Ray's Jobs API returns it whole); returns the part not seen before."""
-        new = text[self.seen:] if len(text) >= self.seen else text
+        if len(text) < self.seen:  # a log that started over: read it afresh
+            self.seen, self.progress = 0, Progress()
+        new = text[self.seen:]
         self.seen = len(text)
         if new:
             self.last_change = time.monotonic()
             self.tail = (self.tail + new.splitlines())[-self.tail_lines:]
-            steps = [int(m.group(1)) for m in _STEP.finditer(new)]
-            if steps:
-                self.last_step = max(self.last_step, max(steps))
+            self.progress.feed(new)
         return new
 
     def quiet_for(self) -> float:

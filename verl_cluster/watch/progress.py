@@ -24,10 +24,19 @@ SCRATCH = re.compile(r"Training from scratch")
 
 @dataclass
 class Progress:
-    steps: list[int] = field(default_factory=list)  # step numbers in the order they were logged
-    saves: list[tuple[int, bool]] = field(default_factory=list)  # (step, complete: progress logged after it)
+    """Fed the log as it grows (`feed`); a line is read once it is complete (`flush` reads a last one without its
+    newline)."""
+    steps: list[int] = field(default_factory=list)  # step numbers in the order they were first logged
     resumed_from: Optional[int] = None  # the step verl says it loaded; 0 for "Training from scratch"
     resume_path: str = ""
+    _finished: list[int] = field(default_factory=list, repr=False)  # saves followed by progress
+    _pending: list[int] = field(default_factory=list, repr=False)  # saves started, nothing logged after them yet
+    _partial: str = field(default="", repr=False)
+
+    @property
+    def saves(self) -> list[tuple[int, bool]]:
+        """(step, finished) for every checkpoint save the log shows."""
+        return [(s, True) for s in self._finished] + [(s, False) for s in self._pending]
 
     @property
     def first_step(self) -> Optional[int]:
@@ -40,47 +49,55 @@ class Progress:
     @property
     def checkpoint(self) -> int:
         """The newest checkpoint this attempt finished saving (0: none)."""
-        return max((s for s, done in self.saves if done), default=0)
+        return max(self._finished, default=0)
 
     def lost(self, since: int = 0) -> int:
         """Steps done after the newest finished checkpoint (by this attempt or, `since`, an earlier one)."""
         return max(0, self.last_step - max(self.checkpoint, since))
 
+    def feed(self, text: str) -> "Progress":
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            self._line(raw)
+        return self
 
-def read_progress(text: str) -> Progress:
-    p = Progress()
-    pending: list[int] = []  # saves started, not yet followed by progress
-    for raw in text.splitlines():
+    def flush(self) -> "Progress":
+        if self._partial:
+            self._line(self._partial)
+            self._partial = ""
+        return self
+
+    def _line(self, raw: str) -> None:
         line = _ANSI.sub("", raw)
         m = RESUMED.search(line)
         if m:
-            p.resumed_from, p.resume_path = int(m.group(2)), m.group(1).rstrip(",")
-            continue
-        if p.resumed_from is None and SCRATCH.search(line):
-            p.resumed_from = 0
-            continue
+            self.resumed_from, self.resume_path = int(m.group(2)), m.group(1).rstrip(",")
+            return
+        if self.resumed_from is None and SCRATCH.search(line):
+            self.resumed_from = 0
+            return
         m = SAVE.search(line)
         if m:
             if "local_global_step_folder" in line and "Saving" not in line:
-                p.saves.append((int(m.group(2)), True))  # printed once written (the CPU stand-in, older verl)
+                self._finished.append(int(m.group(2)))  # printed once written (the CPU stand-in, older verl)
             else:
-                pending.append(int(m.group(2)))
-            continue
+                self._pending.append(int(m.group(2)))
+            return
         m = STEP.match(_PREFIX.sub("", line, count=1))
         if m:
             n = int(m.group(1))
-            p.steps.append(n)
-            done = [s for s in pending if s <= n]
-            p.saves += [(s, True) for s in done]
-            pending = [s for s in pending if s > n]
-    p.saves += [(s, False) for s in pending]
-    # the same step logged twice (a progress bar and the metrics line) counts once
-    seen: set[int] = set()
-    p.steps = [s for s in p.steps if not (s in seen or seen.add(s))]
-    return p
+            if n not in self.steps:  # a step logged twice (a progress bar and the metrics line) counts once
+                self.steps.append(n)
+            self._finished += [s for s in self._pending if s <= n]
+            self._pending = [s for s in self._pending if s > n]
 
 
-def resume_verdict(prev: Progress, new: Progress, checkpoint: int) -> tuple[str, str]:
+def read_progress(text: str) -> Progress:
+    return Progress().feed(text).flush()
+
+
+def resume_verdict(new: Progress, checkpoint: int) -> tuple[str, str]:
     """("resumed" | "scratch" | "unknown", evidence) for a new attempt, given the newest finished checkpoint
     `checkpoint` of the run so far."""
     if new.resumed_from:

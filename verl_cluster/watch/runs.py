@@ -7,7 +7,7 @@ import fcntl
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -45,13 +45,11 @@ class RunState:
 
     def job_input(self, extra: list[str] = ()) -> "JobInput":
         """The job as submitted, with the run's current key=value words (an OOM re-plan changes them)."""
-        from dataclasses import replace as _replace
-
         from verl_cluster.launch.job_input import JobInput
 
         if not self.input:  # a run.json from before the three forms were kept
             return JobInput.from_words(self.job_file, list(self.overrides) + list(extra))
-        return _replace(JobInput.from_json(self.input), overrides=tuple(self.overrides) + tuple(extra))
+        return replace(JobInput.from_json(self.input), overrides=tuple(self.overrides) + tuple(extra))
 
     @property
     def current(self) -> str:

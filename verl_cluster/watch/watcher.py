@@ -18,7 +18,7 @@ from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.watch.detect import LogTracker, NodeMonitor
 from verl_cluster.watch.events import Event, Reporter
 from verl_cluster.watch.failures import Diagnosis, diagnose
-from verl_cluster.watch.progress import Progress, read_progress, resume_verdict
+from verl_cluster.watch.progress import Progress, resume_verdict
 from verl_cluster.watch.runs import RunState
 from verl_cluster.watch.settings import WatchSettings
 
@@ -155,7 +155,7 @@ class Watcher:
     def watch_attempt(self, sid: str) -> Outcome:
         tracker, expected, next_check, api_errors = LogTracker(), None, 0.0, 0
         gpus, started, ray_job_id, text = {}, time.time(), "", ""
-        progress, said_first = Progress(), False
+        said_first = False
         resumed = len(self.st.attempts) > 1
         self.monitor.refusals.clear()
         while True:
@@ -174,19 +174,19 @@ class Watcher:
                 self.emit("node-lost", "heal the head, resume", f"the Jobs API does not answer: {e.message}",
                           self.spec.head_ip)
                 return Outcome("LOST", Diagnosis("node-lost", "the head is gone", e.message), self.spec.head_ip,
-                               tracker.tail, progress, ray_job_id)
+                               tracker.tail, tracker.progress, ray_job_id)
+            progress = tracker.progress
             ray_job_id = row.ray_job_id or ray_job_id
             if new:
                 if self.stream is not None:
                     self.stream.write(new)
                     self.stream.flush()
-                progress = read_progress(text)
                 if resumed and not said_first and progress.first_step is not None:
                     said_first = True
                     self._say_resumed(progress)
             if row.status in ray_jobs.TERMINAL:
                 self._remember_lengths(sid, text)
-                out = self._ended(api, sid, row, expected, tracker, (started, gpus), progress)
+                out = self._ended(row, text.splitlines()[-2000:], expected, (started, gpus), progress.flush())
                 out.ray_job_id = ray_job_id
                 return out
             now = time.monotonic()
@@ -208,7 +208,7 @@ class Watcher:
                                        tracker.tail, progress, ray_job_id)
                 if tracker.quiet_for() > self.s.hang_after_s:
                     ev = (f"no new log line for {tracker.quiet_for():.0f}s (hang_after {self.s.hang_after_s:g}s), "
-                          f"last step {progress.last_step or tracker.last_step}")
+                          f"last step {progress.last_step}")
                     self.emit("hang", "collect the hang bundle, stop the job (its last lines are kept), resume from "
                               "its checkpoint", ev, lines=tracker.tail[-20:])
                     stuck = self._hang_bundle(api, sid, ray_job_id)
@@ -225,7 +225,7 @@ class Watcher:
     def _say_resumed(self, p: Progress) -> None:
         """The first step of a resumed attempt: where verl says it started, checked against the run's checkpoint."""
         ckpt = self._checkpoint(len(self.st.attempts) - 1)
-        verdict, evidence = resume_verdict(Progress(), p, ckpt)
+        verdict, evidence = resume_verdict(p, ckpt)
         if verdict == "scratch":
             self.emit("resume-failed", "error: the attempt started again from step 1; it keeps running "
                       "(stop it with `verl-cluster stop`) — check trainer.default_local_dir", evidence)
@@ -253,12 +253,12 @@ class Watcher:
             return None  # a CPU-only run: nothing for NVML to say
         return gpu_fault(self.run_spec, since, gpus)
 
-    def _ended(self, api, sid: str, row, expected, tracker: LogTracker, gpu_ctx, progress: Progress) -> Outcome:
+    def _ended(self, row, lines: list[str], expected, gpu_ctx, progress: Progress) -> Outcome:
+        """`lines`: the end of the log, read after the status was (the same poll's)."""
         if row.status == "SUCCEEDED":
             return Outcome("SUCCEEDED", progress=progress)
         if row.status == "STOPPED":
             return Outcome("STOPPED", progress=progress)
-        lines = ray_jobs.logs(api, sid).splitlines()[-2000:]
         lost = None
         for _ in range(2):  # a refused raylet port counts on the second look
             lost = self.monitor.lost(expected) if expected else None
