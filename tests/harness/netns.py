@@ -5,13 +5,18 @@ the hosts), one veth per host namespace, host addresses 10.213.N.(10+i) that exi
 namespaces this lab creates. Each host runs under
     ip netns exec NS unshare --pid --fork --mount-proc --kill-child ...
 so `ray stop` or a killall inside one host cannot touch another, and SIGKILL on the wrapper ends the
-whole host. /tmp is a private tmpfs per host, as on separate machines (not /root: Python may live there).
+whole host. /tmp is a private tmpfs per host, as on separate machines, and so is the home folder: nothing a
+host writes under ~ reaches the real one, and the login shell finds no ~/.bashrc (a shell profile that runs
+`pyenv rehash` waits on a lock that a host killed mid-rehash leaves behind, for every later command).
+The folders under /tmp and ~ that hold this Python and this checkout are bound back in.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import pwd
+import shlex
 import shutil
 import signal
 import subprocess
@@ -42,6 +47,22 @@ def _tmp_folders_to_keep() -> list[str]:
         parts = Path(p).resolve().parts
         if len(parts) > 2 and parts[1] == "tmp":
             keep.add(parts[2])
+    return sorted(keep)
+
+
+def _home_folders_to_keep(home: str) -> list[str]:
+    """Top-level folders of `home` holding a Python environment in use (this one, its base, the other Ray's
+    venv) or the repository, if any."""
+    keep = set()
+    other = os.environ.get("VC_OTHER_RAY_PYTHON")
+    paths = [sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[2])]
+    if other:
+        paths += [str(Path(other).resolve().parents[1]), str(Path(other).parents[1])]
+    top = Path(home).resolve()
+    for p in paths:
+        rel = Path(p).resolve()
+        if rel != top and top in rel.parents:
+            keep.add(rel.relative_to(top).parts[0])
     return sorted(keep)
 
 
@@ -179,7 +200,7 @@ class NetnsLab:
                 f.write(f"{host.ip} {pub[0]} {pub[1]}\n")
 
     def start(self, host: Host, sshd: bool = True) -> None:
-        """Boot the host: a PID namespace with private /tmp and /root, running sshd (or just sleeping)."""
+        """Boot the host: a PID namespace with a private /tmp and home, running sshd (or just sleeping)."""
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         main = (f"exec /usr/sbin/sshd -D -f {host.home}/sshd_config -E {host.home}/sshd.log" if sshd
                 else "exec sleep infinity")
@@ -193,6 +214,13 @@ class NetnsLab:
         boot += f"mount --bind /tmp {orig} && mount -t tmpfs -o size=2g tmpfs /tmp && "
         for top in _tmp_folders_to_keep():
             boot += f"mkdir -p /tmp/{top} && mount --bind {orig}/{top} /tmp/{top} && "
+        real_home = pwd.getpwuid(os.getuid()).pw_dir
+        private = host.home / "home"
+        private.mkdir(exist_ok=True)
+        for top in _home_folders_to_keep(real_home):
+            (private / top).mkdir(exist_ok=True)
+            boot += f"mount --bind {shlex.quote(real_home + '/' + top)} {private / top} && "
+        boot += f"mount --rbind {private} {shlex.quote(real_home)} && "
         boot += main
         host.wrapper = subprocess.Popen(
             ["ip", "netns", "exec", host.ns, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child",

@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from tests.harness.wait import wait_for
+
 from verl_cluster.errors import RunnerError
 from verl_cluster.runners import SshRunner, SshTarget
 from verl_cluster.runners.base import CommandTimeout
@@ -35,8 +37,7 @@ def test_remote_timeout_stops_the_command(host_and_runner):
     with pytest.raises(CommandTimeout):
         r.run(["sleep", "300"], timeout=2)
     assert time.monotonic() - t0 < 15
-    time.sleep(0.5)
-    assert h.pids("sleep 300") == []
+    wait_for(lambda: h.pids("sleep 300") == [], 10, "the remote sleep to be stopped")
 
 
 def test_popen_env_never_on_a_command_line(host_and_runner):
@@ -49,8 +50,7 @@ def test_popen_env_never_on_a_command_line(host_and_runner):
     assert secret not in ps
     assert h.run(["sh", "-c", "ls ~/.verl-cluster/env-* 2>/dev/null | wc -l"]).stdout.strip() == "0"
     p.terminate()
-    time.sleep(0.5)
-    assert h.pids("sleep 30") == []
+    wait_for(lambda: h.pids("sleep 30") == [], 10, "the remote sleep to be stopped")
 
 
 def test_put_text_mode_and_tunnel(host_and_runner):
