@@ -1,5 +1,8 @@
 import os
+import pwd
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,6 +10,46 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.harness import NetnsLab, integration_ready  # noqa: E402
+
+
+# The suite runs with a HOME of its own: nothing a test or the CLI it starts writes under ~ (cluster state, tokens,
+# job records, known_hosts) reaches the user's, and a cluster name that matches one of theirs cannot reuse their
+# token. At the end the user's ~/.verl-cluster and ~/.ssh are compared with how they were before the run.
+_REAL_HOME = Path(os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir)
+_GUARDED = (".verl-cluster", ".ssh")
+
+
+def _snapshot(home: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for top in _GUARDED:
+        root = home / top
+        for p in [root, *root.rglob("*")] if root.exists() else []:
+            st = p.lstat()
+            out[str(p)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def pytest_configure(config):
+    config._vc_real_home = (_REAL_HOME, _snapshot(_REAL_HOME))
+    home = tempfile.mkdtemp(prefix="vc-test-home-", dir="/var/tmp")  # not /tmp: the namespace hosts hide it
+    config._vc_suite_home = home
+    os.environ["HOME"] = home
+
+
+def pytest_sessionfinish(session, exitstatus):
+    real, before = session.config._vc_real_home
+    after = _snapshot(real)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if changed:
+        print(f"\nthe suite touched the user's home ({real}): " + ", ".join(changed[:10]), file=sys.stderr)
+        session.exitstatus = 1
+    shutil.rmtree(session.config._vc_suite_home, ignore_errors=True)
+
+
+@pytest.fixture
+def real_home() -> Path:
+    """The home the suite was started from (the tests themselves run with HOME pointing elsewhere)."""
+    return _REAL_HOME
 
 
 def require_integration() -> None:

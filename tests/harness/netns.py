@@ -99,8 +99,9 @@ class Host:
             env: dict | None = None) -> subprocess.CompletedProcess:
         """Run argv inside this host (its network, PID and mount namespaces)."""
         full = ["nsenter", "-t", str(self.init_pid), "-n", "-p", "-m", "--"] + argv
+        home = pwd.getpwuid(os.getuid()).pw_dir  # the host's own (private) home, as an SSH login there sees it
         return subprocess.run(full, capture_output=True, text=True, timeout=timeout, check=check,
-                              env={**os.environ, **(env or {})})
+                              env={**os.environ, "HOME": home, **(env or {})})
 
     def pids(self, pattern: str) -> list[int]:
         r = self.run(["pgrep", "-f", pattern])
