@@ -8,8 +8,9 @@ import yaml
 from verl_cluster.cli import main
 from verl_cluster.config.job import JobSpec, load_job
 from verl_cluster.errors import ConfigError
+from verl_cluster.launch.hydra_values import from_hydra
 from verl_cluster.launch.request import merge_overrides
-from verl_cluster.launch.script_import import hydra_value, import_argv, import_script, load_job_input
+from verl_cluster.launch.script_import import import_argv, import_script, load_job_input
 
 ENV = {"HOME": "/home/u"}
 
@@ -147,7 +148,7 @@ def test_secrets_are_never_written(tmp_path):
     ("Qwen/Qwen2-7B-Instruct", "Qwen/Qwen2-7B-Instruct"), ("${oc.env:X}", "${oc.env:X}"),
 ])
 def test_hydra_values(raw, value):
-    assert hydra_value(raw) == value
+    assert from_hydra(raw) == value
 
 
 def test_a_command_line_is_a_job_too():

@@ -10,8 +10,9 @@ from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import load_job
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launch.integrations import BackendEnv, config_interface_env
+from verl_cluster.launch.hydra_values import to_hydra
 from verl_cluster.launch.request import (MASK, build_ray_request, build_torchrun_request, effective_overrides,
-                                         hydra_value, secret_values, submission_id)
+                                         secret_values, submission_id)
 from verl_cluster.launch.submit import decide_launcher, needs_ray
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,11 +33,11 @@ def write_job(tmp_path, text):
 
 
 def test_hydra_values():
-    assert hydra_value(["/d/a.parquet", "/d/b.parquet"]) == "[/d/a.parquet,/d/b.parquet]"
-    assert hydra_value(True) == "true" and hydra_value(None) == "null" and hydra_value(1e-6) == "1e-06"
-    assert hydra_value("a b") == "'a b'" and hydra_value("it's") == "'it\\'s'"
-    assert hydra_value("true") == "'true'"  # a string, not the boolean
-    assert hydra_value(["console", "wandb"]) == "[console,wandb]"
+    assert to_hydra(["/d/a.parquet", "/d/b.parquet"]) == "[/d/a.parquet,/d/b.parquet]"
+    assert to_hydra(True) == "true" and to_hydra(None) == "null" and to_hydra(1e-6) == "1e-06"
+    assert to_hydra("a b") == "'a b'" and to_hydra("it's") == "'it\\'s'"
+    assert to_hydra("true") == "'true'"  # a string, not the boolean
+    assert to_hydra(["console", "wandb"]) == "[console,wandb]"
 
 
 def test_submission_id_is_name_plus_timestamp():

@@ -18,31 +18,13 @@ from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec
 from verl_cluster.config.names import MASK, masked_env  # noqa: F401 - MASK: what tests and callers compare with
 from verl_cluster.errors import ConfigError
+from verl_cluster.launch.hydra_values import to_hydra
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:@+\-]+$")
 PYTHONS = ("python", "python3")
 
 
-def hydra_value(v: Any) -> str:
-    """A value in Hydra's override grammar: lists as [a,b], strings quoted when they need it."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(hydra_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
-    s = str(v)
-    if _PLAIN.match(s) and s.lower() not in ("true", "false", "null"):
-        return s
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def override_args(overrides: Mapping[str, Any]) -> list[str]:
-    return [f"{k}={hydra_value(v)}" for k, v in overrides.items()]
+    return [f"{k}={to_hydra(v)}" for k, v in overrides.items()]
 
 
 def submission_id(name: str, now: Optional[float] = None) -> str:
@@ -75,7 +57,7 @@ class NotApplied:
     reason: str
 
     def line(self) -> str:
-        return f"{self.key}={hydra_value(self.value)}: {self.reason}"
+        return f"{self.key}={to_hydra(self.value)}: {self.reason}"
 
 
 # planner keys verl 0.9.1's ppo_megatron_trainer config lacks (its workers have no FSDP settings)
@@ -104,10 +86,10 @@ def merge_overrides(job: JobSpec, plan_overrides: Mapping[str, Any]) -> tuple[di
         b = key.lstrip("+")
         mine = bare.get(b) or (bare.get(b[:-len("_per_gpu")]) if b.endswith("_per_gpu") else None)
         if mine is not None:
-            said = f"you set {mine}={hydra_value(own[mine])} ({key_origin(job, mine)})"
+            said = f"you set {mine}={to_hydra(own[mine])} ({key_origin(job, mine)})"
             if mine.lstrip("+") != b:
                 skipped.append(NotApplied(key, value, f"{said}; verl refuses both"))
-            elif hydra_value(own[mine]).lower() != hydra_value(value).lower():
+            elif to_hydra(own[mine]).lower() != to_hydra(value).lower():
                 skipped.append(NotApplied(key, value, said))
             continue
         if megatron and any(m in b for m in NOT_IN_MEGATRON):

@@ -19,61 +19,13 @@ import yaml
 from verl_cluster.config.job import JobSpec, job_from_data, load_job
 from verl_cluster.config.loader import read_text_bounded, short
 from verl_cluster.errors import ConfigError
+from verl_cluster.launch.hydra_values import from_hydra
 from verl_cluster.launch.shell_words import ARGS, PYTHON, Field, looks_secret, read_script
 
 SCRIPT_SUFFIXES = (".sh", ".bash")
 HYDRA_FLAGS = ("--config-path", "--config-name", "--config-dir", "-cp", "-cn", "-cd")
 KEY = re.compile(r"(\+{1,2})?[A-Za-z_][\w\-/@]*(\.[\w\-/@]+)*")
 MODEL_KEY = "actor_rollout_ref.model.path"
-_INT = re.compile(r"[+-]?\d+")
-_FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?|[+-]?(inf|nan)", re.I)
-
-
-def hydra_value(raw: str) -> Any:
-    """A Hydra override value as Python: [a,b] lists, {k:v} dicts, quoted strings, numbers, booleans, null."""
-    s = raw.strip()
-    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
-        return s[1:-1].replace("\\" + s[0], s[0])
-    if s[:1] in "[{" and s[-1:] in "]}":
-        items = [x for x in _split_top(s[1:-1]) if x.strip()]
-        if s[0] == "[":
-            return [hydra_value(x) for x in items]
-        pairs = [x.split(":", 1) for x in items]
-        if all(len(p) == 2 for p in pairs):
-            return {k.strip().strip("'\""): hydra_value(v) for k, v in pairs}
-        return s
-    low = s.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "null":
-        return None
-    if _INT.fullmatch(s):
-        return int(s)
-    if _FLOAT.fullmatch(s):
-        return float(s)
-    return raw
-
-
-def _split_top(s: str) -> list[str]:
-    """Split at commas outside brackets and quotes."""
-    out, depth, cur, quote = [], 0, "", ""
-    for c in s:
-        if quote:
-            quote = "" if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c in "[{(":
-            depth += 1
-        elif c in "]})":
-            depth -= 1
-        elif c == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-            continue
-        cur += c
-    return out + [cur]
-
-
 @dataclass
 class ImportedJob:
     """The job spec's data (as YAML would hold it) and where each value came from."""
@@ -147,7 +99,7 @@ def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[s
             raise ConfigError(f"{src}:{f.line}: `{f.text}` is not a key=value override",
                               "verl takes Hydra overrides such as data.train_batch_size=256")
         overrides.pop(key, None)  # Hydra: the later value wins; keep the order of the last one
-        overrides[key] = hydra_value(raw)
+        overrides[key] = from_hydra(raw)
         origins[("overrides", key)] = f.line
     data: dict[str, Any] = {"name": _name(src, module, overrides), "entrypoint": module,
                             "launcher": "ray" if module.startswith("verl.trainer.main_") else "auto"}

@@ -28,7 +28,7 @@ def room_after_oom(load: Callable[[list[str]], JobSpec], overrides: list[str], s
                    facts: Optional[list] = None) -> tuple[list[str], str]:
     """(the overrides for the next attempt, what was decided, in words). `load(overrides)` builds the job;
     `facts`: the nodes' facts (gathered from `spec` when not given)."""
-    from verl_cluster.launch.request import hydra_value
+    from verl_cluster.launch.hydra_values import to_hydra
     from verl_cluster.placement import gather_node_facts, plan_job
 
     if ROOM in overrides:
@@ -56,19 +56,19 @@ def room_after_oom(load: Callable[[list[str]], JobSpec], overrides: list[str], s
             return overrides, f"{phases} ran at the GPU's limit and nothing that keeps the training the same has " \
                               f"room: resuming with the same settings (`verl-cluster plan JOB {ROOM}` lists the " \
                               "changes that would)"
-        words = [(k, hydra_value(v)) for k, v in option.overrides.items() if _differs(was.get(k), v)]
+        words = [(k, to_hydra(v)) for k, v in option.overrides.items() if _differs(was.get(k), v)]
         for w in list(words):  # keep only what room needs: the others stay as the job had them
             if fits([x for x in words if x != w]):
                 words.remove(w)
         if not fits(words):
             return overrides, f"{phases} ran at the GPU's limit; no change found with room: resuming with the same settings"
-    changed = [f"{k}: {hydra_value(was[k]) if k in was else 'unset'} → {v}" for k, v in words]
+    changed = [f"{k}: {to_hydra(was[k]) if k in was else 'unset'} → {v}" for k, v in words]
     return overrides + [ROOM] + [f"{k}={v}" for k, v in words], (
         f"{phases} ran at the GPU's limit; the next attempts are planned with room"
         + (": " + "; ".join(changed) if changed else ""))
 
 
 def _differs(a: Any, b: Any) -> bool:
-    from verl_cluster.launch.request import hydra_value
+    from verl_cluster.launch.hydra_values import to_hydra
 
-    return a is None or hydra_value(a).lower() != hydra_value(b).lower()
+    return a is None or to_hydra(a).lower() != to_hydra(b).lower()
