@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from verl_cluster.cli.cluster_args import DEFAULT_CLUSTER, add_cluster_args, resolve_cluster
+from verl_cluster.cli.follow import follow_job
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
@@ -98,8 +99,6 @@ def run_logs(args) -> int:
             sys.stdout.write(ray_jobs.logs(api, args.job_id))
             sys.stdout.flush()
             return EXIT_OK
-        from verl_cluster.cli.submit_cmd import follow_job
-
         from verl_cluster.launch.integrations import plan_predictions
 
         row = ray_jobs.job_info(api, args.job_id)
