@@ -60,6 +60,26 @@ class NotApplied:
         return f"{self.key}={to_hydra(self.value)}: {self.reason}"
 
 
+def key_origin(job: JobSpec, key: str) -> str:
+    """'file:line' of a verl key in the job file's `overrides` (or the script's line), else 'the command line'."""
+    from verl_cluster.config.loader import read_yaml
+    from verl_cluster.launch.script_import import is_script, script_key_origin
+
+    if job.source == "<command line>":
+        return "the command line"
+    if is_script(job.source):
+        return script_key_origin(job.source, key) or "the command line"
+    try:
+        _, lines = read_yaml(job.source)
+    except Exception:  # noqa: BLE001 - a job built in memory, or a file gone since: no line to name
+        return job.source
+    bare = key.lstrip("+")
+    for path in (("overrides", *bare.split(".")), ("overrides", bare), ("overrides", key)):
+        if path in lines:
+            return f"{job.source}:{lines[path]}"
+    return "the command line"
+
+
 # planner keys verl 0.9.1's ppo_megatron_trainer config lacks (its workers have no FSDP settings)
 NOT_IN_MEGATRON = ("fsdp_config.", "critic.fsdp.", "critic.forward_micro_batch_size_per_gpu")
 
@@ -75,8 +95,6 @@ def merge_overrides(job: JobSpec, plan_overrides: Mapping[str, Any]) -> tuple[di
     """(what verl gets, the planner's suggestions not applied). The user's keys always win, compared without
     Hydra's +/++ prefixes (two spellings of one key would make Hydra fail), and a per-GPU micro batch is not
     added where the user set the global one (verl refuses both)."""
-    from verl_cluster.launch.preflight import key_origin
-
     own = job.verl_overrides()
     bare = {k.lstrip("+"): k for k in own}
     megatron = uses_megatron(job)
