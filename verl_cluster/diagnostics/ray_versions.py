@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from verl_cluster.diagnostics.verdicts import ERROR, WARNING, Problem
+from verl_cluster.diagnostics.problem import ERROR, WARNING, Problem
 
 OLDEST = (2, 52)  # token auth
 NEWEST = (2, 60)

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from verl_cluster.diagnostics.problem import ERROR, WARNING, Problem
+from verl_cluster.diagnostics.ray_versions import drift
 from verl_cluster.facts.model import NodeFacts
 
-ERROR, WARNING = "error", "warning"
 MIN_NOFILE = 65536  # Ray opens a socket per worker and object transfer; it warns below this too
 MAX_CLOCK_OFFSET_S = 1.0
-
-
-@dataclass(frozen=True)
-class Problem:
-    node: str  # a host, "a -> b" for a pair, or "cluster"
-    what: str
-    fix: str
-    severity: str = ERROR
-
-    def to_json(self) -> dict:
-        return {"node": self.node, "what": self.what, "fix": self.fix, "severity": self.severity}
 
 
 def _minor(version: str) -> str:
@@ -129,8 +118,6 @@ def consistency_verdicts(facts: Mapping[str, NodeFacts]) -> list[Problem]:
         if not v and pkg in ("ray", "verl") and pkg not in f.import_errors and "import" not in f.import_errors:
             return "missing"
         return v
-
-    from verl_cluster.diagnostics.ray_versions import drift  # it builds on Problem: imported late
 
     out += drift({h: version(f, "ray") for h, f in facts.items()})
     for pkg, sev in (("torch", ERROR), ("verl", ERROR), ("flash_attn", WARNING), ("nccl", ERROR)):
