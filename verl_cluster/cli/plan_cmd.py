@@ -98,7 +98,7 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
         args.cluster = cluster_file()
     if getattr(args, "cluster", None):
         from verl_cluster.config.cluster import load_cluster
-        from verl_cluster.placement import gather_node_facts
+        from verl_cluster.facts.cluster_facts import gather_node_facts
 
         return gather_node_facts(load_cluster(args.cluster))  # RunnerError (exit 1) names an unreachable node
     if job_gpus:
