@@ -13,7 +13,8 @@ from verl_cluster.config.job import load_job
 from verl_cluster.errors import ConfigError
 from verl_cluster.launch.data_lengths import gather_lengths
 from verl_cluster.placement import parse_gpus, plan_job
-from verl_cluster.placement.lengths import TOTAL_SWING, micro_tokens, plan_lengths, resolve_lengths
+from verl_cluster.placement.length_plans import plan_lengths
+from verl_cluster.placement.lengths import TOTAL_SWING, micro_tokens, resolve_lengths
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests/fixtures/prompts"

@@ -10,7 +10,8 @@ from verl_cluster.config.job import load_job
 from verl_cluster.launch.request import merge_overrides
 from verl_cluster.launch.script_import import load_job_input
 from verl_cluster.placement import parse_gpus
-from verl_cluster.placement.lengths import plan_lengths, resolve_lengths
+from verl_cluster.placement.length_plans import plan_lengths
+from verl_cluster.placement.lengths import resolve_lengths
 from verl_cluster.placement.plan import plan as plan_job
 from verl_cluster.placement.settings import uses_megatron
 

@@ -44,7 +44,7 @@ def render_lengths(plans, shown: Plan, con: Console) -> None:
     if plans.known is not None:
         con.print(f"  at these lengths (fill {L.fill:.3g}): {verdict(plans.known)}")
     if plans.padded:
-        from verl_cluster.placement.lengths import PADDED
+        from verl_cluster.placement.length_plans import PADDED
 
         con.print(f"  [dim]{escape(PADDED)}[/]")
     if shown is plans.worst and plans.known is not None and plans.known.feasible:
