@@ -1,5 +1,6 @@
-"""`jobs`, `logs JOB [--follow]`, `stop JOB`: the cluster's Ray jobs. Without `-c`, the cluster is the one the
-job was submitted to from this machine (its local record), else the default."""
+"""`jobs`, `logs JOB [--follow]`, `stop JOB`: the clusters' Ray jobs. Without `-c`, `logs`/`stop` use the cluster the
+job was submitted to from this machine (its local record), else the default; `jobs` lists every cluster this
+machine brought up or submitted to, asked in parallel, and names the ones that do not answer."""
 
 from __future__ import annotations
 
@@ -13,11 +14,22 @@ from rich.table import Table
 from verl_cluster.cli.cluster_args import DEFAULT_CLUSTER, add_cluster_args, resolve_cluster
 from verl_cluster.cli.follow import follow_job
 from verl_cluster.cli.output import err, out, print_json
-from verl_cluster.config.cluster import load_cluster
-from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
-from verl_cluster.launch import job_records, ray_jobs
+from verl_cluster.launchers import load_cluster
+from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY, ConfigError
+from verl_cluster.launch import all_jobs, job_records, ray_jobs
 
 _DEFAULT = f"the job's cluster when it was submitted from here, else {DEFAULT_CLUSTER}"
+_EVERY = f"every cluster brought up or submitted to from here, else {DEFAULT_CLUSTER}"
+_JOBS_HELP = """\
+Without -c: the jobs of every cluster this machine ran `up` on or submitted to (records under
+~/.verl-cluster), all asked at once, each within --timeout; a cluster that does not answer (its
+allocation ended, its head is off) gets one line saying why, and the others are still listed.
+--json: with -c, that cluster's jobs (a list); without, {"clusters": [...]}, each with its
+"jobs" or, when it did not answer, its "error" and "hint".
+
+exit status: 0 when a cluster answered (with -c: that cluster; without: at least one, so that
+old records of clusters long gone do not make every `jobs` fail); 1 when none answered;
+2 for bad input (an unreadable -c file, a misspelt override)."""
 
 
 def job_id_arg(p: argparse.ArgumentParser) -> None:
@@ -25,19 +37,21 @@ def job_id_arg(p: argparse.ArgumentParser) -> None:
     a.completer = lambda **_: job_records.recent_ids()  # read by argcomplete, when installed
 
 
-def load_for_job(args, job_id: str | None = None):
+def load_for_job(args, job_id: str):
     """The cluster spec for a job: -c/positional FILE, else the job's local record, else the default."""
     if resolve_cluster(args, default=None) is None:
-        rec = job_records.lookup(job_id) if job_id else job_records.latest()
+        rec = job_records.lookup(job_id)
         args.cluster = rec["cluster_file"] if rec else DEFAULT_CLUSTER
-        if rec and not job_id:
-            err.print(f"[dim]cluster {escape(args.cluster)} (of the last job submitted from here; -c to choose)[/]")
     return load_cluster(args.cluster, args.overrides)
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("jobs", parents=[common], help="list the cluster's jobs")
-    add_cluster_args(p, default=_DEFAULT)
+    p = sub.add_parser("jobs", parents=[common], help="list the jobs of a cluster, or of every one known here",
+                       description="List Ray jobs.", epilog=_JOBS_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cluster_args(p, default=_EVERY)
+    p.add_argument("--timeout", type=float, default=all_jobs.ANSWER_TIMEOUT_S, metavar="SECONDS",
+                   help="without -c: how long each cluster may take to answer (default %(default)g)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_jobs)
 
@@ -62,7 +76,12 @@ def _age(ms) -> str:
 
 
 def run_jobs(args) -> int:
-    spec = load_for_job(args)
+    if resolve_cluster(args, default=None) is None:
+        known = job_records.known_clusters()
+        if known:
+            return _jobs_everywhere(args, known)
+        args.cluster = DEFAULT_CLUSTER
+    spec = load_cluster(args.cluster, args.overrides)
     with ray_jobs.connect(spec) as api:
         rows = ray_jobs.list_jobs(api)
     if args.json:
@@ -71,6 +90,34 @@ def run_jobs(args) -> int:
     if not rows:
         err.print("no jobs on this cluster")
         return EXIT_OK
+    out.print(_table(spec.cluster_name, rows))
+    return EXIT_OK
+
+
+def _jobs_everywhere(args, known) -> int:
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout:g}: must be more than 0 seconds", "e.g. --timeout 20")
+    found = all_jobs.jobs_everywhere(known, load_cluster, args.overrides, timeout_s=args.timeout)
+    answered = [c for c in found if c.answered]
+    if args.json:
+        print_json({"clusters": [c.to_json() for c in found]})
+    else:
+        for c in answered:
+            where = f"[bold]{escape(c.cluster)}[/] [dim]{escape(c.cluster_file)}[/]"
+            if c.rows:
+                out.print(where)
+                out.print(_table(c.cluster, c.rows))
+            else:
+                out.print(f"{where}: no jobs")
+        for c in found:
+            if not c.answered:
+                hint = f" [dim]({escape(c.hint)})[/]" if c.hint else ""
+                err.print(f"[yellow]{escape(c.cluster)}[/] ({escape(c.cluster_file)}) did not answer: "
+                          f"{escape(c.error)}{hint}")
+    return EXIT_OK if answered else EXIT_UNHEALTHY
+
+
+def _table(cluster: str, rows) -> Table:
     t = Table(show_edge=False)
     for c in ("submission id", "status", "started", "duration", "watch", "entrypoint"):
         t.add_column(c)
@@ -78,9 +125,8 @@ def run_jobs(args) -> int:
     for r in rows:
         dur = f"{r.duration_s:.0f}s" if r.duration_s is not None else "-"
         t.add_row(r.submission_id, f"[{style.get(r.status, '')}]{r.status}[/]", _age(r.start_time), dur,
-                  escape(_watch_note(spec.cluster_name, r)), escape(r.entrypoint[:80]))
-    out.print(t)
-    return EXIT_OK
+                  escape(_watch_note(cluster, r)), escape(r.entrypoint[:80]))
+    return t
 
 
 def _watch_note(cluster: str, r) -> str:

@@ -1,7 +1,9 @@
-"""Ray jobs submitted from this machine: ~/.verl-cluster/jobs/<submission id>.json.
+"""What this machine remembers: Ray jobs submitted from here (~/.verl-cluster/jobs/<submission id>.json) and
+clusters brought up from here (~/.verl-cluster/clusters/<cluster name>.json).
 
-Each record names the cluster file the job went to, so `logs`/`stop`/`jobs` find the cluster from a job's id
-alone, and the shell can complete job ids without asking Ray (a completion must answer in milliseconds).
+Each job record names the cluster file the job went to, so `logs`/`stop` find the cluster from a job's id alone,
+and the shell can complete job ids without asking Ray (a completion must answer in milliseconds). Both kinds of
+record together are the clusters `jobs` asks when no cluster is named.
 """
 
 from __future__ import annotations
@@ -10,43 +12,65 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 JOBS_DIR = "~/.verl-cluster/jobs"
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a job id that is a plain file name, never a path
+CLUSTERS_DIR = "~/.verl-cluster/clusters"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a job id or cluster name: a plain file name, never a path
 
 
 def jobs_dir() -> Path:
     return Path(os.path.expanduser(JOBS_DIR))
 
 
-def record(submission_id: str, cluster_file: str, cluster_name: str, job_name: str, **extra) -> None:
-    """Remember where a job went. Best effort: a read-only home only costs `logs` its `-c`.
-    `extra`: what `watch` needs to resubmit it (job_file, overrides) and its run chain (run, previous)."""
-    if not _SAFE_ID.match(submission_id):
-        return
-    doc = {"submission_id": submission_id, "cluster_file": str(Path(cluster_file).resolve()),
-           "cluster": cluster_name, "job": job_name, "submitted_at": time.time(), **extra}
+def clusters_dir() -> Path:
+    return Path(os.path.expanduser(CLUSTERS_DIR))
+
+
+def _write_private(folder: Path, name: str, doc: dict) -> None:
+    """Best effort: a read-only home only costs `logs` its `-c` and `jobs` this cluster."""
     try:
-        jobs_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
-        # 0600 from the first byte: the record holds the job's overrides
-        fd = os.open(jobs_dir() / f"{submission_id}.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # 0600 from the first byte: a record holds overrides
+        fd = os.open(folder / f"{name}.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(doc) + "\n")
     except OSError:
         pass
 
 
-def lookup(submission_id: str) -> Optional[dict]:
-    """The record of a job submitted from here, or None."""
+def record(submission_id: str, cluster_file: str, cluster_name: str, job_name: str, **extra) -> None:
+    """Remember where a job went. `extra`: what `watch` needs to resubmit it (job_file, overrides) and its run
+    chain (run, previous)."""
     if not _SAFE_ID.match(submission_id):
-        return None
+        return
+    doc = {"submission_id": submission_id, "cluster_file": str(Path(cluster_file).resolve()),
+           "cluster": cluster_name, "job": job_name, "submitted_at": time.time(), **extra}
+    _write_private(jobs_dir(), submission_id, doc)
+
+
+def record_cluster(cluster_name: str, cluster_file: str, overrides: list[str] | tuple[str, ...] = ()) -> None:
+    """Remember a cluster `up` was run on, with the key=value overrides it was given."""
+    if not _SAFE_ID.match(cluster_name):
+        return
+    doc = {"cluster": cluster_name, "cluster_file": str(Path(cluster_file).resolve()),
+           "overrides": list(overrides), "at": time.time()}
+    _write_private(clusters_dir(), cluster_name, doc)
+
+
+def _read(path: Path) -> Optional[dict]:
     try:
-        doc = json.loads((jobs_dir() / f"{submission_id}.json").read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("cluster_file") else None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("cluster_file"), str) else None
+
+
+def lookup(submission_id: str) -> Optional[dict]:
+    """The record of a job submitted from here, or None."""
+    return _read(jobs_dir() / f"{submission_id}.json") if _SAFE_ID.match(submission_id) else None
 
 
 def recent_ids(limit: int = 200) -> list[str]:
@@ -59,10 +83,43 @@ def recent_ids(limit: int = 200) -> list[str]:
     return [p.stem for p in files[:limit]]
 
 
-def latest() -> Optional[dict]:
-    """The newest record whose cluster file still exists."""
-    for sid in recent_ids(limit=20):
+@dataclass(frozen=True)
+class KnownCluster:
+    name: str
+    cluster_file: str
+    overrides: tuple[str, ...] = ()
+    last_used: float = 0.0  # when `up` ran on it or a job was last submitted to it (epoch seconds)
+
+
+def _when(doc: dict, key: str) -> float:
+    try:
+        return float(doc.get(key) or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def known_clusters(job_limit: int = 500) -> list[KnownCluster]:
+    """Every cluster this machine has brought up or submitted to, one per cluster name, most recently used first.
+    A cluster `up` recorded keeps that record's file and overrides (a job record has no cluster overrides)."""
+    found: dict[str, KnownCluster] = {}
+    try:
+        ups = sorted(clusters_dir().glob("*.json"))
+    except OSError:
+        ups = []
+    for path in ups:
+        doc = _read(path)
+        if doc and isinstance(doc.get("cluster"), str):
+            over = tuple(str(o) for o in doc.get("overrides") or ())
+            found[doc["cluster"]] = KnownCluster(doc["cluster"], doc["cluster_file"], over, _when(doc, "at"))
+    for sid in recent_ids(limit=job_limit):
         doc = lookup(sid)
-        if doc and Path(doc["cluster_file"]).is_file():
-            return doc
-    return None
+        name = doc and str(doc.get("cluster") or Path(doc["cluster_file"]).stem)
+        if not name:
+            continue
+        at = _when(doc, "submitted_at")
+        have = found.get(name)
+        if have is None:
+            found[name] = KnownCluster(name, doc["cluster_file"], (), at)
+        elif at > have.last_used:
+            found[name] = replace(have, last_used=at)
+    return sorted(found.values(), key=lambda k: k.last_used, reverse=True)

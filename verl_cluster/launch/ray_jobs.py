@@ -92,10 +92,14 @@ def connect(spec: ClusterSpec) -> Iterator[JobsApi]:
     preflight's health probe and the submit share one SSH tunnel and one version handshake."""
     key = (spec.cluster_name, spec.head.host, spec.head.dashboard_port, str(spec.token_file))
     with _OPEN_LOCK:
-        if key not in _OPEN:
-            _OPEN[key] = _open(spec)
-        api = _OPEN[key][0]
-    yield api
+        found = _OPEN.get(key)
+    if found is None:  # opened outside the lock: one slow cluster must not hold up the others (`jobs` asks all)
+        opened = _open(spec)
+        with _OPEN_LOCK:
+            found = _OPEN.setdefault(key, opened)
+        if found is not opened:
+            opened[1].close()
+    yield found[0]
 
 
 def close_all() -> None:

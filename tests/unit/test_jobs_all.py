@@ -1,0 +1,111 @@
+"""`jobs` with no cluster named: every cluster this machine brought up or submitted to, asked in parallel with a
+deadline, the silent ones named. Real config loading and a real Jobs API client against local ports; each test
+has its own HOME."""
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from verl_cluster.cli import main
+from verl_cluster.config.cluster import load_cluster
+from verl_cluster.launch import all_jobs, job_records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_cluster(tmp_path, name, port=None) -> Path:
+    """A one-node cluster on this machine whose dashboard port nothing listens on (it was never started)."""
+    token = tmp_path / f"{name}-token"
+    token.write_text("ab" * 32 + "\n")
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(f"cluster_name: {name}\nhead:\n  host: localhost\n  dashboard_port: {port or free_port()}\n"
+                 f"security:\n  token_file: {token}\n")
+    return p
+
+
+def test_known_clusters_merge_up_and_job_records(home, tmp_path):
+    a, b = local_cluster(tmp_path, "alpha"), local_cluster(tmp_path, "beta")
+    job_records.record_cluster("alpha", str(a), ["ray.object_store_memory=2e8"])
+    time.sleep(0.01)
+    job_records.record("j-1", str(b), "beta", "smoke")
+    time.sleep(0.01)
+    job_records.record("j-2", str(a), "alpha", "smoke")  # a later job on alpha: alpha is the most recent
+    job_records.record_cluster("../evil", str(a))  # a name is never a path
+    (job_records.clusters_dir() / "broken.json").write_text("{not json")
+    known = job_records.known_clusters()
+    assert [k.name for k in known] == ["alpha", "beta"]
+    assert known[0].overrides == ("ray.object_store_memory=2e8",)  # up's overrides survive a job record
+    assert known[0].cluster_file == str(a.resolve()) and known[1].overrides == ()
+    assert sorted(p.name for p in job_records.clusters_dir().iterdir()) == ["alpha.json", "broken.json"]
+    assert oct((job_records.clusters_dir() / "alpha.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_every_cluster_is_asked_and_the_silent_ones_say_why(home, tmp_path):
+    gone = local_cluster(tmp_path, "gone")
+    missing = tmp_path / "deleted.yaml"
+    known = [job_records.KnownCluster("gone", str(gone)), job_records.KnownCluster("deleted", str(missing))]
+    found = all_jobs.jobs_everywhere(known, load_cluster, timeout_s=30)
+    assert [c.cluster for c in found] == ["gone", "deleted"] and not any(c.answered for c in found)
+    assert "cannot reach the Ray Jobs API at http://127.0.0.1:" in found[0].error, found[0]
+    assert "deleted.yaml" in found[1].error
+    assert found[0].to_json()["answered"] is False and "jobs" not in found[0].to_json()
+
+
+def test_a_cluster_that_hangs_is_cut_at_the_deadline_and_does_not_hold_up_the_others(home, tmp_path):
+    gone = local_cluster(tmp_path, "gone")
+    release = threading.Event()
+
+    def load(path, overrides):
+        if path == "hangs.yaml":
+            release.wait(60)  # e.g. a scheduler command or a TCP connect that never answers
+        return load_cluster(path, overrides)
+
+    known = [job_records.KnownCluster("slow", "hangs.yaml"), job_records.KnownCluster("gone", str(gone))]
+    t0 = time.monotonic()
+    try:
+        found = all_jobs.jobs_everywhere(known, load, timeout_s=2)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 10
+    assert found[0].error == "no answer within 2s" and "status -c hangs.yaml" in found[0].hint
+    assert "cannot reach the Ray Jobs API" in found[1].error  # answered (with its error) within the deadline
+
+
+def test_jobs_without_c_lists_every_recorded_cluster_and_exits_1_when_none_answers(home, tmp_path, capsys):
+    a, b = local_cluster(tmp_path, "alpha"), local_cluster(tmp_path, "beta")
+    job_records.record_cluster("alpha", str(a))
+    job_records.record("j-1", str(b), "beta", "smoke")
+    rc = main(["jobs", "--json", "--timeout", "30"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert {c["cluster"] for c in doc["clusters"]} == {"alpha", "beta"}
+    assert all(not c["answered"] and c["error"] for c in doc["clusters"])
+    rc = main(["jobs"])
+    text = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in text
+    lines = [x for x in text.splitlines() if "did not answer" in x]
+    assert len(lines) == 2 and any(x.startswith("alpha") for x in lines) and any(x.startswith("beta") for x in lines)
+    rc = main(["jobs", "--timeout", "0"])
+    assert rc == 2 and "--timeout 0" in capsys.readouterr().err
+
+
+def test_jobs_help_says_what_the_exit_status_means(capsys):
+    assert main(["jobs", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "0 when a cluster answered" in text and "1 when none answered" in text

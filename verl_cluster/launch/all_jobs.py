@@ -1,0 +1,71 @@
+"""The jobs of every cluster this machine knows (job_records.known_clusters), asked in parallel with one deadline:
+each cluster's jobs, or why it gave none. One gone cluster (an allocation long ended, a head switched off) never
+hides the others' jobs, nor holds them up past the deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.errors import VerlClusterError
+from verl_cluster.launch import ray_jobs
+from verl_cluster.launch.job_records import KnownCluster
+
+ANSWER_TIMEOUT_S = 20.0  # SSH connect (its own timeout), tunnel, the Jobs API's version check and list
+
+
+@dataclass(frozen=True)
+class ClusterJobs:
+    cluster: str
+    cluster_file: str
+    rows: Optional[list[ray_jobs.JobRow]] = None  # None: the cluster did not answer
+    error: str = ""
+    hint: str = ""
+
+    @property
+    def answered(self) -> bool:
+        return self.rows is not None
+
+    def to_json(self) -> dict:
+        d = {"cluster": self.cluster, "cluster_file": self.cluster_file, "answered": self.answered}
+        if self.rows is not None:
+            return d | {"jobs": [r.__dict__ for r in self.rows]}
+        return d | {"error": self.error, "hint": self.hint}
+
+
+Loader = Callable[[str, list], ClusterSpec]  # (cluster file, key=value overrides) -> spec
+
+
+def _ask(known: KnownCluster, load: Loader, extra: Sequence[str]) -> ClusterJobs:
+    try:
+        spec = load(known.cluster_file, [*known.overrides, *extra])
+        with ray_jobs.connect(spec) as api:
+            return ClusterJobs(spec.cluster_name, known.cluster_file, ray_jobs.list_jobs(api))
+    except VerlClusterError as e:
+        return ClusterJobs(known.name, known.cluster_file, error=e.message, hint=e.hint or "")
+    except Exception as e:  # whatever one cluster raises is its answer: the others are still listed
+        return ClusterJobs(known.name, known.cluster_file, error=f"{type(e).__name__}: {str(e)[:300]}")
+
+
+def jobs_everywhere(clusters: Sequence[KnownCluster], load: Loader, overrides: Sequence[str] = (),
+                    timeout_s: float = ANSWER_TIMEOUT_S) -> list[ClusterJobs]:
+    """Every cluster's jobs, in the order given; a cluster still silent at the deadline is reported as such (its
+    thread is a daemon: it never keeps this process alive)."""
+    answers: dict[int, ClusterJobs] = {}
+
+    def ask(i: int, known: KnownCluster) -> None:
+        answers[i] = _ask(known, load, overrides)
+
+    threads = [threading.Thread(target=ask, args=(i, k), name=f"jobs-{k.name}", daemon=True)
+               for i, k in enumerate(clusters)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [answers.get(i) or ClusterJobs(k.name, k.cluster_file, error=f"no answer within {timeout_s:g}s",
+                                          hint=f"is its head up? `verl-cluster status -c {k.cluster_file}`")
+            for i, k in enumerate(clusters)]
