@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`verl-cluster up` inside a 3-node Slurm allocation vs over SSH on the same hosts (issue 11, "Benchmark").
+"""`verl-cluster up` inside a 3-node Slurm allocation vs over SSH on the same hosts.
 
 Namespace hosts (tests/harness/netns.py: real sshd, real Ray) running a real Slurm (tests/harness/slurm.py:
 slurmctld on the first host, one slurmd per host, munge). One `salloc -N 3 -c 2` holds the allocation; its

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cluster start-up benchmark (issue 2, "Benchmark"): `verl-cluster up` vs Ray's own cluster launcher.
+"""Cluster start-up benchmark: `verl-cluster up` vs Ray's own cluster launcher.
 
 On namespace hosts (tests/harness/netns.py: real sshd, real Ray, one PID namespace and private /tmp per
 host; this script also gives each host its own ~/.verl-cluster, see private_state_dirs) this times, as a

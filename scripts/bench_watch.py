@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Watch benchmark (issue 10): how fast `submit --watch` notices a lost node and has the run going again.
+"""Watch benchmark: how fast `submit --watch` notices a lost node and has the run going again.
 
 On namespace hosts (tests/harness/netns.py: head + 2 workers, real sshd, real Ray) this runs
 launch/resumable_job.py under `verl-cluster submit --watch`, SIGKILLs one worker's whole host mid-run, brings

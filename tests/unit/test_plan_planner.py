@@ -208,8 +208,8 @@ def _gib_numbers(text):
 
 
 def test_generate_need_is_never_below_its_parts_and_kv_never_negative():
-    """A 7B's weights do not fit vLLM's share of a T4: the total shown used to be smaller than the weights
-    ("generate needs 8.7 GiB/GPU (weights 28.4 GiB ...)") and the KV cache was printed negative."""
+    """A 7B's weights do not fit vLLM's share of a T4: the total shown is never smaller than the weights (not
+    "generate needs 8.7 GiB/GPU (weights 28.4 GiB ...)") and the KV cache is never printed negative."""
     p = plan_job(job(PPO, "qwen2.5-7b"), parse_gpus("1x1xT4-16GB"))
     assert not p.feasible
     line = next(x for x in p.problems if x.startswith("generate needs"))

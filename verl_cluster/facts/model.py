@@ -76,7 +76,7 @@ class NodeFacts:
     cpu_count: Optional[int] = None
     clock_offset_s: Optional[float] = None
     nvml_error: Optional[str] = None  # why there are no GPU facts, if any
-    # added by diagnostics (issue 3)
+    # what the backend choice and `check` need beyond the GPUs
     route_source: Optional[str] = None  # source address the kernel uses towards the head
     rdma_active_ports: list[str] = field(default_factory=list)  # "mlx5_0:1" for ports in state ACTIVE
     python_executable: Optional[str] = None

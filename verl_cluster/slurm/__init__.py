@@ -1,1 +1,1 @@
-"""Slurm: nodes from an allocation, commands through srun, batch scripts (issue 11)."""
+"""Slurm: nodes from an allocation, commands through srun, batch scripts."""
