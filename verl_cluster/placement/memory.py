@@ -120,18 +120,9 @@ def gathered_bytes(shape: ModelShape, c: int, *, root_params: Optional[int] = No
 
 
 def loss_bytes(c: int, moment: str, *, verl_engine: bool = False, fused_ce: bool = False) -> int:
-    """Bytes per token per logit the loss path holds at its peak, the c-byte logits included.
-    forward: logits + their fp32 copy (none when c is already 4) + the fp32 log-softmax, all alive while
-      log_softmax runs (ref/old log-probs: what verl computes under no_grad).
-    backward: logits + the fp32 log-softmax (saved for backward) + two fp32 gradients in flight (gather's
-      scattered gradient and the slice's zero-padded one, then the slice's and log_softmax's input gradient).
-    kept: the logits and fp32 log-probs the caller still references after backward, until the step.
-    verl_engine: verl 0.9's engine workers (log-probs row by row from c-byte logits, no fused kernels) hold
-      one fp32 gradient fewer in backward: c + 8, from its update on an H100 (0.5B, 30720 tokens: 10.4 B per
-      token per logit reserved); scripts/calibrate_memory.py's path (c + 12) is the legacy workers'.
-    fused_ce: verl's log-probs through flash-attn's Triton cross-entropy (whenever flash_attn imports): no fp32
-      copy; the backward writes the logits' gradient in place. Measured on an H100 (0.5B PPO, flash-attn 2.8.3):
-      2.3 B per token per logit in the old log-probs, 3.9 B in the update: c and c + 2."""
+    """Bytes per token per logit the loss path holds at `moment` (forward, backward, kept), the c-byte logits
+    included; `verl_engine`: verl 0.9's engine workers, `fused_ce`: flash-attn's Triton cross-entropy.
+    docs/placement.md, "loss path", has each term and its measurement."""
     if fused_ce:
         return {"forward": c, "backward": c + 2, "kept": c}[moment]
     copy = LOSS_FP32_BYTES if c < LOSS_FP32_BYTES else 0
@@ -188,21 +179,10 @@ def lora_states(params: int, adapter: int, n: int, m: int) -> tuple[Part, Part, 
 
 
 def update_step(x: TrainInputs) -> UpdateStep:
-    """Working set of an FSDP update step (actor or critic); verl loads offloaded params/optimizer back before
-    update_actor/update_critic, so everything is on the GPU. See docs/placement.md for each term.
-    LoRA (x.adapter > 0): grads, Adam and the optimizer's temporary cover the adapters only; activations are
-    unchanged (the frozen layers still back-propagate to their inputs); no unit reduces a large gradient.
-
-    Moments (optimizer.zero_grad(set_to_none) leaves no gradients at the start of backward):
-      loss backward   params + Adam + saved activations + logits x (c + 12, verl engine c + 8) (+ root, N > 1)
-      layer backward  params + Adam + grads + gathered units + one layer recomputed and back-propagated
-                      (2 x A(T)) + the logits the caller keeps (c + 4)
-      optimizer step  params + grads + Adam + foreach AdamW's sqrt(exp_avg_sq) temporary (P x m / N)
-                      + the logits the caller keeps
-    Reserved: every moment runs on the same default-stream pool, so the pool is the largest moment's
-    transient part; the gradients (reduced on FSDP's post-backward stream) and the unsharded weights (unshard
-    streams) sit in pools of their own that the default stream cannot reuse; plus fragmentation.
-    """
+    """Working set of an FSDP update step (actor or critic; LoRA when x.adapter > 0): the largest of its three
+    moments (loss backward, layer backward, optimizer step) and the live-tensor peak. verl loads offloaded
+    params and optimizer back before the update, so everything is on the GPU. docs/placement.md, "update step"
+    and "reserved", has each term and why the pools add up as they do."""
     sh, n, c, m = x.shape, x.n, x.c, x.m
     p, g, o = lora_states(x.params, x.adapter, n, m) if x.adapter else fsdp_states(x.params, n, m, trainable=True)
     root = sh.root_params if x.root_params is None else x.root_params

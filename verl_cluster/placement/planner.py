@@ -400,14 +400,9 @@ class Evaluator:
                 budget: Optional[int], budget_pinned: bool = False, others_as: Optional[str] = None,
                 carried: float = 0.0) -> PhaseResult:
         """Largest micro batch that fits (or the pinned one); with dynamic batch size the token budget (the
-        job's, when it sets one for an update). `others_as`: the role whose process runs the phase (residents
-        of every other role count), when not `role`. `carried`: the default-stream cache earlier phases of the
-        step left in the shared allocator (colocated trainer roles share one worker process per GPU, and verl
-        empties the cache only around the rollout): a phase's own default-stream transient (activations,
-        logits, allocator slack) reuses it, and what it does not cover adds to the peak; gradients and gathered
-        weights live in other streams' pools and add on top. Measured on an H100 (0.5B PPO): the critic's
-        values phase held the actor log-prob's 3.7 GiB of logits, the critic update held 1.1 GiB of them beside
-        its gradients."""
+        job's, when it sets one for an update). `others_as`: the role whose process runs the phase, when not
+        `role`. `carried`: the default-stream cache earlier phases of the step left in the shared allocator,
+        which this phase's own transient reuses (docs/placement.md, "shared allocator")."""
         others = self._others(c, pool, others_as or role)
         dynamic = self.s.dynamic_bsz and budget is not None
         if dynamic:
