@@ -88,13 +88,10 @@ def cached_backend_env(spec: ClusterSpec, refresh: bool = False, ttl_s: float = 
 
 
 def backend_env(spec: ClusterSpec) -> BackendEnv:
+    from verl_cluster.diagnostics.backend import select_backend
+    from verl_cluster.diagnostics.gather import gather_facts
+
     hosts = [n.host for _, n in spec.nodes()]
-    try:
-        from verl_cluster.diagnostics.backend import select_backend
-        from verl_cluster.diagnostics.gather import gather_facts
-    except ImportError:
-        env = config_interface_env(spec)
-        return BackendEnv({h: dict(env) for h in hosts}, "config network.interface" if env else "none")
     try:
         choice = select_backend(spec, gather_facts(spec))
     except Exception as e:  # noqa: BLE001 - a probe failure must not block the fallback
