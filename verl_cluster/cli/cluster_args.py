@@ -38,17 +38,17 @@ def resolve_cluster(args: argparse.Namespace, default: str | None = DEFAULT_CLUS
                           "name one with -c FILE; overrides are written key=value (e.g. ssh.user=me)")
     args.overrides = [w for w in words if is_override(w)]
     if getattr(args, "slurm", False):
-        from verl_cluster.slurm.spec import cluster_file
+        from verl_cluster.launchers import allocation_cluster
 
-        args.cluster = files[0] if files else cluster_file()
-        args.overrides.append("launcher=slurm")
+        args.cluster, launcher = allocation_cluster(files[0] if files else None)
+        args.overrides.append(launcher)
         return args.cluster
     args.cluster = files[0] if files else default
     return args.cluster
 
 
 def load_cluster_args(args: argparse.Namespace, default: str = DEFAULT_CLUSTER):
-    from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.launchers import load_cluster
 
     resolve_cluster(args, default)
     return load_cluster(args.cluster, args.overrides)

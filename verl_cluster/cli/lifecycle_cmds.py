@@ -73,39 +73,33 @@ class _ProgressTable:
             self.live.__exit__(*exc)
 
 
-def quick_check(spec, as_json: bool) -> tuple[bool, dict | None]:
-    """`check --quick` at the end of a healthy `up`: ports between nodes, versions, GPUs."""
-    from verl_cluster.diagnostics.check import run_check
-
-    report = run_check(spec, quick=True)
-    if not as_json:
-        verdict = "[green]ok[/]" if report.ok else "[red]problems found[/]"
-        out.print(f"quick check: {verdict} ({report.seconds:.1f}s)")
-        for p in report.problems:
-            tag = "[red]error[/]" if p.severity == "error" else "[yellow]warning[/]"
-            out.print(f"  {tag} {escape(p.node)}: {escape(p.what)}  [dim]fix: {escape(p.fix)}[/]")
-    return report.ok, report.to_json()
+def print_check(report) -> None:
+    """The quick check's verdict and problems, under the `up` table."""
+    verdict = "[green]ok[/]" if report.ok else "[red]problems found[/]"
+    out.print(f"quick check: {verdict} ({report.seconds:.1f}s)")
+    for p in report.problems:
+        tag = "[red]error[/]" if p.severity == "error" else "[yellow]warning[/]"
+        out.print(f"  {tag} {escape(p.node)}: {escape(p.what)}  [dim]fix: {escape(p.fix)}[/]")
 
 
 def run_up(args) -> int:
-    from verl_cluster.lifecycle.auth import refuse_open_dashboard
-    from verl_cluster.lifecycle.bring_up import bring_up
-    from verl_cluster.lifecycle.commands import plan_start
+    from verl_cluster.lifecycle.bring_up import bring_up, plan
+    from verl_cluster.lifecycle.up import NodeAction
 
     spec = load_cluster_args(args)
-    refuse_open_dashboard(spec)
+    planned = plan(spec)  # refuses an open dashboard before anything else is said or done
     warn_open(spec)
     if args.dry_run:
-        cmds = plan_start(spec)
         if args.json:
-            print_json({"cluster": spec.cluster_name, "nodes": [c.to_json() for c in cmds]})
+            print_json({"cluster": spec.cluster_name, "nodes": [p.command.to_json() for p in planned]})
         else:
-            for c in cmds:
+            for p in planned:
+                c = p.command
                 out.print(f"[bold]{c.role} {escape(c.host)}[/] ({c.ip})")
                 out.print("  env:  " + escape(" ".join(f"{k}={v}" for k, v in sorted(c.masked_env().items()))))
                 out.print("  argv: " + escape(" ".join(c.argv)))
-                if spec.launcher == "slurm":  # how it reaches the node: one step that holds Ray
-                    out.print("  via:  " + escape(" ".join(_srun_prefix(spec, c.host))))
+                if p.via:  # how it reaches the node, e.g. one Slurm step that holds Ray
+                    out.print("  via:  " + escape(" ".join(p.via)))
             out.print("(dry run: nothing was started; backend env from `check` is added at `up` time)")
         return EXIT_OK
     with _ProgressTable(spec, enabled=not args.json and err.is_terminal) as prog:
@@ -117,7 +111,7 @@ def run_up(args) -> int:
         for c in ("node", "role", "address", "result", "CPUs", "GPUs", "reason"):
             t.add_column(c)
         for n in report.nodes:
-            color = "green" if n.ok else ("yellow" if n.action == "changed" else "red")
+            color = "green" if n.ok else ("yellow" if n.action == NodeAction.CHANGED else "red")
             t.add_row(n.host, n.role, n.ip, f"[{color}]{n.action}[/]", _num(n.cpus), _num(n.gpus),
                       escape(n.reason))
         out.print(t)
@@ -126,15 +120,14 @@ def run_up(args) -> int:
                 out.print(f"[red]{escape(n.host)}[/] last lines:\n{escape(n.log_tail)}")
         for r in reasons:
             out.print(f"backend: {escape(r)}")
-    check_ok, check_json = True, None
-    changed = any(n.action != "kept" for n in report.nodes)
-    if report.healthy and changed and not args.no_check:  # a cluster that was only verified was checked before
-        check_ok, check_json = quick_check(spec, args.json)
+    check = None if args.no_check else done.quick_check()
+    if check is not None and not args.json:
+        print_check(check)
     if args.json:
-        print_json(report.to_json() | {"backend_reasons": reasons, "check": check_json})
+        print_json(report.to_json() | {"backend_reasons": reasons, "check": check.to_json() if check else None})
     elif report.healthy:
         out.print(f"next: verl-cluster status -c {escape(args.cluster)}   |   stop: verl-cluster down -c {escape(args.cluster)}")
-    return EXIT_OK if report.healthy and check_ok else EXIT_UNHEALTHY
+    return EXIT_OK if done.healthy else EXIT_UNHEALTHY
 
 
 def warn_open(spec) -> None:
@@ -143,14 +136,6 @@ def warn_open(spec) -> None:
 
     for w in open_cluster_warnings(spec):
         err.print(f"[bold red]WARNING:[/] {escape(w)}")
-
-
-def _srun_prefix(spec, host: str) -> list[str]:
-    from verl_cluster.runners import runner_for
-
-    node = next(n for _, n in spec.nodes() if n.host == host)
-    argv = runner_for(spec, node).srun_argv([], held=True)
-    return argv[:argv.index("--")]
 
 
 def _num(x) -> str:

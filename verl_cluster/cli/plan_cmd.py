@@ -93,11 +93,11 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
     if args.facts:
         return read_facts_file(args.facts)
     if getattr(args, "slurm", False) and not getattr(args, "cluster", None):
-        from verl_cluster.slurm.spec import cluster_file
+        from verl_cluster.launchers import allocation_cluster
 
-        args.cluster = cluster_file()
+        args.cluster, _ = allocation_cluster(None)  # the file written for the allocation names its launcher
     if getattr(args, "cluster", None):
-        from verl_cluster.config.cluster import load_cluster
+        from verl_cluster.launchers import load_cluster
         from verl_cluster.facts.cluster_facts import gather_node_facts
 
         return gather_node_facts(load_cluster(args.cluster))  # RunnerError (exit 1) names an unreachable node
@@ -115,14 +115,14 @@ def run(args: argparse.Namespace) -> int:
     from verl_cluster.launch.data_lengths import gather_lengths
     from verl_cluster.launch.request import merge_overrides
     from verl_cluster.launch.job_input import JobInput
-    from verl_cluster.placement.lengths import plan_lengths
+    from verl_cluster.placement.length_plans import plan_lengths
 
     # the same three forms as submit, key=value words before `--` included
     job = JobInput.from_words(args.job, list(args.overrides or []), getattr(args, "before", [])).job()
     facts = hardware(args, job.placement.gpus)
     spec = None
     if getattr(args, "cluster", None) and not args.data:  # the prompts measured on the head node, as submit does
-        from verl_cluster.config.cluster import load_cluster
+        from verl_cluster.launchers import load_cluster
 
         spec = load_cluster(args.cluster)
     lengths, notes = gather_lengths(job, spec=spec, data=args.data, fill=args.fill)

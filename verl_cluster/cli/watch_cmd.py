@@ -44,7 +44,7 @@ def watch_submitted(sub, sid: str, args) -> int:
 
 
 def watch_foreground(st: RunState, as_json: bool) -> int:
-    from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.launchers import load_cluster
     from verl_cluster.watch.events import Reporter
     from verl_cluster.watch.settings import settings_for
     from verl_cluster.watch.watcher import Watcher

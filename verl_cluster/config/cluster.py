@@ -203,20 +203,12 @@ def _check_semantics(spec: ClusterSpec) -> None:
         raise ConfigError(f"{src}: ray.temp_dir must be an absolute path, got `{spec.temp_dir}`")
 
 
-def _slurm_nodes(data: dict, source: str) -> dict:
-    """launcher: slurm fills head and workers from the allocation this process runs in."""
-    if data.get("launcher") != "slurm":
-        return data
-    from verl_cluster.slurm.spec import fill
-
-    return fill(data, source)
-
-
-def load_cluster(path: str | os.PathLike, overrides: list[str] | None = None) -> ClusterSpec:
-    """Parse and validate a cluster.yaml; raises ConfigError with file:line on bad input."""
+def load_cluster(path: str | os.PathLike, overrides: list[str] | None = None, prepare=None) -> ClusterSpec:
+    """Parse and validate a cluster.yaml; raises ConfigError with file:line on bad input. `prepare(data, source)`
+    completes the raw config first: a launcher that finds its nodes (verl_cluster.launchers.load_cluster) fills them."""
     from dataclasses import replace
 
-    spec = load(path, ClusterSpec, overrides, prepare=_slurm_nodes)
+    spec = load(path, ClusterSpec, overrides, prepare=prepare)
     spec = replace(spec, source=str(path))
     _check_semantics(spec)
     return spec

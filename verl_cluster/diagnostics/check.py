@@ -17,6 +17,7 @@ from verl_cluster.diagnostics.verdicts import (ERROR, WARNING, Problem, consiste
                                                node_verdicts)
 from verl_cluster.errors import RunnerError
 from verl_cluster.facts.model import NodeFacts, to_dict
+from verl_cluster.launchers import launcher_for
 from verl_cluster.runners import CommandRunner, fan_out
 
 MIN_GBPS = 1.0  # below this a multi-node RL run spends most of its time waiting on weight/grad transfer
@@ -169,10 +170,8 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
     finally:
         if own_runners:
             fan_out(list(runners.values()), lambda r: r.close(), key=lambda r: r.host)
-    if getattr(spec, "launcher", "ssh") == "slurm":  # a node drained mid-allocation still runs, until it does not
-        from verl_cluster.slurm.spec import drained
-
-        problems += [Problem(node, what, fix, WARNING) for node, what, fix in drained(spec)]
+    # e.g. a node Slurm drained mid-allocation: it still runs, until it does not
+    problems += [Problem(node, what, fix, WARNING) for node, what, fix in launcher_for(spec).node_problems()]
     problems.sort(key=lambda p: (p.severity != ERROR, p.node))
     return CheckReport(spec.cluster_name, choice.backend, choice, facts, unreachable, matrix, links, ucx_links,
                        collectives, problems, skipped, time.monotonic() - t0, listeners)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from verl_cluster.config.cluster import ClusterSpec, NodeSpec
 from verl_cluster.config.names import masked_env
 from verl_cluster.diagnostics.backend import config_network_env
+from verl_cluster.launchers import launcher_for
 from verl_cluster.lifecycle.auth import ray_auth_env, remote_token_path
 
 
@@ -23,11 +24,6 @@ class NodeCommand:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     expected_gpus: int | None = None
-
-    @property
-    def held(self) -> bool:
-        """`ray start --block`: stays in the foreground, held by a runner that keeps it (Slurm)."""
-        return "--block" in self.argv
 
     @property
     def fingerprint(self) -> str:
@@ -84,8 +80,7 @@ def start_command(spec: ClusterSpec, role: str, node: NodeSpec, *, token_path: s
     if node.labels:
         argv += ["--labels", ",".join(f"{k}={v}" for k, v in sorted(node.labels.items()))]
     argv += list(spec.ray.start_args)
-    if getattr(spec, "launcher", "ssh") == "slurm":
-        argv.append("--block")  # held by its own srun step: see verl_cluster/slurm/runner.py
+    argv += launcher_for(spec).start_flags()
     env = {**ray_auth_env(spec, token_path or remote_token_path(spec)), **head_port_env(spec, role), **spec.ray.env,
            **node.env, **(extra_env or {})}
     return NodeCommand(node.host, role, ip, tuple(argv), env, node.gpus)

@@ -8,6 +8,7 @@ from typing import Optional
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError
+from verl_cluster.launchers import launcher_for
 from verl_cluster.lifecycle.auth import node_token_path, open_cluster_warnings
 from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners import fan_out
@@ -96,10 +97,7 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
             st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["node_id"] not in known]
         st.problems += open_cluster_warnings(spec)
         st.problems += _ray_version_problems(spec, st)
-        if getattr(spec, "launcher", "ssh") == "slurm":
-            from verl_cluster.slurm.spec import drained
-
-            st.problems += [f"{node}: {what}; fix: {fix}" for node, what, fix in drained(spec)]
+        st.problems += [f"{node}: {what}; fix: {fix}" for node, what, fix in launcher_for(spec).node_problems()]
         versions = {(n.ray_version, n.python_version) for n in st.nodes if n.state != "unreachable"}
         if len({v[1] for v in versions}) > 1:
             st.problems.append("Python versions differ across nodes: "

@@ -12,11 +12,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Callable, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError
+from verl_cluster.launchers import launcher_for
 from verl_cluster.lifecycle.auth import ensure_token, node_token_path, refuse_open_dashboard, remote_token_path
 from verl_cluster.lifecycle.commands import NodeCommand, plan_start
 from verl_cluster.lifecycle.nodes import Node, Probe, cluster_nodes, index_by_ip
@@ -25,12 +27,28 @@ from verl_cluster.runners import fan_out
 Progress = Callable[[str, str], None]  # (host, what is happening)
 
 
+class NodeAction(StrEnum):
+    """What `up` did with a node; the value is what --json prints."""
+
+    PENDING = "pending"
+    KEPT_PENDING = "kept-pending"  # running and kept, until its registration is confirmed
+    KEPT = "kept"
+    STARTED = "started"
+    RESTARTED = "restarted"
+    CHANGED = "changed"  # running with another config: left alone
+    FAILED = "failed"
+    UNREACHABLE = "unreachable"
+
+
+OK_ACTIONS = (NodeAction.KEPT, NodeAction.STARTED, NodeAction.RESTARTED)
+
+
 @dataclass
 class NodeOutcome:
     host: str
     role: str
     ip: str
-    action: str = "pending"  # kept | started | restarted | failed | unreachable | changed
+    action: NodeAction = NodeAction.PENDING
     reason: str = ""
     log_tail: str = ""
     seconds: float = 0.0
@@ -39,11 +57,12 @@ class NodeOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.action in ("kept", "started", "restarted")
+        return self.action in OK_ACTIONS
 
     def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in ("host", "role", "ip", "action", "reason", "log_tail", "seconds",
-                                               "gpus", "cpus")} | {"ok": self.ok}
+        d = {k: getattr(self, k) for k in ("host", "role", "ip", "action", "reason", "log_tail", "seconds", "gpus",
+                                            "cpus")}
+        return d | {"action": self.action.value, "ok": self.ok}  # the value keeps its place among the keys
 
 
 @dataclass
@@ -68,6 +87,7 @@ def _expected_gpus(node: Node, probe: Probe) -> int:
 class _Up:
     def __init__(self, spec: ClusterSpec, restart: bool, node_env: dict | None, progress: Progress | None):
         self.spec, self.restart = spec, restart
+        self.launcher = launcher_for(spec)
         self.node_env = node_env or {}
         self.say = progress or (lambda host, msg: None)
         self.nodes = cluster_nodes(spec)
@@ -87,7 +107,7 @@ class _Up:
                 self.probes[r.host] = r.value
                 continue
             o = self.out[r.host]
-            o.action = "unreachable" if isinstance(r.error, ConnectError) else "failed"
+            o.action = NodeAction.UNREACHABLE if isinstance(r.error, ConnectError) else NodeAction.FAILED
             o.reason = r.reason
             o.log_tail = getattr(r.error, "hint", "") or ""
             self.say(r.host, f"[red]{o.action}[/]: {o.reason}")
@@ -106,13 +126,13 @@ class _Up:
             why = ray_versions.start_refusal(p.ray_version, head_version, self.spec.security.auth == "token")
             if why:
                 o = self.out[n.host]
-                o.action, o.reason = "failed", why
+                o.action, o.reason = NodeAction.FAILED, why
                 del self.probes[n.host]  # nothing more is done on it
                 self.say(n.host, f"[red]failed[/]: {why}")
 
     def _running(self, n: Node) -> bool:
         p = self.probes[n.host]
-        return p.raylet and (p.gcs or n.role == "worker")
+        return self.launcher.running(n.role, p.raylet, p.gcs)
 
     def _changed(self, n: Node) -> bool:
         state = self.probes[n.host].state or {}
@@ -129,17 +149,16 @@ class _Up:
         self.say(n.host, "ray start")
         if n.role == "head":
             self.head_launching.set()  # old processes are gone: from now on an open GCS port is the new head
-        start = getattr(n.runner, "run_held", None) if cmd.held else None
-        res = (start or n.runner.run)(list(cmd.argv), env=cmd.env, timeout=self.spec.ray.start_timeout_s)
+        res = self.launcher.start_ray(n.runner, cmd.argv, env=cmd.env, timeout=self.spec.ray.start_timeout_s)
         o.seconds = time.monotonic() - t0
         if not res.ok:
-            o.action, o.reason = "failed", f"ray start failed (exit {res.rc})"
+            o.action, o.reason = NodeAction.FAILED, f"ray start failed (exit {res.rc})"
             o.log_tail = res.tail(12)
             self.say(n.host, f"[red]ray start failed[/] (exit {res.rc})")
             n.kill()  # a half-started head leaves its GCS and dashboard behind
             return
         n.runner.put_text(_state_json(cmd), f"{self.spec.temp_dir}/vc-node.json", 0o600)
-        o.action = "restarted" if restarting else "started"
+        o.action = NodeAction.RESTARTED if restarting else NodeAction.STARTED
         self.say(n.host, "started; waiting to register")
 
     def run_head(self) -> bool:
@@ -150,14 +169,14 @@ class _Up:
             if self._changed(head):
                 self._mark_changed(head)
             else:
-                self.out[head.host].action = "kept"
+                self.out[head.host].action = NodeAction.KEPT
                 self.say(head.host, "running")
             return True
         try:
             self.start(head, restarting=bool(self.probes[head.host].kinds) or self.restart)
         except RunnerError as e:
             o = self.out[head.host]
-            o.action, o.reason = "failed", e.reason
+            o.action, o.reason = NodeAction.FAILED, e.reason
         return self.out[head.host].ok
 
     def run_workers(self, head_restarted: bool) -> None:
@@ -169,7 +188,7 @@ class _Up:
                 if self._changed(n):
                     self._mark_changed(n)
                 else:
-                    self.out[n.host].action = "kept-pending"  # confirmed by registration below
+                    self.out[n.host].action = NodeAction.KEPT_PENDING  # confirmed by registration below
                     self.say(n.host, "running")
                 continue
             todo.append(n)
@@ -177,22 +196,22 @@ class _Up:
         for r in fan_out(todo, lambda n: self.start(n, restarting[n.host]), key=lambda n: n.host):
             if not r.ok:
                 o = self.out[r.host]
-                o.action, o.reason = "failed", r.reason
+                o.action, o.reason = NodeAction.FAILED, r.reason
                 self.say(r.host, f"[red]failed[/]: {r.reason}")
 
     def _mark_changed(self, n: Node) -> None:
         o = self.out[n.host]
-        o.action = "changed"
+        o.action = NodeAction.CHANGED
         o.reason = "running with a different config; `verl-cluster up --restart` applies the new one"
         self.say(n.host, "[yellow]config changed[/]")
 
     def wait_registered(self) -> None:
         """Poll the GCS (on the head) until every node we expect is ALIVE with its GPUs."""
         head = self.nodes[0]
-        waiting = {h for h, o in self.out.items() if o.action in ("started", "restarted", "kept-pending", "kept")}
-        if not waiting or self.out[head.host].action not in ("kept", "started", "restarted", "changed"):
+        waiting = {h for h, o in self.out.items() if o.action in (*OK_ACTIONS, NodeAction.KEPT_PENDING)}
+        if not waiting or self.out[head.host].action not in (*OK_ACTIONS, NodeAction.CHANGED):
             for h in waiting:
-                self.out[h].action, self.out[h].reason = "failed", "head is not running"
+                self.out[h].action, self.out[h].reason = NodeAction.FAILED, "head is not running"
             return
         token = node_token_path(self.spec, self.probes[head.host].home) if self.token else None
         ip_of = {n.ip: n for n in self.nodes}
@@ -209,14 +228,14 @@ class _Up:
                 continue
             o, info = self.out[n.host], last.get(ip)
             want = _expected_gpus(n, self.probes[n.host])
-            if o.action == "kept-pending":
-                o.action = "kept"
+            if o.action == NodeAction.KEPT_PENDING:
+                o.action = NodeAction.KEPT
             if info is None:
-                if o.action == "kept":  # raylet process alive but not in the GCS: restart it next time
-                    o.action = "failed"
+                if o.action == NodeAction.KEPT:  # raylet process alive but not in the GCS: restart it next time
+                    o.action = NodeAction.FAILED
                     o.reason = "Ray is running there but not registered with this head; run `up --restart`"
                 else:
-                    o.action = "failed"
+                    o.action = NodeAction.FAILED
                     o.reason = (f"did not register within {self.spec.ray.register_timeout_s:.0f}s"
                                 + (f" ({err})" if err else "")
                                 + f"; is GCS port {self.spec.head.gcs_port} on {self.spec.head_ip} reachable from it?")
@@ -225,7 +244,7 @@ class _Up:
                 continue
             o.gpus, o.cpus = info["resources"].get("GPU", 0.0), info["resources"].get("CPU", 0.0)
             if o.gpus < want:
-                o.action = "failed"
+                o.action = NodeAction.FAILED
                 o.reason = f"registered with {o.gpus:g} GPUs, expected {want} (NVML sees {len(self.probes[n.host].gpus)})"
                 self.say(n.host, f"[red]{o.reason}[/]")
             else:
@@ -284,8 +303,8 @@ def up(spec: ClusterSpec, *, restart: bool = False, node_env: dict[str, dict[str
         if not head_ok:
             for n in job.nodes[1:]:
                 o = job.out[n.host]
-                if o.action in ("pending", "started", "restarted", "kept-pending"):
-                    o.action, o.reason = "failed", "the head did not come up"
+                if o.action in (NodeAction.PENDING, NodeAction.STARTED, NodeAction.RESTARTED, NodeAction.KEPT_PENDING):
+                    o.action, o.reason = NodeAction.FAILED, "the head did not come up"
         job.wait_registered()
     finally:
         job.close()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from verl_cluster.errors import ConfigError
-from verl_cluster.slurm.allocation import Allocation, check_tools, job_id_from, node_states, read_allocation
+from verl_cluster.slurm.allocation import Allocation, check_tools, job_id_from, read_allocation
 
 CLUSTER_DIR = "~/.verl-cluster/slurm"
 
@@ -58,23 +58,3 @@ def cluster_file(env: Optional[dict] = None) -> str:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.write_text(text)
     return str(path)
-
-
-def drained(spec: Any, run=None) -> list[tuple[str, str, str]]:
-    """(node, what, fix) for nodes of a Slurm cluster that Slurm has drained or marked down."""
-    if getattr(spec, "launcher", "ssh") != "slurm":
-        return []
-    names = [n.host for _, n in spec.nodes()]
-    try:
-        states = node_states(names, run) if run else node_states(names)
-    except ConfigError as e:
-        return [("slurm", f"node states unavailable: {e.message}", e.hint or "")]
-    out = []
-    for name in names:
-        s = states.get(name)
-        if s and s.drained:
-            why = f" ({s.reason})" if s.reason else ""
-            out.append((name, f"Slurm marks it {s.state}{why}: it stays in this allocation but may fail or be "
-                              "taken away at the job's end",
-                        f"finish or checkpoint the run; ask the admins, or exclude it next time: --exclude={name}"))
-    return out

@@ -312,12 +312,13 @@ class Watcher:
         """The cluster spec to resume on: every node back (`bring_up`, as the CLI's `up`), or — allow_fewer_nodes
         and a feasible plan — the nodes left; None when the wait for a lost node ran out."""
         from verl_cluster.lifecycle.bring_up import bring_up
+        from verl_cluster.lifecycle.up import NodeAction
 
         deadline, k = time.monotonic() + self.s.node_wait_s, 0
         while True:
             rep = bring_up(self.spec).report
-            bad = [o for o in rep.nodes if not (o.ok or o.action == "changed")]
-            restarted = [o.host for o in rep.nodes if o.action in ("started", "restarted")]
+            bad = [o for o in rep.nodes if not (o.ok or o.action == NodeAction.CHANGED)]
+            restarted = [o.host for o in rep.nodes if o.action in (NodeAction.STARTED, NodeAction.RESTARTED)]
             if not bad:
                 self._settle()
                 self.emit("info", "resume", "cluster healthy" + (f"; restarted {', '.join(restarted)}"
