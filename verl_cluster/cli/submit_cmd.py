@@ -171,14 +171,8 @@ def _apply_ray(sub: Submission, args) -> int:
                   f"({'stops the job' if args.stop_on_interrupt else 'the job keeps running'})")
         from verl_cluster.launch.integrations import plan_predictions
 
-        return follow_job(api, sid, args.stop_on_interrupt, reattach, args.json, verl=is_verl_job(sub.job),
+        return follow_job(api, sid, args.stop_on_interrupt, reattach, args.json, verl=sub.job.runs_verl,
                           predicted=plan_predictions(req.metadata.get("verl_cluster.plan")))
-
-
-def is_verl_job(job) -> bool:
-    """Jobs whose logs are verl's (its trainers as entrypoint or `python -m verl...` as command)."""
-    argv = [job.entrypoint or ""] + list(job.command)
-    return any(a.startswith("verl.") for a in argv)
 
 
 def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: bool = False,

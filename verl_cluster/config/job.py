@@ -18,6 +18,16 @@ from verl_cluster.config.names import HINTS, env_name_problem
 from verl_cluster.errors import ConfigError
 
 
+def is_verl_module(module: Optional[str]) -> bool:
+    """Any of verl's modules (its trainers, SFT included): their Hydra config can be checked, their logs read."""
+    return (module or "").startswith("verl.")
+
+
+def is_verl_trainer(module: Optional[str]) -> bool:
+    """verl's Ray trainers (verl.trainer.main_ppo, ...): Ray drivers only, planned by the placement planner."""
+    return (module or "").startswith("verl.trainer.main_")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     path: Optional[str] = field(default=None, metadata=PATH)  # local HF dir (on the nodes) or hub name
@@ -106,7 +116,12 @@ class JobSpec:
 
     @property
     def is_ray_only(self) -> bool:
-        return (self.entrypoint or "").startswith("verl.trainer.main_")
+        return is_verl_trainer(self.entrypoint)
+
+    @property
+    def runs_verl(self) -> bool:
+        """verl's code runs: one of its modules as entrypoint, or `python -m verl...` in the command."""
+        return any(is_verl_module(a) for a in [self.entrypoint or ""] + list(self.command))
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:

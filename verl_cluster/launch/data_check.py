@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from verl_cluster.config.job import is_verl_trainer
+
 RL_KNOWN = ("prompt", "data_source", "reward_model", "ability", "extra_info")
 
 
@@ -37,7 +39,7 @@ def requirement_for(entrypoint: str | None, overrides: Mapping[str, Any]) -> Dat
     if "sft_trainer" in ep:  # verl 0.9 sft_trainer(_ray): chat messages
         key = str(overrides.get("data.messages_key", "messages"))
         return DataRequirement("sft", key, None, False, (key, "tools", "enable_thinking"))
-    if ep.startswith("verl.trainer.main_"):
+    if is_verl_trainer(ep):
         custom_reward = any(overrides.get(k) for k in (
             "custom_reward_function.path", "reward.custom_reward_function.path", "reward_model.enable"))
         p = str(overrides.get("data.prompt_key", "prompt"))

@@ -40,7 +40,7 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
     an earlier run's logged lengths, placement.fill / mean_response_tokens): the worst case's plan when it fits,
     else the known lengths' with a warning. `facts`: the nodes' facts when already known (else gathered). Only
     verl's Ray trainers are planned; anything else gets an empty plan."""
-    if not (job.entrypoint or "").startswith("verl.trainer.main_"):
+    if not job.is_ray_only:
         return PlanInfo({}, None, {}, "no placement plan: not a verl Ray trainer")
     try:
         import verl_cluster.placement  # noqa: F401

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.config.job import JobSpec
+from verl_cluster.config.job import JobSpec, is_verl_module
 from verl_cluster.launch.data_check import check_schema, requirement_for
 from verl_cluster.launch.verl_config import check_verl_config
 from verl_cluster.runners import fan_out, runner_for
@@ -182,7 +182,7 @@ def check_files(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -
 
 # ---- verl's own config ----
 def check_verl(job: JobSpec, overrides: Mapping[str, Any]) -> list[Finding]:
-    if not (job.entrypoint or "").startswith("verl."):
+    if not is_verl_module(job.entrypoint):
         return []
     res = check_verl_config(job.entrypoint, overrides, args=job.args)
     out: list[Finding] = []

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from verl_cluster.config.job import JobSpec, job_from_data, load_job
+from verl_cluster.config.job import JobSpec, is_verl_trainer, job_from_data, load_job
 from verl_cluster.config.loader import read_text_bounded, short
 from verl_cluster.errors import ConfigError
 from verl_cluster.launch.hydra_values import from_hydra
@@ -102,7 +102,7 @@ def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[s
         overrides[key] = from_hydra(raw)
         origins[("overrides", key)] = f.line
     data: dict[str, Any] = {"name": _name(src, module, overrides), "entrypoint": module,
-                            "launcher": "ray" if module.startswith("verl.trainer.main_") else "auto"}
+                            "launcher": "ray" if is_verl_trainer(module) else "auto"}
     if args:
         data["args"] = args
     model = overrides.pop(MODEL_KEY, None)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from verl_cluster.config.cluster import ClusterSpec, load_cluster
-from verl_cluster.config.job import JobSpec, job_cluster_path
+from verl_cluster.config.job import JobSpec, is_verl_module, job_cluster_path
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launch.integrations import cached_backend_env, placement_plan, plan_metadata
 from verl_cluster.launch.preflight import Finding, PreflightReport, check_flash_attn_needs, run_preflight
@@ -37,8 +37,7 @@ def warm_imports() -> None:
 
 def needs_ray(job: JobSpec) -> bool:
     """Entrypoints that only run as Ray drivers (verl's PPO/GRPO trainers, its Ray SFT trainer)."""
-    ep = job.entrypoint or ""
-    return job.is_ray_only or (ep.startswith("verl.") and ep.endswith("_ray"))
+    return job.is_ray_only or (is_verl_module(job.entrypoint) and (job.entrypoint or "").endswith("_ray"))
 
 
 def decide_launcher(job: JobSpec, ray_healthy: bool, cluster_file: str, why_unhealthy: str = "") -> str:

@@ -35,7 +35,7 @@ def room_after_oom(load: Callable[[list[str]], JobSpec], overrides: list[str], s
         return overrides, "already planned with room (placement.at_limit=false): the same settings may run out of " \
                           "memory again (`verl-cluster plan` with your data's real lengths: --fill)"
     job = load(overrides)
-    if not (job.entrypoint or "").startswith("verl.trainer.main_"):
+    if not job.is_ray_only:
         return overrides, "not a verl trainer: no plan to change, resuming with the same settings"
     facts = gather_node_facts(spec) if facts is None else facts
 
