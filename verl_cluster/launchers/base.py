@@ -4,10 +4,11 @@ of the code asks it what to do, never which one it is."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Mapping, Sequence
+from typing import ClassVar, Mapping, Optional, Sequence
 
 from verl_cluster.config.cluster import ClusterSpec, NodeSpec
 from verl_cluster.runners.base import CommandRunner, Result
+from verl_cluster.slurm.allocation import Allocation
 
 Problem = tuple[str, str, str]  # (node, what, fix)
 
@@ -25,6 +26,11 @@ class Launcher:
     def prepare(data: dict, source: str) -> dict:
         """The raw cluster config, completed before it is validated (a launcher that finds its nodes fills them)."""
         return data
+
+    @staticmethod
+    def allocation(data: dict) -> Optional[Allocation]:
+        """The batch system's allocation the raw config's nodes come from; None when the config lists them."""
+        return None
 
     def runner(self, node: NodeSpec) -> CommandRunner:
         """How commands reach this node."""

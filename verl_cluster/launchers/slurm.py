@@ -21,6 +21,10 @@ class SlurmLauncher(Launcher):
     def prepare(data: dict, source: str) -> dict:
         return fill(data, source)
 
+    @staticmethod
+    def allocation(data: dict) -> allocation.Allocation:
+        return allocation.read_allocation(job_id=(data.get("slurm") or {}).get("job_id"))
+
     def runner(self, node: NodeSpec) -> SlurmRunner:
         s = self.spec.slurm
         return SlurmRunner(node.host, s.job_id, srun=s.srun, extra_args=s.srun_args, cpus=node.cpus,
@@ -31,9 +35,9 @@ class SlurmLauncher(Launcher):
         # it stays in the foreground, held by its own step (verl_cluster/slurm/runner.py)
         return ["--block"]
 
-    def start_ray(self, runner: SlurmRunner,  # type: ignore[override] argv: Sequence[str], *, env: Mapping[str, str],
+    def start_ray(self, runner: CommandRunner, argv: Sequence[str], *, env: Mapping[str, str],
                   timeout: float) -> Result:
-        return runner.run_held(list(argv), env=env, timeout=timeout)
+        return runner.run_held(list(argv), env=env, timeout=timeout)  # the runner this launcher gave: a SlurmRunner
 
     def via(self, node: NodeSpec) -> list[str]:
         argv = self.runner(node).srun_argv([], held=True)

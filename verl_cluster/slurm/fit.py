@@ -48,12 +48,11 @@ def check_fits(job: JobSpec, nodes: int, gpus_per_node: Optional[int], gpus_requ
 def check_submit(job: JobSpec, cluster_file: str) -> None:
     """For `submit` inside an allocation: the job against the allocation's nodes and GPUs."""
     from verl_cluster.config.loader import read_yaml
+    from verl_cluster.launchers import launcher_class
 
     data, _ = read_yaml(cluster_file)
-    if not isinstance(data, dict) or data.get("launcher") != "slurm":
+    alloc = launcher_class(data).allocation(data) if isinstance(data, dict) else None
+    if alloc is None:
         return
-    from verl_cluster.slurm.allocation import read_allocation
-
-    alloc = read_allocation(job_id=(data.get("slurm") or {}).get("job_id"))
     gpus = alloc.head.gpus if alloc.nodes else None
     check_fits(job, len(alloc.nodes), gpus, alloc.gpus_requested, f"Slurm allocation {alloc.job_id}")
