@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from verl_cluster.config.cluster import ClusterSpec, load_cluster
+from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec, is_verl_module, job_cluster_path
 from verl_cluster.errors import ClusterError, ConfigError
+from verl_cluster.launchers import load_cluster
 from verl_cluster.launch.integrations import cached_backend_env, placement_plan, plan_metadata
 from verl_cluster.launch.preflight import Finding, PreflightReport, check_flash_attn_needs, run_preflight
 from verl_cluster.launch.request import (NotApplied, RayJobRequest, TorchrunRequest, build_ray_request,
