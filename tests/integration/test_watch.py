@@ -79,6 +79,9 @@ def show(events):
     return "\n".join(f"{e['time']:.1f} {e['class']} {e['node']} {e['action']} | {e['evidence']}" for e in events)
 
 
+BACKEND_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
 def raylet_env(ip):
     """The environment of the raylet serving `ip` (namespace hosts share this machine's /proc)."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -194,6 +197,7 @@ def test_worker_killed_and_back(lab3):
     try:
         wait_for(lambda: (ckpt / "steps.log").exists() and len((ckpt / "steps.log").read_text().split("\n")) > 5,
                  90, "step 5")
+        after_up = {k: raylet_env(w2.ip).get(k) for k in BACKEND_VARS}  # as the module's `up` started it
         lab.stop(w2)  # SIGKILL of the whole host
         killed = time.time()
         time.sleep(3)
@@ -223,6 +227,8 @@ def test_worker_killed_and_back(lab3):
     first, resumed = out[:out.rindex("starting")], out[out.rindex("starting"):]
     assert f"env {w2.ip} NCCL_SOCKET_IFNAME==eth0 GLOO_SOCKET_IFNAME=eth0" in first, first[-2000:]
     assert f"env {w2.ip} NCCL_SOCKET_IFNAME==eth0 GLOO_SOCKET_IFNAME=eth0" in resumed, resumed[:2000]
+    healed = {k: raylet_env(w2.ip).get(k) for k in BACKEND_VARS}  # the old raylet died with its host
+    assert all(after_up.values()) and healed == after_up, (after_up, healed)
     assert raylet_env(w1.ip).get("NCCL_SOCKET_IFNAME") == "=eth0"  # started by `up`
     assert raylet_env(w2.ip).get("NCCL_SOCKET_IFNAME") == "=eth0"  # restarted by watch
     assert any(e["action"] == "first step %d" % (last_ckpt + 1) and "resumed from step %d" % last_ckpt
