@@ -13,6 +13,7 @@ from rich.table import Table
 from verl_cluster.cli.cluster_args import add_cluster_args, load_cluster_args
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
+from verl_cluster.launch.job_records import record_cluster
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
@@ -102,6 +103,7 @@ def run_up(args) -> int:
                     out.print("  via:  " + escape(" ".join(p.via)))
             out.print("(dry run: nothing was started; backend env from `check` is added at `up` time)")
         return EXIT_OK
+    record_cluster(spec.cluster_name, args.cluster, args.overrides)  # `jobs` asks it, up or gone, from now on
     with _ProgressTable(spec, enabled=not args.json and err.is_terminal) as prog:
         done = bring_up(spec, restart=args.restart, progress=prog.update if not args.json else None)
     report, reasons = done.report, done.reasons
