@@ -96,11 +96,12 @@ def test_jobs_without_c_lists_every_recorded_cluster_and_exits_1_when_none_answe
     assert rc == 1
     assert {c["cluster"] for c in doc["clusters"]} == {"alpha", "beta"}
     assert all(not c["answered"] and c["error"] for c in doc["clusters"])
-    rc = main(["jobs"])
+    rc = main(["jobs"])  # captured output is 80 columns wide: the lines must not wrap
     text = capsys.readouterr().err
     assert rc == 1 and "Traceback" not in text
     lines = [x for x in text.splitlines() if "did not answer" in x]
     assert len(lines) == 2 and any(x.startswith("alpha") for x in lines) and any(x.startswith("beta") for x in lines)
+    assert all("cannot reach the Ray Jobs API" in x and "hint: is the cluster up?" in x for x in lines), lines
     rc = main(["jobs", "--timeout", "0"])
     assert rc == 2 and "--timeout 0" in capsys.readouterr().err
 

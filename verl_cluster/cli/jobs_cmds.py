@@ -13,7 +13,7 @@ from rich.table import Table
 
 from verl_cluster.cli.cluster_args import DEFAULT_CLUSTER, add_cluster_args, resolve_cluster
 from verl_cluster.cli.follow import follow_job
-from verl_cluster.cli.output import err, out, print_json
+from verl_cluster.cli.output import err, one_line, out, print_json
 from verl_cluster.launchers import load_cluster
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY, ConfigError
 from verl_cluster.launch import all_jobs, job_records, ray_jobs
@@ -29,7 +29,8 @@ allocation ended, its head is off) gets one line saying why, and the others are 
 
 exit status: 0 when a cluster answered (with -c: that cluster; without: at least one, so that
 old records of clusters long gone do not make every `jobs` fail); 1 when none answered;
-2 for bad input (an unreadable -c file, a misspelt override)."""
+2 for bad input: a bad --timeout, or with -c an unreadable file or a misspelt override
+(without -c, a recorded cluster whose file is gone or wrong is one that did not answer)."""
 
 
 def job_id_arg(p: argparse.ArgumentParser) -> None:
@@ -110,10 +111,10 @@ def _jobs_everywhere(args, known) -> int:
             else:
                 out.print(f"{where}: no jobs")
         for c in found:
-            if not c.answered:
-                hint = f" [dim]({escape(c.hint)})[/]" if c.hint else ""
+            if not c.answered:  # one line each, however wide: a script may count them
+                hint = f"  [dim]hint: {escape(one_line(c.hint))}[/]" if c.hint else ""
                 err.print(f"[yellow]{escape(c.cluster)}[/] ({escape(c.cluster_file)}) did not answer: "
-                          f"{escape(c.error)}{hint}")
+                          f"{escape(one_line(c.error))}{hint}", soft_wrap=True)
     return EXIT_OK if answered else EXIT_UNHEALTHY
 
 
