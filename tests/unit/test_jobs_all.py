@@ -110,3 +110,17 @@ def test_jobs_help_says_what_the_exit_status_means(capsys):
     assert main(["jobs", "--help"]) == 0
     text = capsys.readouterr().out
     assert "0 when a cluster answered" in text and "1 when none answered" in text
+
+
+def test_a_dashboard_that_never_answers_does_not_hold_up_the_other_clusters(home, tmp_path):
+    """A Jobs API whose port takes the connection and never answers (a head wedged, a firewall that drops) keeps
+    its client waiting; the other clusters' clients open at the same time, not after it."""
+    with socket.socket() as wedged:
+        wedged.bind(("127.0.0.1", 0))
+        wedged.listen(8)  # the kernel completes the handshake; nobody ever reads the request
+        silent = local_cluster(tmp_path, "silent", port=wedged.getsockname()[1])
+        gone = local_cluster(tmp_path, "gone")
+        known = [job_records.KnownCluster("silent", str(silent)), job_records.KnownCluster("gone", str(gone))]
+        found = all_jobs.jobs_everywhere(known, load_cluster, timeout_s=4)
+    assert found[0].error == "no answer within 4s", found[0]
+    assert "cannot reach the Ray Jobs API" in found[1].error, found[1]
