@@ -92,11 +92,11 @@ def test_submit_says_when_its_plan_runs_at_the_limit(monkeypatch):
     """verl's run_qwen3-8b.sh on 8 H100s: submit's preflight note names the phase that runs at the GPU's limit."""
     from verl_cluster.config.cluster import load_cluster
     from verl_cluster.launch import integrations
-    from verl_cluster import placement
+    from verl_cluster.facts import cluster_facts
 
     job, hw, p = _plan("tests/fixtures/verl_recipes/run_qwen3-8b.yaml", "1x8xH100-80GB")
     assert p.feasible and any(w.startswith("actor update runs at the GPU's limit") for w in p.warnings)
-    monkeypatch.setattr(placement, "gather_node_facts", lambda spec: hw)
+    monkeypatch.setattr(cluster_facts, "gather_node_facts", lambda spec: hw)
     info = integrations.placement_plan(job, load_cluster(Path(__file__).resolve().parents[2] / "cluster_configs/local.yaml"))
     assert info.feasible is True
     assert "actor update at the GPU's limit (`verl-cluster plan " in info.note and job.source in info.note

@@ -119,7 +119,7 @@ def test_plan_for_job_on_localhost_cluster_is_a_clean_error_without_gpus():
     from verl_cluster.config.job import load_job
     from verl_cluster.diagnostics.gather import local_facts
     from verl_cluster.errors import ConfigError, PlanError
-    from verl_cluster.placement import plan_for_job
+    from verl_cluster.launch.integrations import plan_for_job
 
     job = load_job(PPO)
     if local_facts(head_ip=None, deep=False).gpus:
@@ -138,7 +138,7 @@ def test_plan_for_job_matches_what_submit_calls(monkeypatch):
     from verl_cluster.diagnostics import gather
     from verl_cluster.facts.model import from_dict, NodeFacts
     from verl_cluster.launch import integrations
-    from verl_cluster.placement import plan_for_job
+    from verl_cluster.launch.integrations import plan_for_job
 
     assert list(inspect.signature(plan_for_job).parameters)[:2] == ["job", "spec"]
     recorded = json.loads((ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())

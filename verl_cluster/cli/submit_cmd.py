@@ -8,6 +8,7 @@ import sys
 
 from rich.markup import escape
 
+from verl_cluster.cli.follow import follow_job
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
 from verl_cluster.launch import job_records, ray_jobs
@@ -173,45 +174,6 @@ def _apply_ray(sub: Submission, args) -> int:
 
         return follow_job(api, sid, args.stop_on_interrupt, reattach, args.json, verl=sub.job.runs_verl,
                           predicted=plan_predictions(req.metadata.get("verl_cluster.plan")))
-
-
-def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: bool = False,
-               verl: bool = False, predicted=None) -> int:
-    """`predicted`: the plan's predictions (kept in the job's metadata), held against what verl logs."""
-    from verl_cluster.launch.verl_log import VerlProgress, describe
-
-    progress = VerlProgress(predicted=predicted) if verl else None
-    try:
-        res = ray_jobs.follow(api, sid, out=sys.stderr if as_json else sys.stdout, progress=progress)
-    except KeyboardInterrupt:
-        if stop_on_interrupt:
-            row = ray_jobs.stop(api, sid)
-            err.print(f"stopped {sid}: {row.status}")
-            return EXIT_UNHEALTHY
-        err.print(f"detached; {sid} keeps running. Re-attach: {escape(reattach)}")
-        return 130
-    if as_json:
-        doc = {"submission_id": sid, "status": res.status, "message": res.message, "last_lines": res.tail}
-        if res.verl is not None:
-            doc["verl"] = res.verl
-        if res.failure is not None:
-            doc["failure"] = res.failure
-        print_json(doc)
-    for line in describe(res.verl or {}):
-        err.print(escape(line))
-    if res.status == "SUCCEEDED":
-        err.print(f"[green]{sid} SUCCEEDED[/]")
-        return EXIT_OK
-    err.print(f"[bold red]{sid} {res.status}[/]" + (f": {escape(res.message)}" if res.message else ""))
-    if res.failure:
-        f = res.failure
-        err.print(f"[bold red]cause ({f['class']}):[/] {escape(f['what'])}: {escape(f['evidence'])}")
-        err.print(f"[yellow]hint:[/] {escape(f['fix'])}")
-    if res.tail and not as_json:
-        err.print("last lines:")
-        for line in res.tail:
-            err.print("  " + escape(line))
-    return EXIT_UNHEALTHY
 
 
 def _apply_torchrun(sub: Submission, args) -> int:

@@ -1,6 +1,6 @@
 """Where submit meets the other parts (backend env from diagnostics, the placement plan, cluster status).
 
-Each piece tolerates its provider not being importable yet, and says which source it used.
+Each piece says which source it used, and why there is no plan when there is none.
 """
 
 from __future__ import annotations
@@ -34,6 +34,17 @@ class PlanInfo:
     predicted: Optional[dict[str, Any]] = None  # seconds per phase/step, host RAM: held against verl's metrics
 
 
+def plan_for_job(job: JobSpec, spec: ClusterSpec, strategy: Optional[str] = None, fill: float = 1.0, *,
+                 runners=None, timeout: float = 90.0):
+    """Gather the live cluster's facts (every node of `spec`) and plan `job` on them (`plan_job`).
+    Raises RunnerError for an unreachable node, ConfigError for bad input, PlanError when the hardware cannot
+    be used at all (no GPUs, nodes with different GPU counts); a job that does not fit returns feasible=False."""
+    from verl_cluster.facts.cluster_facts import gather_node_facts
+    from verl_cluster.placement import plan_job
+
+    return plan_job(job, gather_node_facts(spec, runners=runners, timeout=timeout), strategy=strategy, fill=fill)
+
+
 def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None) -> PlanInfo:
     """The planner's verl overrides for this job on this cluster's gathered facts (the job's own overrides win
     later), planned at the worst case and at the lengths known (the training prompts measured on the head node,
@@ -42,10 +53,6 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
     verl's Ray trainers are planned; anything else gets an empty plan."""
     if not job.is_ray_only:
         return PlanInfo({}, None, {}, "no placement plan: not a verl Ray trainer")
-    try:
-        import verl_cluster.placement  # noqa: F401
-    except ImportError:
-        return PlanInfo({}, None, {}, "placement planner not available: the job's own overrides are used")
     from verl_cluster.errors import ConfigError
     from verl_cluster.placement.model_shape import resolve_shape
 
@@ -55,7 +62,7 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
         return PlanInfo({}, None, {}, f"no placement plan: {e.message}; the job's own settings are used as they are",
                         unplanned=e.hint or "set model.catalog")
     from verl_cluster.launch.preflight import lengths_findings
-    from verl_cluster.placement.lengths import plan_lengths
+    from verl_cluster.placement.length_plans import plan_lengths
 
     findings: tuple = ()  # the prompts measured stand even when the plan cannot be made (no GPUs, ...)
     try:
@@ -96,7 +103,7 @@ def _facts_and_lengths(job: JobSpec, spec: ClusterSpec, facts: Optional[list]):
     import concurrent.futures as cf
 
     from verl_cluster.launch.data_lengths import gather_lengths
-    from verl_cluster.placement import gather_node_facts
+    from verl_cluster.facts.cluster_facts import gather_node_facts
 
     with cf.ThreadPoolExecutor(2) as pool:
         facts_f = pool.submit(gather_node_facts, spec) if facts is None else None

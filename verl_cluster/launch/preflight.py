@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec, is_verl_module
 from verl_cluster.launch.data_check import check_schema, requirement_for
+from verl_cluster.launch.request import key_origin
 from verl_cluster.launch.verl_config import check_verl_config
 from verl_cluster.runners import fan_out, runner_for
 from verl_cluster.runners.remote_python import run_python
@@ -339,7 +340,7 @@ def check_placement_strategy(spec: ClusterSpec, job: JobSpec) -> list[Finding]:
     if job.is_ray_only or not (job.model.catalog or job.model.path) or requested_strategy(job)[1] == "auto":
         return []
     from verl_cluster.errors import VerlClusterError
-    from verl_cluster.placement import gather_node_facts
+    from verl_cluster.facts.cluster_facts import gather_node_facts
 
     try:
         return check_strategy(job, gather_node_facts(spec))
@@ -350,26 +351,6 @@ def check_placement_strategy(spec: ClusterSpec, job: JobSpec) -> list[Finding]:
 FLASH_KEYS = ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
               "+actor_rollout_ref.model.override_config.attn_implementation",
               "+critic.model.override_config.attn_implementation")
-
-
-def key_origin(job: JobSpec, key: str) -> str:
-    """'file:line' of a verl key in the job file's `overrides` (or the script's line), else 'the command line'."""
-    from verl_cluster.config.loader import read_yaml
-    from verl_cluster.launch.script_import import is_script, script_key_origin
-
-    if job.source == "<command line>":
-        return "the command line"
-    if is_script(job.source):
-        return script_key_origin(job.source, key) or "the command line"
-    try:
-        _, lines = read_yaml(job.source)
-    except Exception:  # noqa: BLE001 - a job built in memory, or a file gone since: no line to name
-        return job.source
-    bare = key.lstrip("+")
-    for path in (("overrides", *bare.split(".")), ("overrides", bare), ("overrides", key)):
-        if path in lines:
-            return f"{job.source}:{lines[path]}"
-    return "the command line"
 
 
 def check_flash_attn_needs(job: JobSpec, flash: Optional[bool], note: str) -> list[Finding]:
