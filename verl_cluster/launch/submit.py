@@ -80,10 +80,8 @@ class Submission:
 
 def _status(spec: ClusterSpec):
     """(ClusterStatus or None, why the head is not usable or "")."""
-    try:
-        from verl_cluster.lifecycle.status import cluster_status
-    except ImportError:
-        return None, "cluster status not available"
+    from verl_cluster.lifecycle.status import cluster_status
+
     try:
         st = cluster_status(spec, with_jobs=False)
     except Exception as e:  # noqa: BLE001 - an unreachable head means "no cluster" here
