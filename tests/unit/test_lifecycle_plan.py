@@ -12,7 +12,7 @@ from verl_cluster.config.cluster import load_cluster
 from verl_cluster.lifecycle import node_script
 from verl_cluster.lifecycle.commands import plan_start
 from verl_cluster.lifecycle.nodes import index_by_ip
-from verl_cluster.lifecycle.status import ClusterStatus, NodeStatus
+from verl_cluster.lifecycle.status import ClusterStatus, NodeState, NodeStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,13 +128,14 @@ def test_index_by_ip_prefers_live_and_finds_loopback_head():
 
 def test_status_json_and_health():
     st = ClusterStatus("c", "10.0.0.1:6379", "http://127.0.0.1:8265", nodes=[
-        NodeStatus("10.0.0.1", "head", "10.0.0.1", "alive", gpus=8.0, ray_version="2.60.0"),
-        NodeStatus("10.0.0.2", "worker", "10.0.0.2", "dead", reason="raylet is not running")])
+        NodeStatus("10.0.0.1", "head", "10.0.0.1", NodeState.ALIVE, gpus=8.0, ray_version="2.60.0"),
+        NodeStatus("10.0.0.2", "worker", "10.0.0.2", NodeState.DEAD, reason="raylet is not running")])
     d = st.to_json()
     assert d["healthy"] is False
     assert d["nodes"][0]["gpus"] == 8 and d["nodes"][0]["alive"] is True
     assert {"host", "role", "alive", "gpus", "ray_version"} <= set(d["nodes"][1])
-    st.nodes[1].state = "alive"
+    assert [n["state"] for n in d["nodes"]] == ["alive", "dead"] and type(d["nodes"][1]["state"]) is str
+    st.nodes[1].state = NodeState.ALIVE
     assert st.healthy
 
 

@@ -194,11 +194,13 @@ def run_status(args) -> int:
 
 
 def render_status(st, dashboard_command: str) -> None:
+    from verl_cluster.lifecycle.status import NodeState
+
     t = Table(title=f"cluster {st.cluster} (GCS {st.head_address}): {'healthy' if st.healthy else 'NOT healthy'}")
     for c in ("node", "role", "address", "state", "CPUs", "GPUs", "GPU model", "free GPUs", "Ray", "Python", "reason"):
         t.add_column(c)
     for n in st.nodes:
-        color = {"alive": "green", "dead": "red", "missing": "yellow"}.get(n.state, "red")
+        color = {NodeState.ALIVE: "green", NodeState.DEAD: "red", NodeState.MISSING: "yellow"}.get(n.state, "red")
         models = sorted(set(n.gpu_models))
         model = f"{models[0]} ({n.gpu_memory_mib[0] // 1024} GiB)" if len(models) == 1 else ", ".join(models)
         free = "" if n.available is None else _num(n.available.get("GPU", 0.0))

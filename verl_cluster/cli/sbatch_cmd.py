@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 from verl_cluster.cli.output import err, out, print_json
@@ -40,7 +37,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from verl_cluster.launch.script_import import load_job_input
-    from verl_cluster.slurm.batch import BatchRequest, resolve_log_dir, script
+    from verl_cluster.slurm.batch import BatchRequest, resolve_log_dir, script, submit_script, write_script
     from verl_cluster.slurm.fit import check_fits, job_shape
 
     job, _ = load_job_input(args.job, list(args.overrides))
@@ -65,12 +62,12 @@ def run(args) -> int:
         else:
             out.print(text, markup=False, highlight=False, end="")
         return EXIT_OK
-    path = Path(args.output or Path(log_dir) / f"{req.job_name}.sbatch").resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Path(log_dir).mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output folder
-    path.write_text(text)
-    os.chmod(path, 0o755)
-    job_id = _submit(path) if args.submit else None
+    path = write_script(text, Path(args.output or Path(log_dir) / f"{req.job_name}.sbatch"), log_dir)
+    job_id = None
+    if args.submit:
+        job_id, said = submit_script(path)
+        if said:
+            err.print(said)
     if args.json:
         print_json({"script": str(path), "job_id": job_id, "log_dir": log_dir, "watch": watch, "note": note})
     elif job_id:
@@ -99,20 +96,3 @@ def _cluster_overrides(words: list[str]) -> list[str]:
     if bad:
         raise ConfigError(f"--cluster-set {bad[0]}: expected key=value", "e.g. --cluster-set ray.object_store_memory=2e9")
     return list(words)
-
-
-def _submit(path: Path) -> str:
-    if not shutil.which("sbatch"):
-        raise ConfigError("Slurm command `sbatch` not found",
-                          "run on a Slurm login node (or `module load slurm`), or submit the written script there")
-    try:
-        r = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        raise ConfigError("sbatch did not answer within 60s", "is slurmctld up? try `scontrol ping`")
-    if r.returncode != 0:
-        lines = (r.stderr.strip() or r.stdout.strip()).splitlines()
-        raise ConfigError(f"sbatch refused the script: {lines[-1] if lines else f'exit {r.returncode}'}",
-                          f"fix the request (partition, account, time, GPUs) and run again; script: {path}")
-    if r.stderr.strip():
-        err.print(r.stderr.strip())
-    return r.stdout.strip().split(";")[0]

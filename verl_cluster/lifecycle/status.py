@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError
-from verl_cluster.launchers import launcher_for
+from verl_cluster.launchers import Launcher, launcher_for
 from verl_cluster.lifecycle.auth import node_token_path, open_cluster_warnings
 from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners import fan_out
+
+
+class NodeState(StrEnum):
+    """A configured node as `status` finds it; the value is what --json prints."""
+
+    ALIVE = "alive"
+    DEAD = "dead"  # our Ray was there and is not (or not whole, or not registered)
+    MISSING = "missing"  # no Ray of this cluster there
+    UNREACHABLE = "unreachable"  # we cannot log in
 
 
 @dataclass
@@ -19,7 +29,7 @@ class NodeStatus:
     host: str
     role: str
     ip: str
-    state: str  # alive | dead | missing | unreachable
+    state: NodeState
     reason: str = ""
     cpus: float = 0.0
     gpus: float = 0.0
@@ -33,10 +43,11 @@ class NodeStatus:
 
     @property
     def alive(self) -> bool:
-        return self.state == "alive"
+        return self.state == NodeState.ALIVE
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["state"] = str(self.state)
         d["alive"] = self.alive
         d["gpus"] = int(self.gpus) if float(self.gpus).is_integer() else self.gpus
         return d
@@ -67,6 +78,7 @@ class ClusterStatus:
 
 
 def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
+    launcher = launcher_for(spec)
     nodes = cluster_nodes(spec)
     dash_host = "127.0.0.1" if spec.security.dashboard_host == "loopback" else spec.head_ip
     st = ClusterStatus(spec.cluster_name, spec.gcs_address, f"http://{dash_host}:{spec.head.dashboard_port}",
@@ -88,7 +100,7 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
                 table = None
         by_ip = index_by_ip((table or {}).get("nodes", []), spec.head_ip)
         for n in nodes:
-            st.nodes.append(_node_status(n, probes[n.host], by_ip.get(n.ip), table is not None))
+            st.nodes.append(_node_status(n, probes[n.host], by_ip.get(n.ip), table is not None, launcher))
         if table:
             st.jobs = [j for j in table.get("jobs", []) if j["status"] in ("PENDING", "RUNNING")]
             if table.get("jobs_error"):
@@ -97,8 +109,8 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
             st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["node_id"] not in known]
         st.problems += open_cluster_warnings(spec)
         st.problems += _ray_version_problems(spec, st)
-        st.problems += [f"{node}: {what}; fix: {fix}" for node, what, fix in launcher_for(spec).node_problems()]
-        versions = {(n.ray_version, n.python_version) for n in st.nodes if n.state != "unreachable"}
+        st.problems += [f"{node}: {what}; fix: {fix}" for node, what, fix in launcher.node_problems()]
+        versions = {(n.ray_version, n.python_version) for n in st.nodes if n.state != NodeState.UNREACHABLE}
         if len({v[1] for v in versions}) > 1:
             st.problems.append("Python versions differ across nodes: "
                                + ", ".join(f"{n.host}={n.python_version}" for n in st.nodes if n.python_version))
@@ -116,14 +128,14 @@ def _ray_version_problems(spec: ClusterSpec, st: ClusterStatus) -> list[str]:
     return [(f"{p.what}" if p.node == "cluster" else f"{p.node}: {p.what}") + f"; fix: {p.fix}" for p in found]
 
 
-def _node_status(n, probe_result, info: dict | None, gcs_ok: bool) -> NodeStatus:
-    s = NodeStatus(n.host, n.role, n.ip, "missing")
+def _node_status(n, probe_result, info: dict | None, gcs_ok: bool, launcher: Launcher) -> NodeStatus:
+    s = NodeStatus(n.host, n.role, n.ip, NodeState.MISSING)
     if not probe_result.ok:
         # a host we cannot log into is unreachable; one that cannot run the node's Python has no Ray
-        s.state = "unreachable" if isinstance(probe_result.error, ConnectError) else "missing"
+        s.state = NodeState.UNREACHABLE if isinstance(probe_result.error, ConnectError) else NodeState.MISSING
         s.reason = probe_result.reason
         if info and info["alive"]:
-            s.state = "alive"  # the GCS sees it even if we cannot log in
+            s.state = NodeState.ALIVE  # the GCS sees it even if we cannot log in
             s.reason = f"alive in Ray, but not reachable for us: {probe_result.reason}"
     else:
         p: Probe = probe_result.value
@@ -131,21 +143,21 @@ def _node_status(n, probe_result, info: dict | None, gcs_ok: bool) -> NodeStatus
         s.gpu_models = [g["name"] for g in p.gpus or []]
         s.gpu_memory_mib = [g["memory_total_mib"] for g in p.gpus or []]
         if not p.raylet:
-            s.state = "dead" if (info or p.kinds or p.state) else "missing"
-            s.reason = "raylet is not running" if s.state == "dead" else "Ray is not running there"
-        elif n.role == "head" and not p.gcs:
-            s.state, s.reason = "dead", "gcs_server is not running"
+            s.state = NodeState.DEAD if (info or p.kinds or p.state) else NodeState.MISSING
+            s.reason = "raylet is not running" if s.state == NodeState.DEAD else "Ray is not running there"
+        elif not launcher.running(n.role, p.raylet, p.gcs):  # the raylet runs: the head's GCS does not
+            s.state, s.reason = NodeState.DEAD, "gcs_server is not running"
         elif gcs_ok and not (info and info["alive"]):
-            s.state, s.reason = "dead", "raylet runs but is not registered with the head"
+            s.state, s.reason = NodeState.DEAD, "raylet runs but is not registered with the head"
         elif not gcs_ok:
-            s.state, s.reason = "dead", "the head's GCS is not answering"
+            s.state, s.reason = NodeState.DEAD, "the head's GCS is not answering"
         else:
-            s.state = "alive"
+            s.state = NodeState.ALIVE
     if info:
         s.node_id = info["node_id"]
         s.resources = info["resources"]
         s.available = info.get("available")
         s.cpus, s.gpus = info["resources"].get("CPU", 0.0), info["resources"].get("GPU", 0.0)
-        if s.state == "alive" and not info["alive"]:
-            s.state, s.reason = "dead", "the GCS marked it dead"
+        if s.state == NodeState.ALIVE and not info["alive"]:
+            s.state, s.reason = NodeState.DEAD, "the GCS marked it dead"
     return s

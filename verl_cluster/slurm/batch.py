@@ -5,8 +5,11 @@ The script is data built from a BatchRequest (printed by --dry-run); every value
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -117,3 +120,29 @@ exit $rc
 def resolve_log_dir(log_dir: str) -> str:
     p = Path(log_dir).expanduser().resolve()
     return str(p)
+
+
+def write_script(text: str, path: Path, log_dir: str) -> Path:
+    """The script at `path` (absolute, executable), and the log folder Slurm's --output needs (it makes none)."""
+    path = path.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+def submit_script(path: Path) -> tuple[str, str]:
+    """`sbatch --parsable` the script: (Slurm's job id, what sbatch said on stderr besides)."""
+    if not shutil.which("sbatch"):
+        raise ConfigError("Slurm command `sbatch` not found",
+                          "run on a Slurm login node (or `module load slurm`), or submit the written script there")
+    try:
+        r = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise ConfigError("sbatch did not answer within 60s", "is slurmctld up? try `scontrol ping`")
+    if r.returncode != 0:
+        lines = (r.stderr.strip() or r.stdout.strip()).splitlines()
+        raise ConfigError(f"sbatch refused the script: {lines[-1] if lines else f'exit {r.returncode}'}",
+                          f"fix the request (partition, account, time, GPUs) and run again; script: {path}")
+    return r.stdout.strip().split(";")[0], r.stderr.strip()
