@@ -23,10 +23,23 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_HELD: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _release_ports():
+    yield
+    while _HELD:
+        _HELD.pop().close()
+
+
+def closed_port() -> int:
+    """A port that refuses connections for the whole test: bound here and never listened on, so no other process
+    (other tests run Ray on this machine) can take it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return s.getsockname()[1]
 
 
 def local_cluster(tmp_path, name, port=None) -> Path:
@@ -34,7 +47,7 @@ def local_cluster(tmp_path, name, port=None) -> Path:
     token = tmp_path / f"{name}-token"
     token.write_text("ab" * 32 + "\n")
     p = tmp_path / f"{name}.yaml"
-    p.write_text(f"cluster_name: {name}\nhead:\n  host: localhost\n  dashboard_port: {port or free_port()}\n"
+    p.write_text(f"cluster_name: {name}\nhead:\n  host: localhost\n  dashboard_port: {port or closed_port()}\n"
                  f"security:\n  token_file: {token}\n")
     return p
 
