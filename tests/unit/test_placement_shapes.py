@@ -27,7 +27,7 @@ def test_param_count_matches_published_size(name):
 
 
 def test_qwen25_counts_within_one_percent():
-    # the sizes the issue names explicitly
+    # the published parameter counts of the common shapes
     for name, size in [("qwen2.5-0.5b", 494e6), ("qwen2.5-1.5b", 1.54e9), ("qwen2.5-3b", 3.09e9),
                        ("qwen2.5-7b", 7.62e9), ("llama-3.1-8b", 8.03e9), ("llama-3.1-70b", 70.6e9)]:
         assert abs(catalog_shape(name).params - size) / size < 0.01, name

@@ -1,4 +1,4 @@
-"""The planner: seed cases from the issue, verl rules, and properties over random hardware."""
+"""The planner: seed cases (docs/placement.md), verl rules, and properties over random hardware."""
 
 from dataclasses import replace
 from pathlib import Path

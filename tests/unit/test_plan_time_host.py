@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())["runs"]
 H100 = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h100x1.json").read_text())
 H100_NO_FA = replace(H100, versions={k: v for k, v in H100.versions.items() if k != "flash_attn"})
-# bounds the recorded runs meet today; the goals (step ±20%, phase ±30%, host ±15%) on runs not fitted
-# need more runs (docs/BENCHMARKS.md says which)
+# bounds the recorded runs meet; the goals (step ±20%, phase ±30%, host ±15%) on runs not fitted need more
+# runs (docs/BENCHMARKS.md says which)
 STEP_BOUND, PHASE_BOUND, HOST_BOUND = 0.20, 0.35, 0.15
 SHORT_S, SHORT_BOUND_S = 0.5, 0.3  # phases under half a second: held within 0.3 s, not by their ratio
 

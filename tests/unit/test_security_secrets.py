@@ -116,7 +116,8 @@ def test_custom_token_file_on_a_local_head_is_private_from_the_first_byte(tmp_pa
 @pytest.mark.parametrize("expr", ["9**9**9", "2**64", "2**62 + 2**62", "(10**18) * (10**18)", "2**-1",
                                   "+".join(["1"] * 2000), "(" * 150 + "1" + ")" * 150])
 def test_import_arithmetic_is_bounded(tmp_path, expr):
-    """Each case ran for minutes (or forever) before: run in a child so a regression fails, not hangs."""
+    """Arithmetic that would take minutes (or forever) to evaluate is refused; each case runs in a child so that a
+    case which is not refused fails the test instead of hanging it."""
     script = tmp_path / "run.sh"
     script.write_text(f"export N=$(( {expr} ))\npython3 -m verl.trainer.main_ppo trainer.x=$N\n")
     t0 = time.monotonic()
