@@ -115,8 +115,9 @@ def test_jobs_without_c_lists_every_recorded_cluster_and_exits_1_when_none_answe
     lines = [x for x in text.splitlines() if "did not answer" in x]
     assert len(lines) == 2 and any(x.startswith("alpha") for x in lines) and any(x.startswith("beta") for x in lines)
     assert all("cannot reach the Ray Jobs API" in x and "hint: is the cluster up?" in x for x in lines), lines
-    rc = main(["jobs", "--timeout", "0"])
-    assert rc == 2 and "--timeout 0" in capsys.readouterr().err
+    for bad in ("0", "inf", "nan"):
+        rc = main(["jobs", "--timeout", bad])
+        assert rc == 2 and f"--timeout {bad}" in capsys.readouterr().err
 
 
 def test_jobs_help_says_what_the_exit_status_means(capsys):

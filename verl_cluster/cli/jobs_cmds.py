@@ -96,8 +96,9 @@ def run_jobs(args) -> int:
 
 
 def _jobs_everywhere(args, known) -> int:
-    if args.timeout <= 0:
-        raise ConfigError(f"--timeout {args.timeout:g}: must be more than 0 seconds", "e.g. --timeout 20")
+    if not 0 < args.timeout <= 3600:  # nan and inf too
+        raise ConfigError(f"--timeout {args.timeout:g}: must be more than 0 and at most 3600 seconds",
+                          "e.g. --timeout 20")
     found = all_jobs.jobs_everywhere(known, load_cluster, args.overrides, timeout_s=args.timeout)
     answered = [c for c in found if c.answered]
     if args.json:
