@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 
-from verl_cluster.config.cluster import ClusterSpec, NodeSpec
+from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.cluster import load_cluster as _load_cluster
 from verl_cluster.launchers.base import Launcher
 from verl_cluster.launchers.slurm import SlurmLauncher
 from verl_cluster.launchers.ssh import LocalLauncher, SshLauncher
-from verl_cluster.runners.base import CommandRunner
 from verl_cluster.slurm.spec import cluster_file as slurm_cluster_file
 
 _BY_NAME: dict[str, type[Launcher]] = {"ssh": SshLauncher, "slurm": SlurmLauncher}  # config's `launcher:` values
@@ -34,17 +33,13 @@ def launcher_for(spec: ClusterSpec) -> Launcher:
     return cls(spec)
 
 
-def runner_for(spec: ClusterSpec, node: NodeSpec) -> CommandRunner:
-    return launcher_for(spec).runner(node)
-
-
-def prepare(data: dict, source: str) -> dict:
+def _prepare(data: dict, source: str) -> dict:
     return launcher_class(data).prepare(data, source)
 
 
 def load_cluster(path: str | os.PathLike, overrides: list[str] | None = None) -> ClusterSpec:
     """Parse and validate a cluster.yaml, its nodes completed by its launcher (a Slurm allocation's)."""
-    return _load_cluster(path, overrides, prepare=prepare)
+    return _load_cluster(path, overrides, prepare=_prepare)
 
 
 def allocation_cluster(cluster_file: str | None) -> tuple[str, str]:
