@@ -7,7 +7,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from verl_cluster.errors import RunnerError
 from verl_cluster.lifecycle import node_script
+from verl_cluster.runners import HostResult
 from verl_cluster.watch.gpu_health import judge
 
 H100 = json.loads((Path(__file__).parents[1] / "fixtures/facts/h100x1.json").read_text())
@@ -58,8 +60,9 @@ def test_no_nvml_means_nothing_to_judge(monkeypatch):
 
 def test_a_report_with_a_fault_or_an_xid_line_names_the_node():
     xid = "2025-03-02T10:14:07+0000 gpu-07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=2113, GPU has fallen off the bus."
-    reports = [{"ip": "10.0.0.1", "faults": [], "xid": []}, {"ip": "10.0.0.2", "error": "unreachable"},
-               {"ip": "10.0.0.3", "faults": [], "xid": [xid]}]
+    reports = [HostResult("10.0.0.1", {"faults": [], "xid": []}),
+               HostResult("10.0.0.2", error=RunnerError("10.0.0.2", "unreachable")),
+               HostResult("10.0.0.3", {"faults": [], "xid": [xid]})]
     ip, ev = judge(reports)
     assert ip == "10.0.0.3" and "Xid (PCI:0000:3b:00): 79" in ev and ev.startswith("kernel: ")
     assert judge(reports[:2]) is None  # unreachable is the node-lost check's business
@@ -67,7 +70,7 @@ def test_a_report_with_a_fault_or_an_xid_line_names_the_node():
 
 def test_the_recorded_h100_reading_is_healthy_and_its_machine_has_no_journald():
     rec = json.loads((Path(__file__).parents[1] / "fixtures/gpu_health/h100_gpuhealth.json").read_text())
-    assert rec["gpuhealth"]["nvml"] and judge([{"ip": "h100", **rec["gpuhealth"]}]) is None
+    assert rec["gpuhealth"]["nvml"] and judge([HostResult("h100", rec["gpuhealth"])]) is None
     assert "DRAM Uncorrectable                         : 0" in \
         (Path(__file__).parents[1] / "fixtures/gpu_health/h100_nvidia_smi_ecc.txt").read_text()
     assert rec["journalctl"] == "command not found"  # why kernel_xids falls back to dmesg

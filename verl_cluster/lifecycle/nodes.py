@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -10,7 +9,7 @@ from verl_cluster.config.cluster import ClusterSpec, NodeSpec
 from verl_cluster.errors import RunnerError
 from verl_cluster.lifecycle import node_script
 from verl_cluster.lifecycle.auth import ray_auth_env
-from verl_cluster.runners import CommandRunner, runner_for
+from verl_cluster.runners import CommandRunner, HostResult, fan_out, runner_for
 from verl_cluster.runners.remote_python import run_python, script_source
 
 SCRIPT = script_source(node_script.__file__)
@@ -80,20 +79,22 @@ def cluster_nodes(spec: ClusterSpec) -> list[Node]:
     return [Node(spec, role, n) for role, n in spec.nodes()]
 
 
-def fan_out(spec: ClusterSpec, verb: str, args: Callable[[Node], tuple[str, ...]], timeout: float) -> list[dict]:
-    """Run the node script's `verb` on every node at once: one dict per node, in order, with its `ip`; an
-    unreachable node gives {"ip", "error"} and never hides the others."""
+def run_on_nodes(spec: ClusterSpec, verb: str, args: Callable[[Node], tuple[str, ...]],
+                 timeout: float) -> list[HostResult]:
+    """The node script's `verb` on every node at once: one result per node, in order, keyed by its ip; a node
+    that cannot be reached gives its RunnerError and never hides the others."""
     def one(node: Node) -> dict:
         try:
-            return {"ip": node.ip, **node.script(verb, *args(node), timeout=timeout)}
-        except RunnerError as e:
-            return {"ip": node.ip, "error": e.reason}
+            return node.script(verb, *args(node), timeout=timeout)
         finally:
             node.close()
 
     nodes = cluster_nodes(spec)
-    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as ex:
-        return list(ex.map(one, nodes))
+    results = fan_out(nodes, one, key=lambda n: n.ip, max_workers=max(1, len(nodes)))
+    for r in results:
+        if r.error is not None and not isinstance(r.error, RunnerError):
+            raise r.error  # a bug here, not an unreachable node
+    return results
 
 
 def index_by_ip(gcs_nodes: list[dict], head_ip: str) -> dict[str, dict]:

@@ -14,7 +14,7 @@ from typing import Optional
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ClusterError
 from verl_cluster.launch import ray_jobs
-from verl_cluster.lifecycle.nodes import fan_out
+from verl_cluster.lifecycle.nodes import run_on_nodes
 
 
 @dataclass
@@ -53,19 +53,20 @@ def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> 
     folder.mkdir(parents=True, exist_ok=True)
     why: list[str] = []
     text, dumps = [], []
-    for r in fan_out(spec, "stacks", stacks_args, timeout=180):
-        if "error" in r:
-            why.append(f"{r['ip']}: {r['error']}")
+    for r in run_on_nodes(spec, "stacks", stacks_args, timeout=180):
+        ip = r.host
+        if not r.ok:
+            why.append(f"{ip}: {r.reason}")
             continue
-        if r["processes"] and not r["pyspy"]:
-            why.append(f"{r['ip']}: py-spy is not installed (pip install py-spy)")
-        for d in r["dumps"]:
-            text += [f"== {r['ip']} pid {d['pid']} ({d['role']}, state {d.get('state', '?')}, "
+        if r.value["processes"] and not r.value["pyspy"]:
+            why.append(f"{ip}: py-spy is not installed (pip install py-spy)")
+        for d in r.value["dumps"]:
+            text += [f"== {ip} pid {d['pid']} ({d['role']}, state {d.get('state', '?')}, "
                      f"{d.get('rss_mib', 0)} MiB RSS) {d['cmd']}", (d["stack"] or f"(no stack: {d['error']})").rstrip(),
                      ""]
-            dumps.append((r["ip"], d))
+            dumps.append((ip, d))
             if not d["stack"]:
-                why.append(f"{r['ip']} pid {d['pid']}: {d['error'] or 'py-spy printed nothing'}")
+                why.append(f"{ip} pid {d['pid']}: {d['error'] or 'py-spy printed nothing'}")
     (folder / "stacks.txt").write_text("\n".join(text) + "\n")
     actors: list[dict] = []
     try:
@@ -74,15 +75,16 @@ def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> 
     except ClusterError as e:
         why.append(f"actor table: {e.message}")
     (folder / "actors.json").write_text(json.dumps(actors, indent=1, default=str) + "\n")
-    logs = fan_out(spec, "joblogs", lambda n: (n.spec.temp_dir, ray_job_id, "40"), timeout=60)
+    logs = [r for r in run_on_nodes(spec, "joblogs", lambda n: (n.spec.temp_dir, ray_job_id, "40"), timeout=60) if r.ok]
     (folder / "worker-logs.txt").write_text("\n".join(
-        f"== {r['ip']} {x['file']}\n" + "\n".join(x["lines"]) for r in logs if "logs" in r for x in r["logs"]) + "\n")
-    gpus = fan_out(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "0"), timeout=60)
+        f"== {r.host} {x['file']}\n" + "\n".join(x["lines"]) for r in logs for x in r.value["logs"]) + "\n")
+    gpus = [{"ip": r.host, **r.value} if r.ok else {"ip": r.host, "error": r.reason}
+            for r in run_on_nodes(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "0"), timeout=60)]
     (folder / "nvml.json").write_text(json.dumps(gpus, indent=1) + "\n")
     stuck, frames = _stuck(dumps)
     n_stacks = sum(1 for _, d in dumps if d["stack"])
     summary = (f"{n_stacks} stack(s) of {len(dumps)} process(es), {len(actors)} actor(s), "
-               f"{sum(len(r.get('logs', [])) for r in logs)} worker log(s), NVML of {len(gpus)} node(s) in {folder}")
+               f"{sum(len(r.value['logs']) for r in logs)} worker log(s), NVML of {len(gpus)} node(s) in {folder}")
     if why:
         summary += f"; {len(why)} not collected: {'; '.join(why)[:300]}"
     return Bundle(folder, summary, stuck, frames)

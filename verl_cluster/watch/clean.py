@@ -18,7 +18,7 @@ from typing import Callable
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ClusterError
 from verl_cluster.launch import ray_jobs
-from verl_cluster.lifecycle.nodes import fan_out
+from verl_cluster.lifecycle.nodes import run_on_nodes
 
 ALIVE_ACTOR = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING")
 
@@ -58,15 +58,16 @@ def _ray_left(api, ray_job_id: str) -> tuple[list[str], list[str]]:
 
 def _node_left(spec: ClusterSpec, ray_job_id: str, kill: bool) -> tuple[list[str], list[str], list[str]]:
     procs, killed, gpus = [], [], []
-    for r in fan_out(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "1" if kill else "0"), timeout=60):
-        if "error" in r:
-            procs.append(f"{r['ip']}: cannot look ({r['error'][:120]})")
+    for r in run_on_nodes(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "1" if kill else "0"), timeout=60):
+        ip = r.host
+        if not r.ok:
+            procs.append(f"{ip}: cannot look ({r.reason[:120]})")
             continue
-        for p in r["left"]:
+        for p in r.value["left"]:
             gpu = f", {p['gpu_mib'] / 1024:.1f} GiB on GPU {p['gpu']}" if p.get("gpu") is not None else ""
-            procs.append(f"{r['ip']} pid {p['pid']} {p['cmd'][:60]} ({p['state']}{gpu})")
-        killed += [f"{r['ip']} pid {k['pid']} {k['cmd'][:60]}" for k in r["killed"]]
-        gpus += [f"{r['ip']} GPU {g['index']}: {g['used_mib']} MiB used" for g in r["gpus"]]
+            procs.append(f"{ip} pid {p['pid']} {p['cmd'][:60]} ({p['state']}{gpu})")
+        killed += [f"{ip} pid {k['pid']} {k['cmd'][:60]}" for k in r.value["killed"]]
+        gpus += [f"{ip} GPU {g['index']}: {g['used_mib']} MiB used" for g in r.value["gpus"]]
     return procs, killed, gpus
 
 

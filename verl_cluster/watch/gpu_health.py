@@ -6,18 +6,21 @@ from __future__ import annotations
 from typing import Optional
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.lifecycle.nodes import fan_out
+from verl_cluster.lifecycle.nodes import run_on_nodes
+from verl_cluster.runners import HostResult
 
 
-def judge(reports: list[dict]) -> Optional[tuple[str, str]]:
+def judge(reports: list[HostResult]) -> Optional[tuple[str, str]]:
     """(node, evidence) for the first node with a GPU fault, else None. An unreachable node is not judged here
     (the node-lost check owns that)."""
     for r in reports:
-        found = list(r.get("faults") or []) + [f"kernel: {x.strip()}" for x in (r.get("xid") or [])[-3:]]
+        if not r.ok:
+            continue
+        found = list(r.value.get("faults") or []) + [f"kernel: {x.strip()}" for x in (r.value.get("xid") or [])[-3:]]
         if found:
-            return r["ip"], "; ".join(found)[:600]
+            return r.host, "; ".join(found)[:600]
     return None
 
 
 def gpu_fault(spec: ClusterSpec, since: float, expect: dict[str, int]) -> Optional[tuple[str, str]]:
-    return judge(fan_out(spec, "gpuhealth", lambda n: (str(int(since)), str(expect.get(n.ip, 0))), timeout=45))
+    return judge(run_on_nodes(spec, "gpuhealth", lambda n: (str(int(since)), str(expect.get(n.ip, 0))), timeout=45))
