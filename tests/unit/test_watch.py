@@ -10,7 +10,7 @@ import pytest
 from verl_cluster.config.job import load_job
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.watch.events import Event, Reporter, read_events
-from verl_cluster.watch.failures import diagnose
+from verl_cluster.watch.failures import FailureClass, diagnose
 from verl_cluster.watch.runs import RunLock, RunState
 from verl_cluster.watch.settings import check_watchable, parse_duration, settings_for
 
@@ -46,6 +46,16 @@ def test_log_tails_classified(text, cls):
     d = diagnose(text.splitlines())
     assert d.cls == cls, d
     assert d.retry == (cls != "user-code")
+
+
+def test_every_log_kind_folds_into_a_failure_class_written_as_its_text():
+    from verl_cluster.launch.verl_log import FAILURES
+    from verl_cluster.watch import failures
+
+    for kind, *_ in FAILURES:
+        assert kind in failures._USER or kind in {c.value for c in FailureClass}, kind
+    ev = Event("r", "sid", diagnose(OOM.splitlines()).cls, "re-plan")
+    assert json.loads(json.dumps(ev.to_json()))["class"] == "oom" and f"{ev.cls}" == "oom"
 
 
 def test_user_error_names_the_exception_line():

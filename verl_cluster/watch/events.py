@@ -7,17 +7,28 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
+from verl_cluster.watch.failures import FailureClass
+
 NOTIFY_TIMEOUT_S = 15.0
+
+
+class Note(StrEnum):
+    """Events that are not a failure class."""
+
+    INFO = "info"  # progress: watching, submitted, healed, succeeded
+    LEFTOVER = "leftover"  # the previous attempt's processes did not clear
+    RESUME_FAILED = "resume-failed"  # a resumed attempt started again from step 1
 
 
 @dataclass(frozen=True)
 class Event:
     run: str
     submission_id: str
-    cls: str  # a failures.CLASSES entry, or "info" for progress (submitted, healed, succeeded)
+    cls: FailureClass | Note
     action: str  # what the watcher does about it
     evidence: str = ""
     node: str = ""

@@ -1,20 +1,37 @@
 """Failure classes for `watch`: what the log and Ray say a run died of, and whether a restart can help.
 
-verl_log.classify finds the cause in the log text; here it is folded into the classes the watcher acts on:
-node-lost (heal the node), worker-died (a process died on a live node: clean up, resume), gpu-fault, nccl-timeout,
-oom (re-plan with room), hang, user-code (the run's own mistake: never retried), unknown.
+verl_log.classify finds the cause in the log text; here it is folded into the classes the watcher acts on.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Optional
 
 from verl_cluster.launch.verl_log import classify as classify_log
 
+
+class FailureClass(StrEnum):
+    """What an attempt died of; the value is what events.jsonl and the run's state carry."""
+
+    NODE_LOST = "node-lost"  # heal the node
+    WORKER_DIED = "worker-died"  # a process died on a live node: clean up, resume
+    GPU_FAULT = "gpu-fault"
+    NCCL_TIMEOUT = "nccl-timeout"
+    OOM = "oom"  # re-plan with room
+    HANG = "hang"
+    USER_CODE = "user-code"  # the run's own mistake: never retried
+    UNKNOWN = "unknown"
+
+    @property
+    def retried(self) -> bool:
+        return self is not FailureClass.USER_CODE
+
+
 # finer verl_log kinds that are the run's own mistakes: a restart would fail the same way
-_USER = {"missing-package": "user-code", "bad-override": "user-code", "config": "user-code"}
+_USER = {"missing-package", "bad-override", "config"}
 
 # what Ray itself says when the job's driver or its node went away (JobInfo.message)
 _RAY_LOST = ("Job supervisor actor died", "node died", "has been marked dead", "Owner's node has crashed",
@@ -27,7 +44,7 @@ _EXIT_CODE = re.compile(r"exit code (\d+)")
 
 @dataclass(frozen=True)
 class Diagnosis:
-    cls: str
+    cls: FailureClass
     what: str
     evidence: str
     fix: str = ""
@@ -35,7 +52,7 @@ class Diagnosis:
 
     @property
     def retry(self) -> bool:
-        return self.cls != "user-code"
+        return self.cls.retried
 
     def signature(self) -> str:
         """What makes two failures 'the same': the class and the evidence without numbers (pids, addresses,
@@ -79,24 +96,25 @@ def diagnose(lines: list[str], ray_message: str = "", lost_node: Optional[str] =
     tracebacks and NCCL errors too); then the log; then Ray's own job message. `made_progress`: whether the
     attempt ran a training step (verl refusing its command line happens before the first)."""
     if lost_node:
-        return Diagnosis("node-lost", "a node left the cluster", lost_node,
+        return Diagnosis(FailureClass.NODE_LOST, "a node left the cluster", lost_node,
                          "watch restarts it (the heal path of `up`)")
     found = classify_log(lines)
-    if found is not None and found.kind == "worker-died":
-        return Diagnosis("worker-died", found.what, actor_death(lines) or found.line, found.fix, found.kind)
-    if found is not None and found.kind != "user-code":
-        return Diagnosis(_USER.get(found.kind, found.kind), found.what, found.line, found.fix, found.kind)
+    if found is not None and found.kind == FailureClass.WORKER_DIED:
+        return Diagnosis(FailureClass.WORKER_DIED, found.what, actor_death(lines) or found.line, found.fix, found.kind)
+    if found is not None and found.kind != FailureClass.USER_CODE:
+        cls = FailureClass.USER_CODE if found.kind in _USER else FailureClass(found.kind)
+        return Diagnosis(cls, found.what, found.line, found.fix, found.kind)
     if any(t in ray_message for t in _RAY_LOST):
-        return Diagnosis("node-lost", "Ray lost the job's driver or its node", ray_message.strip()[:300],
+        return Diagnosis(FailureClass.NODE_LOST, "Ray lost the job's driver or its node", ray_message.strip()[:300],
                          "verl-cluster status; watch restarts dead nodes")
     if found is not None:
-        return Diagnosis("user-code", found.what, found.line, found.fix, found.kind)
+        return Diagnosis(FailureClass.USER_CODE, found.what, found.line, found.fix, found.kind)
     refused = any(_HYDRA_REFUSED in x for x in lines)
     if refused and not made_progress:
         code = _EXIT_CODE.search(ray_message)
-        return Diagnosis("user-code", "verl stopped before its first step (Hydra: error executing the job)",
+        return Diagnosis(FailureClass.USER_CODE, "verl stopped before its first step (Hydra: error executing the job)",
                          (ray_message.strip() or next(x for x in lines if _HYDRA_REFUSED in x).strip())[:300],
                          "run the same command with --dry-run; read the lines after 'Error executing job with "
                          "overrides' (verl-cluster logs JOB)", "refused" + (f"-exit-{code.group(1)}" if code else ""))
     last = next((x.strip() for x in reversed(lines) if x.strip()), "")
-    return Diagnosis("unknown", "the job ended without a known cause", (ray_message.strip() or last)[:300])
+    return Diagnosis(FailureClass.UNKNOWN, "the job ended without a known cause", (ray_message.strip() or last)[:300])

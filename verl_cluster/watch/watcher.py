@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Optional, TextIO
 
 from verl_cluster.config.cluster import ClusterSpec
@@ -16,8 +17,8 @@ from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ClusterError
 from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.watch.detect import LogTracker, NodeMonitor
-from verl_cluster.watch.events import Event, Reporter
-from verl_cluster.watch.failures import Diagnosis, diagnose
+from verl_cluster.watch.events import Event, Note, Reporter
+from verl_cluster.watch.failures import Diagnosis, FailureClass, diagnose
 from verl_cluster.watch.progress import Progress, resume_verdict
 from verl_cluster.watch.runs import RunState
 from verl_cluster.watch.settings import WatchSettings
@@ -26,9 +27,19 @@ RESUME = ["trainer.resume_mode=auto"]
 API_FAILURES_BEFORE_LOST = 5  # consecutive Jobs API errors (one per poll) before the head counts as lost
 
 
+class AttemptEnd(StrEnum):
+    """How the watcher saw an attempt end; the value is what the run's state keeps."""
+
+    SUCCEEDED = "SUCCEEDED"
+    STOPPED = "STOPPED"  # by someone else
+    FAILED = "FAILED"
+    LOST = "LOST"  # a node (or the head) left the cluster
+    HANG = "HANG"
+
+
 @dataclass
 class Outcome:
-    status: str  # SUCCEEDED | STOPPED (by someone else) | FAILED | LOST | HANG
+    status: AttemptEnd
     diagnosis: Optional[Diagnosis] = None
     node: str = ""
     tail: list[str] = field(default_factory=list)
@@ -43,7 +54,8 @@ class Watcher:
         self.monitor = NodeMonitor(spec)
         self.run_spec = spec  # the nodes the current attempt runs on (fewer after allow_fewer_nodes)
 
-    def emit(self, cls: str, action: str, evidence: str = "", node: str = "", lines=(), sid: str = "") -> Event:
+    def emit(self, cls: FailureClass | Note, action: str, evidence: str = "", node: str = "", lines=(),
+             sid: str = "") -> Event:
         return self.rep.emit(Event(self.st.run, sid or self.st.current, cls, action, evidence, node, list(lines)))
 
     def api(self):
@@ -64,21 +76,21 @@ class Watcher:
 
     def _run(self) -> int:
         self._adopt_pending()
-        self.emit("info", "watching", f"restart budget {self.st.restarts}/{self.s.max_restarts} used")
+        self.emit(Note.INFO, "watching", f"restart budget {self.st.restarts}/{self.s.max_restarts} used")
         while True:
             sid = self.st.current
             out = self.watch_attempt(sid)
             self._record(out)
-            if out.status == "SUCCEEDED":
-                self.emit("info", "done: the run SUCCEEDED", f"{len(self.st.attempts)} attempt(s), "
+            if out.status == AttemptEnd.SUCCEEDED:
+                self.emit(Note.INFO, "done: the run SUCCEEDED", f"{len(self.st.attempts)} attempt(s), "
                           f"{self.st.restarts} restart(s), {self._steps_summary()}")
                 return self._stop_run("succeeded", 0)
-            if out.status == "STOPPED":
-                self.emit("info", "stopped watching: the job was stopped by someone else", "status STOPPED")
+            if out.status == AttemptEnd.STOPPED:
+                self.emit(Note.INFO, "stopped watching: the job was stopped by someone else", "status STOPPED")
                 return self._stop_run("stopped")
-            d = out.diagnosis or Diagnosis("unknown", "", "")
+            d = out.diagnosis or Diagnosis(FailureClass.UNKNOWN, "", "")
             lost = self._lost_steps(out.progress)
-            if out.status == "FAILED":
+            if out.status == AttemptEnd.FAILED:
                 self.emit(d.cls, "classified", d.evidence + f"; steps lost: {lost}", out.node, out.tail[-20:])
             if not d.retry:
                 self.emit(d.cls, "not retried: the run stops (a restart would fail the same way)",
@@ -100,7 +112,7 @@ class Watcher:
             wait = self.s.backoff(self.st.restarts + 1)
             if wait > 0:
                 time.sleep(wait)
-            if d.cls == "oom":
+            if d.cls == FailureClass.OOM:
                 self._room_after_oom(spec)
             self.resubmit(spec, wait)
 
@@ -171,10 +183,10 @@ class Watcher:
                     time.sleep(self.s.poll_s)
                     continue
                 ray_jobs.close_all()  # the tunnel to the head is dead with it; `up` and a new connect follow
-                self.emit("node-lost", "heal the head, resume", f"the Jobs API does not answer: {e.message}",
+                self.emit(FailureClass.NODE_LOST, "heal the head, resume", f"the Jobs API does not answer: {e.message}",
                           self.spec.head_ip)
-                return Outcome("LOST", Diagnosis("node-lost", "the head is gone", e.message), self.spec.head_ip,
-                               tracker.tail, tracker.progress, ray_job_id)
+                return Outcome(AttemptEnd.LOST, Diagnosis(FailureClass.NODE_LOST, "the head is gone", e.message),
+                               self.spec.head_ip, tracker.tail, tracker.progress, ray_job_id)
             progress = tracker.progress
             ray_job_id = row.ray_job_id or ray_job_id
             if new:
@@ -197,28 +209,30 @@ class Watcher:
                     if not tracker.seen:  # the hang clock starts when it runs: a job may wait PENDING for long
                         tracker.last_change = time.monotonic()
                     if resumed:
-                        self.emit("info", "running again", f"{sid} is RUNNING")
+                        self.emit(Note.INFO, "running again", f"{sid} is RUNNING")
                 if now >= next_check:
                     next_check = now + self.s.node_check_s
                     lost = self.monitor.lost(expected)
                     if lost:
-                        self.emit("node-lost", "stop the job, heal the cluster, resume", lost[1], lost[0])
+                        self.emit(FailureClass.NODE_LOST, "stop the job, heal the cluster, resume", lost[1], lost[0])
                         self._stop(api, sid)
-                        return Outcome("LOST", Diagnosis("node-lost", "a node left the cluster", lost[1]), lost[0],
+                        return Outcome(AttemptEnd.LOST,
+                                       Diagnosis(FailureClass.NODE_LOST, "a node left the cluster", lost[1]), lost[0],
                                        tracker.tail, progress, ray_job_id)
                 if tracker.quiet_for() > self.s.hang_after_s:
                     ev = (f"no new log line for {tracker.quiet_for():.0f}s (hang_after {self.s.hang_after_s:g}s), "
                           f"last step {progress.last_step}")
-                    self.emit("hang", "collect the hang bundle, stop the job (its last lines are kept), resume from "
-                              "its checkpoint", ev, lines=tracker.tail[-20:])
+                    self.emit(FailureClass.HANG, "collect the hang bundle, stop the job (its last lines are kept), "
+                              "resume from its checkpoint", ev, lines=tracker.tail[-20:])
                     stuck = self._hang_bundle(api, sid, ray_job_id)
                     self._stop(api, sid)
                     fault = self._gpu_fault(started, gpus)
                     if fault:  # a GPU that fell off the bus hangs its collective: the cause, not the symptom
-                        return Outcome("HANG", Diagnosis("gpu-fault", "a GPU reports a fault", fault[1]), fault[0],
+                        return Outcome(AttemptEnd.HANG,
+                                       Diagnosis(FailureClass.GPU_FAULT, "a GPU reports a fault", fault[1]), fault[0],
                                        tracker.tail, progress, ray_job_id)
-                    return Outcome("HANG", Diagnosis("hang", "the job stopped making progress",
-                                                     ev + (f"; stuck: {stuck}" if stuck else "")),
+                    return Outcome(AttemptEnd.HANG, Diagnosis(FailureClass.HANG, "the job stopped making progress",
+                                                              ev + (f"; stuck: {stuck}" if stuck else "")),
                                    "", tracker.tail, progress, ray_job_id)
             time.sleep(self.s.poll_s)
 
@@ -227,10 +241,10 @@ class Watcher:
         ckpt = self._checkpoint(len(self.st.attempts) - 1)
         verdict, evidence = resume_verdict(p, ckpt)
         if verdict == "scratch":
-            self.emit("resume-failed", "error: the attempt started again from step 1; it keeps running "
+            self.emit(Note.RESUME_FAILED, "error: the attempt started again from step 1; it keeps running "
                       "(stop it with `verl-cluster stop`) — check trainer.default_local_dir", evidence)
         else:
-            self.emit("info", f"first step {p.first_step}", evidence)
+            self.emit(Note.INFO, f"first step {p.first_step}", evidence)
 
     def _alive_configured(self) -> set[str]:
         try:
@@ -256,9 +270,9 @@ class Watcher:
     def _ended(self, row, lines: list[str], expected, gpu_ctx, progress: Progress) -> Outcome:
         """`lines`: the end of the log, read after the status was (the same poll's)."""
         if row.status == "SUCCEEDED":
-            return Outcome("SUCCEEDED", progress=progress)
+            return Outcome(AttemptEnd.SUCCEEDED, progress=progress)
         if row.status == "STOPPED":
-            return Outcome("STOPPED", progress=progress)
+            return Outcome(AttemptEnd.STOPPED, progress=progress)
         lost = None
         for _ in range(2):  # a refused raylet port counts on the second look
             lost = self.monitor.lost(expected) if expected else None
@@ -267,21 +281,22 @@ class Watcher:
         if not lost:
             fault = self._gpu_fault(*gpu_ctx)
             if fault:
-                return Outcome("FAILED", Diagnosis("gpu-fault", "a GPU reports a fault", fault[1],
+                return Outcome(AttemptEnd.FAILED, Diagnosis(FailureClass.GPU_FAULT, "a GPU reports a fault", fault[1],
                                                    "verl-cluster doctor on that node; a GPU off the bus needs a "
                                                    "reboot"), fault[0], lines[-40:], progress)
         from verl_cluster.launch.verl_log import traceback_block
 
         d = diagnose(lines, row.message, lost[1] if lost else None, made_progress=progress.first_step is not None)
         # the failing traceback itself (header to error line); else the log's last lines
-        return Outcome("FAILED", d, lost[0] if lost else "", traceback_block(lines, d.evidence, tail=40), progress)
+        return Outcome(AttemptEnd.FAILED, d, lost[0] if lost else "", traceback_block(lines, d.evidence, tail=40),
+                       progress)
 
     def _hang_bundle(self, api, sid: str, ray_job_id: str) -> str:
         """Collect the bundle into the run folder; returns the stuck process, for the hang's evidence."""
         from verl_cluster.watch.bundle import collect
 
         b = collect(self.run_spec, api, sid, ray_job_id, self.st.dir / f"bundle-{sid}")
-        self.emit("hang", "bundle collected", b.summary + (f"; stuck: {b.stuck}" if b.stuck else ""),
+        self.emit(FailureClass.HANG, "bundle collected", b.summary + (f"; stuck: {b.stuck}" if b.stuck else ""),
                   lines=b.frames)
         return b.stuck
 
@@ -299,11 +314,11 @@ class Watcher:
         try:
             api = self.api()
         except ClusterError as e:
-            self.emit("info", "no clean-slate check", f"the Jobs API does not answer: {e.message}")
+            self.emit(Note.INFO, "no clean-slate check", f"the Jobs API does not answer: {e.message}")
             return
         slate = clean_slate(self.run_spec, api, sid, ray_job_id, timeout_s=self.s.clean_s,
-                            say=lambda text: self.emit("info", "waiting for a clean slate", text))
-        self.emit("info" if slate.clean else "leftover",
+                            say=lambda text: self.emit(Note.INFO, "waiting for a clean slate", text))
+        self.emit(Note.INFO if slate.clean else Note.LEFTOVER,
                   "clean slate" if slate.clean else "resuming anyway: the previous attempt left this behind",
                   slate.summary())
 
@@ -321,7 +336,7 @@ class Watcher:
             restarted = [o.host for o in rep.nodes if o.action in (NodeAction.STARTED, NodeAction.RESTARTED)]
             if not bad:
                 self._settle()
-                self.emit("info", "resume", "cluster healthy" + (f"; restarted {', '.join(restarted)}"
+                self.emit(Note.INFO, "resume", "cluster healthy" + (f"; restarted {', '.join(restarted)}"
                                                                  if restarted else ""))
                 return self.spec
             names = ", ".join(o.host for o in bad)
@@ -333,16 +348,18 @@ class Watcher:
                     self._settle(frozenset(self.spec.node_ip(n) for _, n in self.spec.nodes())
                                  - {fewer.node_ip(n) for _, n in fewer.nodes()})
                     self.st.nodes = 1 + len(fewer.workers)
-                    self.emit("node-lost", f"continue on {self.st.nodes} node(s) without {names}", why, names)
+                    self.emit(FailureClass.NODE_LOST, f"continue on {self.st.nodes} node(s) without {names}", why,
+                              names)
                     return fewer
-                self.emit("node-lost", f"no feasible plan without {names} ({note}); waiting for it", why, names)
-            if time.monotonic() >= deadline:
-                self.emit("node-lost", f"gave up: {names} did not come back within {self.s.node_wait_s:g}s", why,
+                self.emit(FailureClass.NODE_LOST, f"no feasible plan without {names} ({note}); waiting for it", why,
                           names)
+            if time.monotonic() >= deadline:
+                self.emit(FailureClass.NODE_LOST, f"gave up: {names} did not come back within {self.s.node_wait_s:g}s",
+                          why, names)
                 return None
             wait = min(self.s.backoff_max_s, max(self.s.backoff_s, 1.0) * 2 ** k,
                        max(0.0, deadline - time.monotonic()))
-            self.emit("node-lost", f"waiting {wait:.0f}s for {names} to come back", why, names)
+            self.emit(FailureClass.NODE_LOST, f"waiting {wait:.0f}s for {names} to come back", why, names)
             time.sleep(wait)
             k += 1
 
@@ -358,11 +375,11 @@ class Watcher:
                 return
             if not stale or time.monotonic() >= deadline:
                 if stale:
-                    self.emit("info", "resuming anyway", f"the GCS still lists {', '.join(stale)} alive "
+                    self.emit(Note.INFO, "resuming anyway", f"the GCS still lists {', '.join(stale)} alive "
                               f"after {self.s.settle_s:g}s")
                 return
             if not said:
-                self.emit("info", "waiting for the GCS to mark the dead registration dead",
+                self.emit(Note.INFO, "waiting for the GCS to mark the dead registration dead",
                           f"{', '.join(stale)} still listed alive (the GCS health check has not failed it yet)")
                 said = True
             time.sleep(1.0)
@@ -413,7 +430,7 @@ class Watcher:
             new, what = old, f"could not plan again ({getattr(e, 'message', None) or e}): resuming with the same settings"
         self.st.overrides = new
         self.st.save()
-        self.emit("oom", "re-planned with room" if new != old else "same settings", what)
+        self.emit(FailureClass.OOM, "re-planned with room" if new != old else "same settings", what)
 
     # ---- resume ----
     def resubmit(self, spec: ClusterSpec, waited: float) -> str:
@@ -437,7 +454,7 @@ class Watcher:
         self.st.pending = None
         self.st.save()
         ckpt = self._checkpoint()
-        self.emit("info", "watching the new attempt",
+        self.emit(Note.INFO, "watching the new attempt",
                   f"resubmitted after {waited:.1f}s back-off with trainer.resume_mode=auto "
                   f"(restart {self.st.restarts}/{self.s.max_restarts}, previous {prev}, newest checkpoint "
                   f"{f'global_step_{ckpt}' if ckpt else 'none'})", sid=sid)
