@@ -37,11 +37,11 @@ def test_stock_trainer_on_mixed_nodes_is_planned_for_the_smallest_gpu_and_says_w
 def test_pool_building_entrypoint_gets_the_actor_on_the_large_gpus():
     p = plan_job(job(entrypoint="my_pkg.main_ppo_pools"), parse_gpus(MIXED))
     assert p.feasible and p.strategy == "split-nodes"
-    actor = next(x for x in p.pools if x["name"] == "actor_rollout_ref_pool")
-    critic = next(x for x in p.pools if x["name"] == "critic_pool")
-    assert actor["hosts"] == ["node0", "node1"] and actor["gpu_gib"] == 80.0
-    assert critic["hosts"] == ["node2"] and critic["gpu_gib"] < 23
-    assert actor["ray_resource"].startswith("gpu_kind_nvidia_a100") and critic["ray_resource"].startswith("gpu_kind_nvidia_a10_")
+    actor = next(x for x in p.pools if x.name == "actor_rollout_ref_pool")
+    critic = next(x for x in p.pools if x.name == "critic_pool")
+    assert actor.hosts == ("node0", "node1") and actor.gpu_gib == 80.0
+    assert critic.hosts == ("node2",) and critic.gpu_gib < 23
+    assert actor.ray_resource.startswith("gpu_kind_nvidia_a100") and critic.ray_resource.startswith("gpu_kind_nvidia_a10_")
     # each GPU is held to its own memory: actor GPUs may use more than an A10 has, critic GPUs may not
     by_host = {g.host: g for g in p.gpus}
     assert by_host["node0"].peak_gib > 23 and by_host["node0"].capacity_gib == 80.0
@@ -64,5 +64,5 @@ def test_the_critic_on_the_small_gpus_runs_at_their_limit_and_the_plan_says_so()
 def test_alike_nodes_uneven_pools_16_plus_8():
     p = plan_job(job("qwen2.5-0.5b", entrypoint="my_pkg.main_ppo_pools"), parse_gpus("3x8xH100-80GB"))
     assert p.feasible and p.strategy == "split-nodes"
-    assert [(x["name"], len(x["hosts"]), x["ray_resource"]) for x in p.pools] == [
+    assert [(x.name, len(x.hosts), x.ray_resource) for x in p.pools] == [
         ("actor_rollout_ref_pool", 2, ""), ("critic_pool", 1, "")]

@@ -1,12 +1,14 @@
 """After an OOM under a plan that ran a phase at the GPU's limit, `submit --watch` resumes with room
 (watch/room.py): the planner's best change that keeps what is trained, written into the run's overrides."""
 
+from dataclasses import replace
 from pathlib import Path
 
 from verl_cluster import placement
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.config.job import load_job
+from verl_cluster.config.job import ModelSpec, PlacementSpec, load_job
 from verl_cluster.placement import parse_gpus, plan_job
+from verl_cluster.placement.options import Option, OptionKind
 from verl_cluster.watch.room import ROOM, room_after_oom, same_training
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,10 +52,19 @@ def test_an_oom_with_room_keeps_the_settings(monkeypatch):
 
 
 def test_changes_that_alter_what_is_trained_are_never_taken():
-    assert same_training({"kind": "settings", "changes": ["gradient checkpointing on"]})
-    assert not same_training({"kind": "batch", "changes": ["train/mini batch 256/64 → 288/72"]})
-    assert not same_training({"kind": "more nodes", "changes": ["use 16 GPUs"]})
-    assert not same_training({"kind": "settings", "changes": ["LoRA rank 32 on all linear layers"]})
+    def option(kind, change, adds_lora=False):
+        return Option((change,), {}, 0.0, "colocate", 1, "none", 0.0, kind, adds_lora=adds_lora)
+
+    assert same_training(option(OptionKind.SETTINGS, "gradient checkpointing on"))
+    assert not same_training(option(OptionKind.BATCH, "train/mini batch 256/64 → 288/72"))
+    assert not same_training(option(OptionKind.MORE_NODES, "use 16 GPUs"))
+    assert not same_training(option(OptionKind.SETTINGS, "LoRA rank 32 on all linear layers", adds_lora=True))
+    # the planner's own LoRA option says so (7B PPO on 8 RTX 4090s fits only with LoRA, which the job allows)
+    ppo = load_job(ROOT / "launch/gsm8k.yaml")
+    lora_job = replace(ppo, model=ModelSpec(catalog="qwen2.5-7b"), placement=PlacementSpec(allow_lora=True))
+    first = plan_job(lora_job, parse_gpus("1x8xRTX4090-24GB")).options[0]
+    assert first.changes[0].startswith("LoRA rank 32") and first.kind == OptionKind.SETTINGS
+    assert first.adds_lora and not same_training(first)
 
 
 def test_a_program_that_is_not_a_verl_trainer_keeps_its_settings():

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from verl_cluster.placement.memory import GIB, Part, total
+from verl_cluster.placement.planner import Strategy
 
 if TYPE_CHECKING:
     from verl_cluster.placement.model_shape import ModelShape
@@ -34,12 +35,12 @@ BATCH_COPIES = 2  # the driver's batch and its copy in the object store while wo
 
 def host_parts(c: "Candidate", s: "Settings", shape: "ModelShape") -> tuple[Part, ...]:
     """Host RAM of the busiest node (the head: it runs the driver too), by part, at its peak (a checkpoint save)."""
-    gpus = max((len(p.gpu_indices) for p in c.pools), default=0) if c.strategy == "split-nodes" else \
+    gpus = max((len(p.gpu_indices) for p in c.pools), default=0) if c.strategy == Strategy.SPLIT_NODES else \
         sum(len(p.gpu_indices) for p in c.pools)
     states = 0.0
     ckpt = 0.0
     for pool in c.pools:
-        if c.strategy == "split-nodes" and pool is not c.pools[0]:
+        if c.strategy == Strategy.SPLIT_NODES and pool is not c.pools[0]:
             continue
         per_gpu = sum(total(c.host.get(r, ())) for r in pool.roles)
         states += per_gpu * len(pool.gpu_indices)

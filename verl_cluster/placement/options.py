@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any, Optional
 
 from verl_cluster.placement.hardware import Hardware
@@ -17,12 +18,22 @@ from verl_cluster.placement.memory import GIB
 from verl_cluster.placement.overrides import build_overrides
 from verl_cluster.placement.host_memory import host_per_node
 from verl_cluster.placement.step_time import step_time
-from verl_cluster.placement.planner import (OFFLOAD_NAMES, Candidate, Evaluator, relaxed,
-                                            search)
+from verl_cluster.placement.planner import OFFLOAD_NAMES, Candidate, Evaluator, Strategy, relaxed, search
 from verl_cluster.placement.settings import AR, Settings
 
 MAX_OPTIONS = 3
 BATCH_KEY, MINI_KEY = "data.train_batch_size", f"{AR}.actor.ppo_mini_batch_size"
+
+
+class OptionKind(StrEnum):
+    """What an option changes; options shown are of different kinds first."""
+
+    SETTINGS = "settings"  # how the step runs (micro batches, offload, levers)
+    BATCH = "batch"
+    NODES = "nodes"  # fewer of the job's nodes
+    MORE_NODES = "more nodes"
+    POOLS = "pools"  # verl resource pools by whole nodes
+    LORA_NOT_ALLOWED = "lora (not allowed)"  # fits only with LoRA, which the job must allow first
 
 
 @dataclass(frozen=True)
@@ -30,16 +41,17 @@ class Option:
     changes: tuple[str, ...]  # what differs from the user's job, in words
     overrides: dict[str, Any]  # every verl override of this plan (the changed job keys included)
     peak_gib: float
-    strategy: str
+    strategy: Strategy
     tp: int
     offload: str
     cost: float  # how far from the user's job (lower is closer)
-    kind: str = "settings"
+    kind: OptionKind = OptionKind.SETTINGS
     levers: frozenset = frozenset()  # the variant's own changes (an option needing more levers than another is
     # dominated by it)
     pool_nodes: tuple[int, ...] = ()  # nodes of each verl resource pool, in order
     step_s: float = 0.0  # predicted seconds per step (placement/step_time.py)
     s_per_seq: float = 0.0  # predicted seconds per trained sequence: what the options are ranked by
+    adds_lora: bool = False  # trains LoRA adapters where the job trains the whole model
 
     def to_dict(self) -> dict[str, Any]:
         return {"changes": list(self.changes), "overrides": dict(self.overrides), "peak_gib": round(self.peak_gib, 2),
@@ -54,7 +66,8 @@ class Variant:
     changes: tuple[str, ...]
     job_keys: tuple[tuple[str, Any], ...]  # verl keys the change sets in the job
     cost: float
-    kind: str = "settings"  # batch | nodes | more nodes | settings: options shown are of different kinds first
+    kind: OptionKind = OptionKind.SETTINGS
+    adds_lora: bool = False
 
 
 def batch_shapes(s: Settings, gpus: int, limit: int = 3) -> list[tuple[int, int]]:
@@ -86,7 +99,7 @@ def _fewer_nodes(s: Settings, hw: Hardware) -> list[Variant]:
         if batch_divides(s, gpus):
             out.append(Variant(s, hw.with_nodes(k), (f"use {k} of the {hw.nnodes} nodes ({gpus} GPUs): the batch "
                                                     f"divides over them",), (("trainer.nnodes", k),),
-                               1.0 + 2.0 * (hw.nnodes - k) / hw.nnodes, "nodes"))
+                               1.0 + 2.0 * (hw.nnodes - k) / hw.nnodes, OptionKind.NODES))
             break  # the most nodes that work; fewer would only be slower
     return out
 
@@ -100,12 +113,8 @@ def _bases(s: Settings, hw: Hardware, divisible: bool) -> list[Variant]:
         out.append(Variant(replace(s, train_batch_size=t, ppo_mini_batch_size=m), hw,
                            (what + f" (divides over the {hw.total_gpus} GPUs)",), ((BATCH_KEY, t), (MINI_KEY, m)),
                            0.5 + abs(t - s.train_batch_size) / s.train_batch_size
-                           + abs(m - s.ppo_mini_batch_size) / s.ppo_mini_batch_size, "batch"))
+                           + abs(m - s.ppo_mini_batch_size) / s.ppo_mini_batch_size, OptionKind.BATCH))
     return out + _fewer_nodes(s, hw)
-
-
-def _pins(s: Settings) -> bool:
-    return relaxed(relaxed(relaxed(s, "offload"), "micro"), "rollout") != s
 
 
 def _ladder(v: Variant, heads: int, levers: bool = True) -> list[Variant]:
@@ -117,7 +126,7 @@ def _ladder(v: Variant, heads: int, levers: bool = True) -> list[Variant]:
     if free != v.s:
         base = Variant(free, v.hw, v.changes + ("the planner chooses offload, micro batches, token budgets, "
                                                 "rollout TP and gpu_memory_utilization (the job pinned some)",),
-                       v.job_keys, v.cost + 0.5, v.kind)
+                       v.job_keys, v.cost + 0.5, v.kind, v.adds_lora)
         steps += [base] + (_levers(base, heads) if levers else [])
     return steps
 
@@ -155,22 +164,24 @@ def _lora(base: Variant, allowed: bool = True) -> Variant:
     what = (f"LoRA rank {r} on all linear layers (adapters trained, base frozen; ref = actor without adapters)"
             + ("" if allowed else " — only if you allow it: it changes what is trained (placement.allow_lora=true)"))
     extra = (("critic.model.lora_rank", r),) if b.critic else ()
-    return _with(base, replace(b, lora_rank=r, critic_lora_rank=r if b.critic else 0), what,
-                 f"{AR}.model.lora_rank", r, 1.5, extra=extra)
+    return replace(_with(base, replace(b, lora_rank=r, critic_lora_rank=r if b.critic else 0), what,
+                         f"{AR}.model.lora_rank", r, 1.5, extra=extra), adds_lora=True)
 
 
 def _with(v: Variant, s: Settings, what: str, key: str, value: Any, cost: float, extra=()) -> Variant:
-    return Variant(s, v.hw, v.changes + (what,), v.job_keys + ((key, value),) + tuple(extra), v.cost + cost, v.kind)
+    return Variant(s, v.hw, v.changes + (what,), v.job_keys + ((key, value),) + tuple(extra), v.cost + cost, v.kind,
+                   v.adds_lora)
 
 
 def _more_nodes(s: Settings, hw: Hardware) -> list[Variant]:
     return [Variant(s, hw.with_nodes(hw.nnodes * k), (f"use {hw.nnodes * k * hw.gpus_per_node} GPUs "
                                                        f"({hw.nnodes * k} nodes x {hw.gpus_per_node})",),
-                    (("trainer.nnodes", hw.nnodes * k),), 3.0 + math.log2(k), "more nodes")
+                    (("trainer.nnodes", hw.nnodes * k),), 3.0 + math.log2(k), OptionKind.MORE_NODES)
             for k in (2, 4, 8, 16, 32, 64, 128)]
 
 
-def find_options(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any], divisible: bool) -> list[Option]:
+def find_options(ev: Evaluator, strategies: tuple[Strategy, ...], user: dict[str, Any],
+                 divisible: bool) -> list[Option]:
     """The few best feasible changed jobs. `user`: the job's own verl overrides (to say what a plan changes)."""
     found: list[Option] = []
     for base in _bases(ev.s, ev.hw, divisible):
@@ -194,18 +205,19 @@ def find_options(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any
         for base in _bases(ev.s, ev.hw, divisible):
             opt = _try(ev, _lora(base, allowed=False), strategies, user)
             if opt is not None:
-                out.append(replace(opt, kind="lora (not allowed)"))
+                out.append(replace(opt, kind=OptionKind.LORA_NOT_ALLOWED))
                 break
     return _ranked(out)
 
 
-def _node_pools(ev: Evaluator, strategies: tuple[str, ...], user: dict[str, Any]) -> Optional[Option]:
+def _node_pools(ev: Evaluator, strategies: tuple[Strategy, ...], user: dict[str, Any]) -> Optional[Option]:
     """verl resource pools by whole nodes (actor side on some nodes, critic/RM on the others) when the job's
     entrypoint is verl's stock trainer, which cannot build them: shown as a change of entrypoint."""
     s, hw = ev.s, ev.hw
-    if s.split_placement or not (s.critic or s.reward_model) or hw.nnodes < 2 or "split-nodes" not in strategies:
+    if s.split_placement or not (s.critic or s.reward_model) or hw.nnodes < 2 or Strategy.SPLIT_NODES not in strategies:
         return None
-    opt = _try(ev, Variant(replace(s, split_placement=True), hw, ("pools",), (), 1.2, "pools"), ("split-nodes",), user)
+    pools = Variant(replace(s, split_placement=True), hw, ("pools",), (), 1.2, OptionKind.POOLS)
+    opt = _try(ev, pools, (Strategy.SPLIT_NODES,), user)
     if opt is None:
         return None
     k = opt.pool_nodes[0]
@@ -243,11 +255,11 @@ def _ranked(options: list[Option]) -> list[Option]:
 
     def key(o: Option) -> tuple:
         tier = 0.0 if o.s_per_seq <= fastest * SAME_SPEED else o.s_per_seq
-        return (o.kind == "lora (not allowed)", tier, o.cost)
+        return (o.kind == OptionKind.LORA_NOT_ALLOWED, tier, o.cost)
     return sorted(options, key=key)
 
 
-def _try(ev: Evaluator, v: Variant, strategies: tuple[str, ...], user: dict[str, Any]) -> Optional[Option]:
+def _try(ev: Evaluator, v: Variant, strategies: tuple[Strategy, ...], user: dict[str, Any]) -> Optional[Option]:
     e = Evaluator(v.s, ev.shape, ev.rm_shape, v.hw, ev.prec, ev.fill)
     best, _ = search(e, strategies)
     if best is None or (v.hw.host_mem_bytes is not None and host_per_node(best, v.s, ev.shape) > v.hw.host_mem_bytes):
@@ -267,7 +279,7 @@ def _try(ev: Evaluator, v: Variant, strategies: tuple[str, ...], user: dict[str,
     # a plan with room beats one at the limit (longer sequences than planned would fail there)
     return Option(tuple(changes), ov, _peak(best) / GIB, best.strategy, best.tp, OFFLOAD_NAMES[best.offload],
                   v.cost + 0.4 * best.offload + (1.0 if limit else 0.0), v.kind, frozenset(v.changes),
-                  tuple(p.nnodes for p in best.pools), st.step_s, st.step_s / max(1, v.s.sequences))
+                  tuple(p.nnodes for p in best.pools), st.step_s, st.step_s / max(1, v.s.sequences), v.adds_lora)
 
 
 def _peak(c: Candidate) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_cluster.placement.planner import OFFLOAD_LEVELS, Candidate
+from verl_cluster.placement.planner import OFFLOAD_LEVELS, Candidate, Strategy
 from verl_cluster.placement.settings import AR, Settings
 
 # phase -> the verl key of its micro batch (or token budget with use_dynamic_bsz)
@@ -29,9 +29,9 @@ def build_overrides(c: Candidate, s: Settings) -> dict[str, Any]:
     main = c.pools[0]
     out: dict[str, Any] = {
         # split-nodes: the pools take whole nodes of the cluster; the entrypoint splits trainer.nnodes among them
-        "trainer.nnodes": sum(p.nnodes for p in c.pools) if c.strategy == "split-nodes" else main.nnodes,
+        "trainer.nnodes": sum(p.nnodes for p in c.pools) if c.strategy == Strategy.SPLIT_NODES else main.nnodes,
         # split: verl's examples/split_placement halves trainer.n_gpus_per_node itself
-        "trainer.n_gpus_per_node": sum(len(p.gpu_indices) for p in c.pools) if c.strategy == "split"
+        "trainer.n_gpus_per_node": sum(len(p.gpu_indices) for p in c.pools) if c.strategy == Strategy.SPLIT
         else len(main.gpu_indices),
         f"{AR}.rollout.tensor_model_parallel_size": c.tp,
         f"{AR}.rollout.gpu_memory_utilization": c.util,

@@ -20,7 +20,7 @@ from verl_cluster.placement.model_shape import ModelShape, resolve_shape, shape_
 from verl_cluster.placement.options import Option, batch_divides, find_options
 from verl_cluster.placement.overrides import build_overrides
 from verl_cluster.placement.planner import (OFFLOAD_NAMES, STRATEGIES, UTIL_DEFAULT, Candidate, Evaluator,
-                                            PhaseResult, choose_precision, closest, make_pools, search,
+                                            PhaseResult, Strategy, choose_precision, closest, make_pools, search,
                                             wanted_concurrency)
 from verl_cluster.placement.settings import Settings, read_settings
 
@@ -71,9 +71,26 @@ class GpuSlot:
 
 
 @dataclass(frozen=True)
+class PoolPlan:
+    """One verl resource pool: its roles, the hosts and GPUs per node it holds, and the Ray resource that pins it
+    to those nodes ("": none needed)."""
+
+    name: str
+    roles: tuple[str, ...]
+    hosts: tuple[str, ...]
+    gpus_per_node: int
+    gpu_gib: float
+    ray_resource: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "roles": list(self.roles), "hosts": list(self.hosts),
+                "gpus_per_node": self.gpus_per_node, "gpu_gib": self.gpu_gib, "ray_resource": self.ray_resource}
+
+
+@dataclass(frozen=True)
 class Plan:
     feasible: bool
-    strategy: str
+    strategy: Strategy
     model: str
     params: int
     hardware: str
@@ -99,8 +116,7 @@ class Plan:
     binding: str = ""  # the constraint that decides when it does not fit
     options: tuple[Option, ...] = ()  # the best feasible changed jobs when it does not fit, best first
     host_mem_gib: Optional[float] = None  # RAM per node the plan was checked against (None: unknown)
-    # verl resource pools: name, roles, hosts, GPUs per node, GPU memory, the Ray resource that pins it ("": none)
-    pools: tuple[dict[str, Any], ...] = ()
+    pools: tuple[PoolPlan, ...] = ()  # verl resource pools
     # not feasible at the fill planned, but as written at this lower average fill (use_remove_padding): None if not
     fits_at_fill: Optional[float] = None
     # the lengths planned at and where each came from, and the worst case's verdict (placement/lengths.py)
@@ -185,7 +201,7 @@ class Plan:
             "binding": self.binding,
             "options": [o.to_dict() for o in self.options],
             "host_mem_gib": None if self.host_mem_gib is None else round(self.host_mem_gib, 1),
-            "pools": [dict(p) for p in self.pools],
+            "pools": [p.to_dict() for p in self.pools],
             "fits_at_fill": self.fits_at_fill,
             **({"lengths": self.lengths} if self.lengths is not None else {}),
             **({"worst_case": self.worst_case} if self.worst_case is not None else {}),
@@ -219,8 +235,8 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     want = strategy or job.placement.strategy or "auto"
     if want not in STRATEGIES + ("auto",):
         raise ConfigError(f"--strategy: unknown strategy `{want}`", f"use one of {', '.join(STRATEGIES)}, auto")
-    strategies = STRATEGIES if want == "auto" else (want,)
-    if want != "auto" and not make_pools(want, s, hw):
+    strategies = STRATEGIES if want == "auto" else (Strategy(want),)
+    if want != "auto" and not make_pools(strategies[0], s, hw):
         need = {"split": "an entrypoint that builds two pools (verl.trainer.main_ppo puts every role in "
                          "global_pool), a critic or reward model and an even GPU count per node",
                 "separate-reward": "a reward model and ≥ 2 GPUs per node",
@@ -251,7 +267,7 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     if best is not None:
         reasons += _explain(best, tried, s, hw, want)
         problems, fixes = _host_check(best, s, shape, hw, warnings)
-        warnings += [f"{p.phase} runs at the GPU's limit ({p.note.split(': ', 1)[1]}): real sequences "
+        warnings += [f"{p.phase} runs at the GPU's limit ({p.limit_why}): real sequences "
                      "longer than planned, or other processes on the GPU, will run out of memory there"
                      for p in best.phases if p.at_limit]
         shown = best
@@ -298,7 +314,7 @@ FILL_FLOOR_TOKENS = 256
 
 
 def fill_that_fits(s: Settings, shape: ModelShape, rm_shape: ModelShape, hw: Hardware, prec, fill: float,
-                   strategies: tuple[str, ...]) -> Optional[float]:
+                   strategies: tuple[Strategy, ...]) -> Optional[float]:
     """The largest average fill (0.05 steps, below the one planned) up to which the job as written fits at every
     step, or None. Scanned upwards: with token budgets memory is not monotone in the fill (verl balances a rank's
     tokens over ceil(tokens / budget) micro batches), and "fits if sequences average ≤ X" must hold below X too."""
@@ -360,7 +376,7 @@ def _explain(best: Candidate, tried: list[Candidate], s: Settings, hw: Hardware,
                    + (f"; also feasible: {', '.join(others)}" if others else ""))
     else:
         out.append(f"strategy {best.strategy}: as asked")
-    if best.strategy == "split-nodes":
+    if best.strategy == Strategy.SPLIT_NODES:
         out.append(_by_kind_line(best, hw))
     if best.offload == 0:
         out.append("offload: none, every phase fits with params, grads and Adam states on the GPU")
@@ -547,7 +563,6 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
         rollout_seqs_fit=r.seqs_fit if r else 0,
         host_mem_gib=None if hw.host_mem_bytes is None else hw.host_mem_bytes / GIB,
         rollout_seqs_wanted=wanted_concurrency(s, c.pools[0].size, c.tp),
-        pools=tuple({"name": p.name, "roles": list(p.roles), "hosts": [hw.hosts[i] for i in p.node_ids],
-                     "gpus_per_node": len(p.gpu_indices), "gpu_gib": round((p.capacity or cap) / GIB, 1),
-                     "ray_resource": p.resource} for p in c.pools),
+        pools=tuple(PoolPlan(p.name, tuple(p.roles), tuple(hw.hosts[i] for i in p.node_ids), len(p.gpu_indices),
+                             round((p.capacity or cap) / GIB, 1), p.resource) for p in c.pools),
     )

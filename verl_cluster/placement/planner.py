@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Callable, Optional
 
 from verl_cluster.placement import memory as mem
@@ -17,7 +18,18 @@ from verl_cluster.placement.memory import GIB, Part, TrainInputs
 from verl_cluster.placement.model_shape import ModelShape
 from verl_cluster.placement.settings import Settings
 
-STRATEGIES = ("colocate", "split", "separate-reward", "split-nodes")
+
+
+class Strategy(StrEnum):
+    """How the roles share the GPUs (cheapest first); the value is what plans print and jobs name."""
+
+    COLOCATE = "colocate"  # every role on every GPU (verl's hybrid engine, one pool)
+    SPLIT = "split"  # half of every node each (verl examples/split_placement)
+    SEPARATE_REWARD = "separate-reward"  # the reward model on its own GPUs on every node
+    SPLIT_NODES = "split-nodes"  # whole nodes per pool
+
+
+STRATEGIES = tuple(Strategy)
 OFFLOAD_LEVELS = ((False, False), (False, True), (True, True))  # (param, optimizer) for actor and critic
 OFFLOAD_NAMES = ("none", "optimizer", "param+optimizer")
 UTIL_DEFAULT = 0.5  # verl's rollout.gpu_memory_utilization default
@@ -75,6 +87,7 @@ class PhaseResult:
     bigger: Optional[tuple[int, float]] = None  # the next larger micro batch / token budget tried, and its peak
     least: float = 0.0  # torch phases: what it needs with the allocator at the GPU's limit (live tensors, context)
     at_limit: bool = False  # fits only at the limit: the reserved peak with room is over the GPU's memory
+    limit_why: str = ""  # at_limit: why it still runs there (the note says it too)
 
     @property
     def working(self) -> float:
@@ -83,7 +96,7 @@ class PhaseResult:
 
 @dataclass
 class Candidate:
-    strategy: str
+    strategy: Strategy
     pools: tuple[Pool, ...]
     tp: int
     offload: int
@@ -107,7 +120,7 @@ class Candidate:
     def cost(self, kv_wanted: int) -> tuple:
         short = self.rollout is not None and self.rollout.seqs_fit < kv_wanted
         # split-nodes: the actor side (rollout and update, the heavier work) gets the most nodes that fit
-        actor_side = -self.pools[0].size if self.strategy == "split-nodes" else 0
+        actor_side = -self.pools[0].size if self.strategy == Strategy.SPLIT_NODES else 0
         # room first: a phase at the GPU's limit is the first to fail when real sequences run longer than planned
         at_limit = any(p.at_limit for p in self.phases)
         return (at_limit, self.offload, self.crosses_islands, STRATEGIES.index(self.strategy), short, actor_side,
@@ -161,19 +174,19 @@ def choose_precision(s: Settings, hw: Hardware) -> tuple[Precision, list[str], l
     return Precision(c, dtype, rollout_dtype, attn, rmpad), reasons, warnings
 
 
-def make_pools(strategy: str, s: Settings, hw: Hardware) -> list[tuple[Pool, ...]]:
+def make_pools(strategy: Strategy, s: Settings, hw: Hardware) -> list[tuple[Pool, ...]]:
     g, nn = hw.gpus_per_node, hw.nnodes
     everyone = tuple(r for r in ("actor", "rollout", "ref", "critic", "reward") if _has(s, r))
-    if strategy == "colocate":
+    if strategy == Strategy.COLOCATE:
         return [(Pool("global_pool", tuple(range(g)), nn, everyone),)]
-    if strategy == "split":  # verl examples/split_placement: half of every node each
+    if strategy == Strategy.SPLIT:  # verl examples/split_placement: half of every node each
         if not s.split_placement or not (s.critic or s.reward_model) or g < 2 or g % 2:
             return []
         first = tuple(r for r in everyone if r in ("actor", "rollout", "ref"))
         second = tuple(r for r in everyone if r in ("critic", "reward"))
         return [(Pool("actor_rollout_ref_pool", tuple(range(g // 2)), nn, first),
                  Pool("critic_pool", tuple(range(g // 2, g)), nn, second))]
-    if strategy == "split-nodes":  # whole nodes per pool: actor/rollout/ref on some, critic/RM on the others
+    if strategy == Strategy.SPLIT_NODES:  # whole nodes per pool: actor/rollout/ref on some, critic/RM on the others
         if not s.split_placement or not (s.critic or s.reward_model) or nn < 2:
             return []
         first = tuple(r for r in everyone if r in ("actor", "rollout", "ref"))
@@ -195,7 +208,7 @@ def make_pools(strategy: str, s: Settings, hw: Hardware) -> list[tuple[Pool, ...
             out.append((Pool("actor_rollout_ref_pool", tuple(range(g)), k, first, tuple(range(k))),
                         Pool("critic_pool", tuple(range(g)), nn - k, second, tuple(range(k, nn)))))
         return out
-    if strategy == "separate-reward":  # reward_model.enable_resource_pool: its own GPUs on every node
+    if strategy == Strategy.SEPARATE_REWARD:  # reward_model.enable_resource_pool: its own GPUs on every node
         if not s.reward_model or g < 2:
             return []
         main = tuple(r for r in everyone if r != "reward")
@@ -271,9 +284,8 @@ class Evaluator:
                            f"(verl asserts it does): use {fits} or unset it and let the plan choose")
         return out
 
-    def evaluate(self, strategy: str, pools: tuple[Pool, ...], tp: int, offload: int) -> Candidate:
+    def evaluate(self, strategy: Strategy, pools: tuple[Pool, ...], tp: int, offload: int) -> Candidate:
         s, shape, prec = self.s, self.shape, self.prec
-        pin = s.tp is not None
         c = Candidate(strategy, pools, tp, offload, s.gpu_memory_utilization or UTIL_DEFAULT, prec)
         param_off, opt_off = OFFLOAD_LEVELS[offload]
         for pool in pools:
@@ -307,13 +319,13 @@ class Evaluator:
                 c.resident[role] = gpu
                 c.host[role] = host
         for pool in pools:
-            self._pool_phases(c, pool, tp, pin)
+            self._pool_phases(c, pool, tp)
         return c
 
     def _others(self, c: Candidate, pool: Pool, role: str) -> float:
         return sum(mem.total(c.resident[r]) for r in pool.roles if r != role)
 
-    def _pool_phases(self, c: Candidate, pool: Pool, tp: int, tp_pinned: bool) -> None:
+    def _pool_phases(self, c: Candidate, pool: Pool, tp: int) -> None:
         s, shape, prec = self.s, self.shape, self.prec
         n = pool.size
         per_gpu_batch = max(1, s.sequences // n)  # per data-parallel rank: x sp (Ulysses ranks share sequences)
@@ -431,7 +443,9 @@ class Evaluator:
             if last.fits:
                 break
             if 0 < least <= cap:  # at the limit, the smallest micro batch / budget: the most room left
-                tight = replace(last, peak=cap, fits=True, at_limit=True, note=_tight_note(own, least, cap))
+                why = _tight_why(own, least, cap)
+                tight = replace(last, peak=cap, fits=True, at_limit=True, note=f"at the GPU's limit: {why}",
+                                limit_why=why)
             bigger = (mb if mb is not None else int(toks), peak)
         assert last is not None
         if not last.fits and tight is not None:  # nothing fits with room to spare
@@ -477,8 +491,8 @@ class Evaluator:
                                     fits, note))
 
 
-def _tight_note(peak: float, need: float, cap: float) -> str:
-    return (f"at the GPU's limit: {need / GIB:.1f} GiB of live tensors (with context and others' states) fit in "
+def _tight_why(peak: float, need: float, cap: float) -> str:
+    return (f"{need / GIB:.1f} GiB of live tensors (with context and others' states) fit in "
             f"{cap / GIB:.1f} GiB, the {peak / GIB:.1f} GiB the allocator would reserve with room do not; it runs "
             "because verl trains with expandable_segments (the allocator gives its cache back at the limit)")
 
@@ -505,7 +519,7 @@ def wanted_concurrency(s: Settings, pool_size: int, tp: int) -> int:
     return min(s.max_num_seqs, math.ceil(s.sequences / replicas))
 
 
-def search(ev: Evaluator, strategies: tuple[str, ...]) -> tuple[Optional[Candidate], list[Candidate]]:
+def search(ev: Evaluator, strategies: tuple[Strategy, ...]) -> tuple[Optional[Candidate], list[Candidate]]:
     """All candidates of the given strategies; the cheapest feasible one (or None) and every candidate."""
     s, hw = ev.s, ev.hw
     tried: list[Candidate] = []

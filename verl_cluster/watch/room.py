@@ -14,14 +14,14 @@ from typing import Any, Callable, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec
+from verl_cluster.placement.options import Option, OptionKind
 
 ROOM = "placement.at_limit=false"
 
 
-def same_training(option: dict) -> bool:
+def same_training(option: Option) -> bool:
     """An option that changes how the step runs, not what is trained (nor on which nodes)."""
-    return option.get("kind", "settings") == "settings" and not any(
-        c.startswith("LoRA") for c in option.get("changes", []))
+    return option.kind == OptionKind.SETTINGS and not option.adds_lora
 
 
 def room_after_oom(load: Callable[[list[str]], JobSpec], overrides: list[str], spec: ClusterSpec,
@@ -51,7 +51,7 @@ def room_after_oom(load: Callable[[list[str]], JobSpec], overrides: list[str], s
     was = {**before.overrides, **job.verl_overrides()}  # what the attempt that failed ran with
     words: list[tuple[str, str]] = []  # (verl key, value as Hydra reads it)
     if not after.feasible:
-        option = next((o for o in after.options if same_training(o.to_dict())), None)
+        option = next((o for o in after.options if same_training(o)), None)
         if option is None:
             return overrides, f"{phases} ran at the GPU's limit and nothing that keeps the training the same has " \
                               f"room: resuming with the same settings (`verl-cluster plan JOB {ROOM}` lists the " \
