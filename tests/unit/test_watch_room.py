@@ -4,7 +4,7 @@
 from dataclasses import replace
 from pathlib import Path
 
-from verl_cluster import placement
+from verl_cluster.facts import cluster_facts
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import ModelSpec, PlacementSpec, load_job
 from verl_cluster.placement import parse_gpus, plan_job
@@ -25,7 +25,7 @@ def load(path):
 
 
 def test_an_oom_at_the_limit_resumes_with_room_and_says_what_changed(monkeypatch):
-    monkeypatch.setattr(placement, "gather_node_facts", lambda spec: H100)
+    monkeypatch.setattr(cluster_facts, "gather_node_facts", lambda spec: H100)
     new, what = room_after_oom(load(QWEN3), ["trainer.total_epochs=1"], spec())
     assert new[:2] == ["trainer.total_epochs=1", ROOM] and len(new) > 2
     assert what.startswith("actor update ran at the GPU's limit; the next attempts are planned with room: ")
@@ -44,7 +44,7 @@ def test_an_oom_at_the_limit_resumes_with_room_and_says_what_changed(monkeypatch
 
 
 def test_an_oom_with_room_keeps_the_settings(monkeypatch):
-    monkeypatch.setattr(placement, "gather_node_facts", lambda spec: H100)
+    monkeypatch.setattr(cluster_facts, "gather_node_facts", lambda spec: H100)
     gsm8k = ROOT / "launch/gsm8k.yaml"
     assert plan_job(load_job(gsm8k), H100).feasible
     new, what = room_after_oom(load(gsm8k), [], spec())

@@ -29,7 +29,8 @@ def room_after_oom(load: Callable[[list[str]], JobSpec], overrides: list[str], s
     """(the overrides for the next attempt, what was decided, in words). `load(overrides)` builds the job;
     `facts`: the nodes' facts (gathered from `spec` when not given)."""
     from verl_cluster.launch.hydra_values import to_hydra
-    from verl_cluster.placement import gather_node_facts, plan_job
+    from verl_cluster.facts.cluster_facts import gather_node_facts
+    from verl_cluster.placement import plan_job
 
     if ROOM in overrides:
         return overrides, "already planned with room (placement.at_limit=false): the same settings may run out of " \
