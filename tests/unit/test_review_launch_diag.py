@@ -48,8 +48,8 @@ class _FakeRunner:
 
 
 def test_gather_facts_closes_the_runners_it_opened(tmp_path, monkeypatch):
-    """gather_facts(spec) without runners (env_cache.backend_env, placement.plan_for_job) opened one SSH
-    connection per node and never closed them; runners passed in stay the caller's to close."""
+    """gather_facts(spec) without runners (env_cache.backend_env, cluster_facts.gather_node_facts) closes the SSH
+    connection it opened to each node; runners passed in stay the caller's to close."""
     from verl_cluster.diagnostics import gather
 
     spec = _two_nodes(tmp_path)
