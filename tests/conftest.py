@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.harness import NetnsLab, integration_ready  # noqa: E402
+from tests.harness.ray_cluster import SharedCluster, running_cluster  # noqa: E402
 
 
 # The suite runs with a HOME of its own: nothing a test or the CLI it starts writes under ~ (cluster state, tokens,
@@ -75,3 +76,15 @@ def module_lab():
     require_integration()
     with NetnsLab() as lab:
         yield lab
+
+
+@pytest.fixture(scope="session")
+def shared_cluster():
+    """One healthy two-node Ray cluster (head + w1, NCCL/Gloo pinned to eth0) for every module that only submits
+    to a cluster and reads it: starting one costs ~20 s of a 2-core machine. Tests leave it as they found it
+    (their own jobs stopped, no node taken down); hosts they add to its lab stay until the session ends."""
+    require_integration()
+    with NetnsLab() as lab:
+        head, w1 = lab.add_host("head"), lab.add_host("w1")
+        with running_cluster(lab, head, [w1], name=f"shared{lab.n}", extra="network:\n  interface: eth0\n") as path:
+            yield SharedCluster(lab, path, head, w1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -27,3 +28,19 @@ def running_cluster(lab: NetnsLab, head: Host, workers: Sequence[Host] = (), nam
         yield path
     finally:
         down(spec)
+
+
+@dataclass(frozen=True)
+class SharedCluster:
+    """The session's shared cluster (tests/conftest.py `shared_cluster`)."""
+
+    lab: NetnsLab
+    path: Path
+    head: Host
+    worker: Host
+
+    @property
+    def token(self) -> str:
+        from verl_cluster.config.cluster import load_cluster
+
+        return load_cluster(self.path).token_file.read_text().strip()

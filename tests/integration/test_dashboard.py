@@ -1,6 +1,6 @@
 """`dashboard` (an SSH tunnel to the head's loopback dashboard, held until Ctrl-C), `status` pointing at it, and
 what `submit`/`logs` print (Ray's client INFO lines only with --debug; the cluster found from the job's local
-record). A real one-node Ray cluster on a namespace host with real sshd; a real SIGINT to a real CLI process."""
+record). The session's real two-node Ray cluster on namespace hosts with real sshd; a real SIGINT to a real CLI process."""
 
 import json
 import os
@@ -16,7 +16,6 @@ import pytest
 import requests
 
 from tests.harness.cli import ctrl_c_default, run_cli
-from tests.harness.ray_cluster import running_cluster
 from verl_cluster.config.cluster import load_cluster
 
 pytestmark = pytest.mark.integration
@@ -25,10 +24,8 @@ cli = run_cli
 
 
 @pytest.fixture(scope="module")
-def cluster(module_lab):
-    head = module_lab.add_host("head")
-    with running_cluster(module_lab, head, name=f"dash{module_lab.n}") as path:
-        yield module_lab, path, load_cluster(path).token_file.read_text().strip()
+def cluster(shared_cluster):
+    return shared_cluster.lab, shared_cluster.path, shared_cluster.token
 
 
 class Dashboard:
@@ -160,9 +157,10 @@ def test_submit_and_logs_are_quiet_and_logs_finds_the_cluster_from_the_job(clust
     logs = cli("logs", sid, "--follow", env=home)
     assert logs.returncode == 0 and "SMOKE OK" in logs.stdout, logs.stderr
     assert not [n for n in noise if n in logs.stdout + logs.stderr], logs.stdout + logs.stderr
-    jobs = cli("jobs", "--json", env=home)
-    assert any(j["submission_id"] == sid for j in json.loads(jobs.stdout)), jobs.stderr
-    assert "of the last job submitted from here" in jobs.stderr
+    jobs = cli("jobs", "--json", env=home)  # no -c: every cluster submitted to from here
+    assert jobs.returncode == 0, jobs.stderr
+    listed = json.loads(jobs.stdout)["clusters"]
+    assert any(j["submission_id"] == sid for c in listed for j in c.get("jobs", [])), jobs.stderr
     # --debug keeps Ray's own lines
     dbg = cli("submit", ROOT / "launch/smoke.yaml", "-c", path, "--debug", env=home)
     assert dbg.returncode == 0 and "dashboard_sdk.py" in dbg.stdout + dbg.stderr, dbg.stderr[-3000:]

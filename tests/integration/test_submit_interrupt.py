@@ -1,5 +1,5 @@
 """Ctrl-C while `submit` follows a job: detach (the job keeps running, re-attach is printed) or, with
---stop-on-interrupt, stop it. A real SIGINT to a real CLI process, against a one-node namespace cluster."""
+--stop-on-interrupt, stop it. A real SIGINT to a real CLI process, against the session's namespace cluster."""
 
 import json
 import os
@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests.harness.cli import ctrl_c_default, run_cli
-from tests.harness.ray_cluster import running_cluster
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,12 +21,10 @@ SLEEPER = ("name: nap\nlauncher: ray\ncommand: [python, -u, -c, "
 
 
 @pytest.fixture(scope="module")
-def cluster(module_lab):
-    head = module_lab.add_host("head")
-    job = module_lab.dir / "nap.yaml"
+def cluster(shared_cluster):
+    job = shared_cluster.lab.dir / "nap.yaml"
     job.write_text(SLEEPER)
-    with running_cluster(module_lab, head, name=f"int{module_lab.n}") as path:
-        yield path, job
+    return shared_cluster.path, job
 
 
 cli = run_cli

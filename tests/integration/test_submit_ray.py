@@ -1,6 +1,6 @@
 """`submit` / `jobs` / `logs` / `stop` against a real Ray cluster (head + 1 worker) on namespace hosts.
 
-One cluster for the whole module (Ray's head costs ~1.6 GiB and ~10 s to start).
+The session's shared cluster (Ray's head costs ~1.6 GiB and ~10 s to start).
 """
 
 import json
@@ -22,20 +22,8 @@ cli = run_cli
 
 
 @pytest.fixture(scope="module")
-def cluster(module_lab):
-    from verl_cluster.lifecycle.down import down
-    from verl_cluster.lifecycle.up import up
-
-    lab = module_lab
-    head, worker = lab.add_host("head"), lab.add_host("w1")
-    path = lab.cluster_yaml(head, [worker], name=f"sub{lab.n}", extra="network:\n  interface: eth0\n")
-    spec = load_cluster(path)
-    report = up(spec)
-    assert report.healthy, report.to_json()
-    try:
-        yield lab, path, head, worker
-    finally:
-        down(spec)
+def cluster(shared_cluster):
+    return shared_cluster.lab, shared_cluster.path, shared_cluster.head, shared_cluster.worker
 
 
 def job_file(lab, name, text):
