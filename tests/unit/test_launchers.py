@@ -171,3 +171,24 @@ def test_no_module_outside_the_launchers_asks_which_launcher_it_is():
 @pytest.mark.parametrize("name", next(f for f in fields(ClusterSpec) if f.name == "launcher").metadata["choices"])
 def test_every_launcher_the_schema_allows_has_a_class(name):
     assert launchers.launcher_class({"launcher": name}).name == name
+
+
+def test_up_dry_run_shows_how_the_launcher_reaches_each_node(tmp_path, monkeypatch, capsys):
+    from verl_cluster.cli import main
+
+    alloc = al.Allocation("7", [al.SlurmNode("gpu01", "10.0.0.1", cpus=8, gpus=0),
+                                al.SlurmNode("gpu02", "10.0.0.2", cpus=8, gpus=0)], False)
+    monkeypatch.setattr("verl_cluster.launchers.slurm.fill",
+                        lambda data, source: fill(data, source, read=lambda job_id=None: alloc))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    p = tmp_path / "c.yaml"
+    p.write_text("launcher: slurm\n")
+    assert main(["up", "-c", str(p), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("  via:  srun --jobid=7 --overlap") == 2 and "--nodelist=gpu02" in text
+    assert main(["up", "-c", str(p), "--dry-run", "--json"]) == 0
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    assert [n["argv"][-1] for n in nodes] == ["--block", "--block"] and "via" not in nodes[0]
+    p.write_text("cluster_name: s\nhead: {host: 10.0.0.1}\n")
+    assert main(["up", "-c", str(p), "--dry-run"]) == 0
+    assert "via:" not in capsys.readouterr().out  # SSH: `ray start` runs as it is
