@@ -9,7 +9,7 @@ from verl_cluster.config.cluster import NodeSpec
 from verl_cluster.errors import ConfigError
 from verl_cluster.launchers.base import Launcher, Problem
 from verl_cluster.runners.base import CommandRunner, Result
-from verl_cluster.slurm import allocation
+from verl_cluster.slurm import allocation as alloc
 from verl_cluster.slurm.runner import SlurmRunner
 from verl_cluster.slurm.spec import fill
 
@@ -22,8 +22,8 @@ class SlurmLauncher(Launcher):
         return fill(data, source)
 
     @staticmethod
-    def allocation(data: dict) -> allocation.Allocation:
-        return allocation.read_allocation(job_id=(data.get("slurm") or {}).get("job_id"))
+    def allocation(data: dict) -> alloc.Allocation:
+        return alloc.read_allocation(job_id=(data.get("slurm") or {}).get("job_id"))
 
     def runner(self, node: NodeSpec) -> SlurmRunner:
         s = self.spec.slurm
@@ -43,11 +43,11 @@ class SlurmLauncher(Launcher):
         argv = self.runner(node).srun_argv([], held=True)
         return argv[:argv.index("--")]
 
-    def node_problems(self, run: allocation.Run | None = None) -> list[Problem]:
+    def node_problems(self, run: alloc.Run | None = None) -> list[Problem]:
         """Nodes Slurm has drained or marked down: still in this allocation, until they are not."""
         names = [n.host for _, n in self.spec.nodes()]
         try:
-            states = allocation.node_states(names, run) if run else allocation.node_states(names)
+            states = alloc.node_states(names, run) if run else alloc.node_states(names)
         except ConfigError as e:
             return [("slurm", f"node states unavailable: {e.message}", e.hint or "")]
         out = []
