@@ -31,10 +31,7 @@ TOTAL_SWING = 0.15
 
 def micro_tokens(total: float, budget: int, longest: float) -> float:
     """Tokens of the largest micro batch on one GPU when a rank's batch of `total` tokens runs under a token
-    budget. verl 0.9 (seqlen_balancing.rearrange_micro_batches) makes k = ceil(total / budget) micro batches (more
-    only when the balanced split breaks the cap) and balances them by workload: each holds about total / k, the
-    largest at most one sequence more, never over the budget. A step up to TOTAL_SWING shorter that needs only
-    k - 1 micro batches fills them to the budget, so that is planned when it can happen."""
+    budget, as verl 0.9 balances them (docs/placement.md, "Token budgets")."""
     if total <= budget:
         return float(total)
     k = math.ceil(total / budget - 1e-9)
