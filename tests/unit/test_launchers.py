@@ -10,6 +10,7 @@ import pytest
 
 from verl_cluster import launchers
 from verl_cluster.config.cluster import ClusterSpec, HeadSpec, NodeSpec, SlurmSpec
+from verl_cluster.config.job import job_from_data
 from verl_cluster.errors import ConfigError
 from verl_cluster.launchers.slurm import SlurmLauncher
 from verl_cluster.launchers.ssh import LocalLauncher, SshLauncher
@@ -130,10 +131,17 @@ def test_load_cluster_lets_the_launcher_fill_its_nodes(tmp_path, monkeypatch):
     assert spec.head.gcs_port == 6390
     p.write_text("cluster_name: plain\nhead: {host: 10.0.0.9}\n")
     assert launchers.load_cluster(p).head.host == "10.0.0.9"  # an SSH cluster's config is left as written
-    # `submit` inside an allocation reads it through the launcher; a file that lists its nodes has none
+    # `submit` inside an allocation holds the job against it; a file that lists its nodes has none
     monkeypatch.setattr(al, "read_allocation", lambda job_id=None: alloc if job_id == "7" else None)
     assert SlurmLauncher.allocation({"launcher": "slurm", "slurm": {"job_id": "7"}}) is alloc
     assert launchers.launcher_class({"launcher": "ssh"}).allocation({}) is None
+    job = job_from_data({"name": "j", "entrypoint": "verl.trainer.main_ppo",
+                         "overrides": {"trainer": {"nnodes": 4, "n_gpus_per_node": 2}}}, "j.yaml")
+    launchers.check_job_fits(job, str(p))  # an SSH cluster file: nothing to hold it against
+    p.write_text('launcher: slurm\nslurm: {job_id: "7"}\n')
+    with pytest.raises(ConfigError, match=r"Slurm allocation 7 has 2 node\(s\), but job j needs 4") as e:
+        launchers.check_job_fits(job, str(p))
+    assert "--nodes=4" in e.value.hint
 
 
 def test_node_outcome_json_is_the_same_with_the_enum():

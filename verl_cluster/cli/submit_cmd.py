@@ -67,9 +67,9 @@ def run_submit(args) -> int:
         args.cluster = slurm_cluster_file()
     cluster_file = resolve_cluster_file(job, args.cluster)
     check_cluster_file(cluster_file)
-    from verl_cluster.slurm.fit import check_submit
+    from verl_cluster.launchers import check_job_fits
 
-    check_submit(job, cluster_file)  # inside an allocation: enough nodes, GPUs requested
+    check_job_fits(job, cluster_file)  # inside an allocation: enough nodes, GPUs requested
     # secrets a script sets itself reach the job's env as the shell's would (never printed)
     environ = {**os.environ, **imported.secret_values} if imported else None
     sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight,

@@ -12,9 +12,12 @@ import os
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.cluster import load_cluster as _load_cluster
+from verl_cluster.config.job import JobSpec
+from verl_cluster.config.loader import read_yaml
 from verl_cluster.launchers.base import Launcher
 from verl_cluster.launchers.slurm import SlurmLauncher
 from verl_cluster.launchers.ssh import LocalLauncher, SshLauncher
+from verl_cluster.slurm.fit import check_fits
 from verl_cluster.slurm.spec import cluster_file as slurm_cluster_file
 
 _BY_NAME: dict[str, type[Launcher]] = {"ssh": SshLauncher, "slurm": SlurmLauncher}  # config's `launcher:` values
@@ -46,3 +49,13 @@ def allocation_cluster(cluster_file: str | None) -> tuple[str, str]:
     """`--slurm`: the cluster file (with none given, one written for this allocation) and the override that
     makes its launcher Slurm's."""
     return cluster_file or slurm_cluster_file(), "launcher=slurm"
+
+
+def check_job_fits(job: JobSpec, cluster_file: str) -> None:
+    """For `submit`: a job against the allocation its cluster's nodes come from (enough nodes, GPUs requested);
+    nothing to check when the cluster file lists its nodes."""
+    data, _ = read_yaml(cluster_file)
+    alloc = launcher_class(data).allocation(data) if isinstance(data, dict) else None
+    if alloc is not None:
+        check_fits(job, len(alloc.nodes), alloc.head.gpus if alloc.nodes else None, alloc.gpus_requested,
+                   f"Slurm allocation {alloc.job_id}")

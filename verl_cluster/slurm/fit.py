@@ -43,16 +43,3 @@ def check_fits(job: JobSpec, nodes: int, gpus_per_node: Optional[int], gpus_requ
     if want_gpus and gpus_per_node is not None and gpus_per_node < want_gpus:
         raise ConfigError(f"{where} has {gpus_per_node} GPU(s) per node, but job {job.name} needs {want_gpus}",
                           f"request --gpus-per-node={want_gpus}, or lower trainer.n_gpus_per_node")
-
-
-def check_submit(job: JobSpec, cluster_file: str) -> None:
-    """For `submit` inside an allocation: the job against the allocation's nodes and GPUs."""
-    from verl_cluster.config.loader import read_yaml
-    from verl_cluster.launchers import launcher_class
-
-    data, _ = read_yaml(cluster_file)
-    alloc = launcher_class(data).allocation(data) if isinstance(data, dict) else None
-    if alloc is None:
-        return
-    gpus = alloc.head.gpus if alloc.nodes else None
-    check_fits(job, len(alloc.nodes), gpus, alloc.gpus_requested, f"Slurm allocation {alloc.job_id}")
