@@ -7,13 +7,14 @@ driver for GPU facts): it runs verl_cluster/diagnostics/probe_node.py directly, 
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import sys
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(HERE, "..", "verl_cluster", "diagnostics", "probe_node.py")
+NVML = os.path.join(HERE, "..", "verl_cluster", "facts", "nvml_node.py")  # shipped in front of the probe
 
 
 def main() -> int:
@@ -22,9 +23,9 @@ def main() -> int:
     ap.add_argument("--note", default="", help="free text kept in the recording")
     ap.add_argument("--fast", action="store_true", help="read verl's version instead of importing it")
     args = ap.parse_args()
-    spec = importlib.util.spec_from_file_location("probe_node", PROBE)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = types.ModuleType("probe_node")
+    source = "".join(open(path).read() + "\n" for path in (NVML, PROBE))  # as the nodes get it
+    exec(compile(source, PROBE, "exec"), probe.__dict__)
     facts = probe.collect(args.head_ip, deep=not args.fast)
     facts["recorded"] = f"{datetime.date.today().isoformat()} by scripts/record_facts.py on {facts['hostname']}" \
                         + (f": {args.note}" if args.note else "")

@@ -1,36 +1,28 @@
-"""GPU faults for `watch`: the node script's NVML reading (pynvml's own module, its calls replaying the recorded
-H100's device count and name; faults as pynvml raises them) and how a report becomes a gpu-fault."""
+"""GPU faults for `watch`: the node script's NVML reading (the NVML library replaying the recorded H100's device
+count, name and memory; faults as NVML returns them) and how a report becomes a gpu-fault."""
 
 import json
 from pathlib import Path
 
-import pynvml
 import pytest
 
 from verl_cluster.errors import RunnerError
+from verl_cluster.facts import nvml_node
 from verl_cluster.lifecycle import node_script
 from verl_cluster.runners import HostResult
 from verl_cluster.watch.gpu_health import judge
+from tests.unit.nvml_replay import ReplayedNvml
 
 H100 = json.loads((Path(__file__).parents[1] / "fixtures/facts/h100x1.json").read_text())
 
 
 @pytest.fixture
 def nvml(monkeypatch):
-    """pynvml answering as the recorded H100 did; tests change `state` to inject the fault NVML would report."""
-    state = {"count": len(H100["gpus"]), "lost": set(), "ecc": {}}
-    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: state["count"])
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: i)
-
-    def mem(h):
-        if h in state["lost"]:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return type("M", (), {"total": H100["gpus"][h]["memory_total_mib"] << 20, "free": 0})()
-
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", mem)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEccErrors", lambda h, kind, counter: state["ecc"].get(h, 0))
-    return state
+    """NVML answering as the recorded H100 did; tests change `count`, `lost`, `ecc` to inject the fault NVML would
+    report."""
+    lib = ReplayedNvml(H100)
+    monkeypatch.setattr(nvml_node, "load_library", lambda: lib)
+    return lib
 
 
 def test_a_healthy_gpu_has_no_fault(nvml):
@@ -38,23 +30,23 @@ def test_a_healthy_gpu_has_no_fault(nvml):
 
 
 def test_a_gpu_that_fell_off_the_bus_is_a_fault(nvml):
-    nvml["count"] = 0
+    nvml.count = 0
     assert node_script.gpu_faults(1) == ["NVML sees 0 GPU(s), 1 when the node started (a GPU fell off the bus)"]
 
 
 def test_gpu_is_lost_and_uncorrected_ecc_are_faults(nvml):
-    nvml["lost"].add(0)
+    nvml.lost.add(0)
     assert node_script.gpu_faults(1)[0].startswith("GPU 0: NVMLError_GpuIsLost")
-    nvml["lost"].clear()
-    nvml["ecc"][0] = 2
+    nvml.lost.clear()
+    nvml.ecc[0] = 2
     assert node_script.gpu_faults(1) == ["GPU 0: 2 uncorrected ECC error(s) since the driver loaded"]
 
 
 def test_no_nvml_means_nothing_to_judge(monkeypatch):
     def fail():
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file: No such file or directory")
 
-    monkeypatch.setattr(pynvml, "nvmlInit", fail)
+    monkeypatch.setattr(nvml_node, "load_library", fail)
     assert node_script.gpu_faults(1) is None
 
 

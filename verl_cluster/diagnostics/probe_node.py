@@ -1,11 +1,11 @@
 """Node-side fact probe. STDLIB ONLY: this file is shipped as source and run with the node's Python
-(`python -c SOURCE [HEAD_IP]`), and also run by scripts/record_facts.py on machines that have nothing else.
+(`python -c SOURCE [HEAD_IP]`), after the NVML reader's source (facts/nvml_node.py), and also run by
+scripts/record_facts.py on machines that have nothing else.
 
 It prints one JSON line (see runners.remote_python.MARK) whose keys are the fields of facts.model.NodeFacts.
 Every probe is guarded: a missing tool or library becomes a missing fact (plus a reason), never a crash.
 """
 
-import ctypes
 import json
 import os
 import platform
@@ -15,6 +15,9 @@ import socket
 import subprocess
 import sys
 import time
+
+if "open_nvml" not in globals():  # imported here as a module; shipped, the reader's source comes first
+    from verl_cluster.facts.nvml_node import NvmlError, open_nvml
 
 MARK = "@@VC-JSON@@"
 SYS_NET = "/sys/class/net"
@@ -152,105 +155,22 @@ def ucx():
     return version, transports
 
 
-# ---------------------------------------------------------------- GPUs (NVML through ctypes)
-NVML_ANCESTOR = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
-
-
-class _Nvml:
-    def __init__(self):
-        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
-        self._check(self.lib.nvmlInit_v2())
-
-    def _check(self, rc):
-        if rc != 0:
-            self.lib.nvmlErrorString.restype = ctypes.c_char_p
-            raise RuntimeError(f"NVML error {rc}: {self.lib.nvmlErrorString(rc).decode()}")
-
-    def _str(self, fn, *args, size=96):
-        buf = ctypes.create_string_buffer(size)
-        self._check(fn(*args, buf, ctypes.c_uint(size)))
-        return buf.value.decode()
-
-    def _int(self, fn, *args, ctype=ctypes.c_int):
-        v = ctype()
-        self._check(fn(*args, ctypes.byref(v)))
-        return v.value
-
-    def count(self):
-        return self._int(self.lib.nvmlDeviceGetCount_v2, ctype=ctypes.c_uint)
-
-    def handle(self, i):
-        h = ctypes.c_void_p()
-        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(i), ctypes.byref(h)))
-        return h
-
-    def driver(self):
-        return self._str(self.lib.nvmlSystemGetDriverVersion, size=80)
-
-    def cuda(self):
-        v = self._int(self.lib.nvmlSystemGetCudaDriverVersion)
-        return f"{v // 1000}.{v % 1000 // 10}"
-
-    def gpu(self, i, h):
-        class Mem(ctypes.Structure):
-            _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-        mem = Mem()
-        self._check(self.lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(mem)))
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        self._check(self.lib.nvmlDeviceGetCudaComputeCapability(h, ctypes.byref(major), ctypes.byref(minor)))
-        links = 0
-        for link in range(18):  # NVML_NVLINK_MAX_LINKS
-            state = ctypes.c_int()
-            if self.lib.nvmlDeviceGetNvLinkState(h, ctypes.c_uint(link), ctypes.byref(state)) == 0 and state.value:
-                links += 1
-        ecc = ctypes.c_ulonglong()
-        # uncorrected (1), aggregate (1); NOT_SUPPORTED on GPUs without ECC
-        ecc_rc = self.lib.nvmlDeviceGetTotalEccErrors(h, ctypes.c_int(1), ctypes.c_int(1), ctypes.byref(ecc))
-        nproc = ctypes.c_uint(0)
-        prc = self.lib.nvmlDeviceGetComputeRunningProcesses(h, ctypes.byref(nproc), None)
-        return {"index": i, "name": self._str(self.lib.nvmlDeviceGetName, h),
-                "memory_total_mib": mem.total // 2**20, "memory_free_mib": mem.free // 2**20,
-                "compute_capability": f"{major.value}.{minor.value}",
-                "uuid": self._str(self.lib.nvmlDeviceGetUUID, h),
-                "nvlink_links_active": links,
-                "ecc_errors_uncorrected": ecc.value if ecc_rc == 0 else None,
-                "processes": nproc.value if prc in (0, 7) else 0}  # 7: INSUFFICIENT_SIZE, count is set
-
-    def pair(self, a, ha, b, hb):
-        anc = ctypes.c_int(-1)
-        self.lib.nvmlDeviceGetTopologyCommonAncestor(ha, hb, ctypes.byref(anc))
-        status = ctypes.c_int(-1)
-        p2p = self.lib.nvmlDeviceGetP2PStatus(ha, hb, ctypes.c_int(0), ctypes.byref(status)) == 0 \
-            and status.value == 0  # index 0: READ; status 0: OK
-        nvl = ctypes.c_int(-1)
-        nvlink = self.lib.nvmlDeviceGetP2PStatus(ha, hb, ctypes.c_int(3), ctypes.byref(nvl)) == 0 \
-            and nvl.value == 0  # index 3: NVLINK
-        return {"a": a, "b": b, "common_ancestor": NVML_ANCESTOR.get(anc.value, "unknown"),
-                "p2p": bool(p2p), "nvlink": bool(nvlink)}
-
-
+# ---------------------------------------------------------------- GPUs (NVML: facts/nvml_node.py)
 def gpus():
     """(gpus, pairs, driver, cuda, error)."""
-    try:
-        nvml = _Nvml()
-    except OSError:
-        return [], [], None, None, "no NVIDIA driver (libnvidia-ml.so.1 not found)"
-    except RuntimeError as e:
-        return [], [], None, None, f"NVML init failed: {e}"
+    nvml, error = open_nvml()
+    if nvml is None:
+        return [], [], None, None, error
     try:
         handles = [nvml.handle(i) for i in range(nvml.count())]
         infos = [nvml.gpu(i, h) for i, h in enumerate(handles)]
         pairs = [nvml.pair(a, handles[a], b, handles[b])
                  for a in range(len(handles)) for b in range(a + 1, len(handles))]
         return infos, pairs, nvml.driver(), nvml.cuda(), None
-    except RuntimeError as e:
+    except NvmlError as e:
         return [], [], None, None, str(e)
     finally:
-        try:
-            nvml.lib.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - shutting down is best effort
-            pass
+        nvml.close()
 
 
 # ---------------------------------------------------------------- Python packages

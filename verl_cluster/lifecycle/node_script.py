@@ -1,6 +1,6 @@
 """Node-side helper, shipped as source and run with the node's Python (`python -c SOURCE CMD ARGS`).
 
-Stdlib only (ray and pynvml are imported where present). Commands:
+Stdlib only (ray is imported where present); shipped after the NVML reader's source (facts/nvml_node.py). Commands:
   probe TEMP_DIR [GCS]    versions, GPUs (NVML), this cluster's Ray processes, saved start state
   kill TEMP_DIR [GCS]     stop exactly the Ray processes of this TEMP_DIR (and their children), verify
   gcs ADDR [DASHBOARD]    node table from the GCS (+ jobs from the Jobs API)
@@ -19,6 +19,9 @@ import signal
 import socket
 import sys
 import time
+
+if "open_nvml" not in globals():  # imported here as a module; shipped, the reader's source comes first
+    from verl_cluster.facts.nvml_node import NvmlError, open_nvml
 
 MARK = "@@VC-JSON@@"
 
@@ -81,19 +84,18 @@ def kind(cmd):
 
 
 def gpus():
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as e:  # no driver, no GPU, no pynvml
-        return [], f"{type(e).__name__}: {e}"
+    nvml, error = open_nvml()
+    if nvml is None:  # no driver, no GPU
+        return [], error
     out = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        name = pynvml.nvmlDeviceGetName(h)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-        out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                    "memory_total_mib": mem.total // 2**20, "memory_free_mib": mem.free // 2**20})
+    try:
+        for i in range(nvml.count()):
+            h = nvml.handle(i)
+            total, free = nvml.memory(h)
+            out.append({"index": i, "name": nvml.name(h),
+                        "memory_total_mib": total // 2**20, "memory_free_mib": free // 2**20})
+    finally:
+        nvml.close()
     return out, None
 
 
@@ -226,31 +228,30 @@ def cmd_wait(addr, head_ip, expect_json, timeout_s):
 def gpu_faults(expect):
     """NVML's view of GPU health: a GPU that is gone (fewer than `expect`, or 'GPU is lost'), uncorrected ECC
     errors since the driver loaded. None when NVML cannot be read here (no driver: nothing to judge)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-    except Exception:
+    nvml, _ = open_nvml()
+    if nvml is None:
         return None
-    faults = []
-    if expect and n < expect:
-        faults.append(f"NVML sees {n} GPU(s), {expect} when the node started (a GPU fell off the bus)")
-    for i in range(n):
+    try:
         try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            pynvml.nvmlDeviceGetMemoryInfo(h)
-        except Exception as e:
-            faults.append(f"GPU {i}: {type(e).__name__}: {e}")
-            continue
-        try:
-            ecc = pynvml.nvmlDeviceGetTotalEccErrors(h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                                     pynvml.NVML_VOLATILE_ECC)
-        except Exception:
-            ecc = 0  # ECC off or not supported (consumer GPUs)
-        if ecc:
-            faults.append(f"GPU {i}: {ecc} uncorrected ECC error(s) since the driver loaded")
-    return faults
+            n = nvml.count()
+        except NvmlError:
+            return None
+        faults = []
+        if expect and n < expect:
+            faults.append(f"NVML sees {n} GPU(s), {expect} when the node started (a GPU fell off the bus)")
+        for i in range(n):
+            try:
+                h = nvml.handle(i)
+                nvml.memory(h)
+            except NvmlError as e:
+                faults.append(f"GPU {i}: {e.named()}")
+                continue
+            ecc = nvml.ecc_uncorrected(h, volatile=True)  # None: ECC off or not supported (consumer GPUs)
+            if ecc:
+                faults.append(f"GPU {i}: {ecc} uncorrected ECC error(s) since the driver loaded")
+        return faults
+    finally:
+        nvml.close()
 
 
 def kernel_xids(since):
@@ -315,18 +316,19 @@ def proc_state(pid):
 
 def gpu_procs():
     """pid -> (GPU index, MiB) of the compute processes NVML lists; {} without NVML."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        out = {}
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                out[int(p.pid)] = (i, int((p.usedGpuMemory or 0) // 2**20))
-        return out
-    except Exception:
+    nvml, _ = open_nvml()
+    if nvml is None:
         return {}
+    try:
+        out = {}
+        for i in range(nvml.count()):
+            for pid, used in nvml.compute_processes(nvml.handle(i)):
+                out[int(pid)] = (i, int((used or 0) // 2**20))
+        return out
+    except (NvmlError, AttributeError):  # AttributeError: a driver without the _v2/_v3 call
+        return {}
+    finally:
+        nvml.close()
 
 
 def job_procs(temp_dir, job_id, procs=None):

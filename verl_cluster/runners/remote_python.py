@@ -16,8 +16,10 @@ from verl_cluster.runners.base import CommandRunner
 MARK = "@@VC-JSON@@"  # the script prints MARK + json on its last line; anything before is noise
 
 
-def script_source(module_file: str) -> str:
-    return Path(module_file).read_text()
+def script_source(module_file: str, *included: str) -> str:
+    """A node-side script's text, after the text of the node-side modules it uses (each defines at top level what
+    the script would otherwise import: the script imports them only when it is not shipped)."""
+    return "".join(Path(f).read_text() + "\n" for f in included) + Path(module_file).read_text()
 
 
 def run_python(runner: CommandRunner, python: str, source: str, args: Sequence[str] = (), *,
