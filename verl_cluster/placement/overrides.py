@@ -4,23 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_cluster.placement.planner import OFFLOAD_LEVELS, Candidate, Strategy
+from verl_cluster.placement.planner import OFFLOAD_LEVELS, Candidate, Phase, Strategy
 from verl_cluster.placement.settings import AR, Settings
 
 # phase -> the verl key of its micro batch (or token budget with use_dynamic_bsz)
 MICRO_KEYS = {
-    "actor update": f"{AR}.actor.ppo_micro_batch_size_per_gpu",
-    "actor log-prob": f"{AR}.rollout.log_prob_micro_batch_size_per_gpu",
-    "ref log-prob": f"{AR}.ref.log_prob_micro_batch_size_per_gpu",
-    "critic update": "critic.ppo_micro_batch_size_per_gpu",
-    "critic values": "critic.forward_micro_batch_size_per_gpu",
+    Phase.ACTOR_UPDATE: f"{AR}.actor.ppo_micro_batch_size_per_gpu",
+    Phase.ACTOR_LOG_PROB: f"{AR}.rollout.log_prob_micro_batch_size_per_gpu",
+    Phase.REF_LOG_PROB: f"{AR}.ref.log_prob_micro_batch_size_per_gpu",
+    Phase.CRITIC_UPDATE: "critic.ppo_micro_batch_size_per_gpu",
+    Phase.CRITIC_VALUES: "critic.forward_micro_batch_size_per_gpu",
 }
 TOKEN_KEYS = {
-    "actor update": f"{AR}.actor.ppo_max_token_len_per_gpu",
-    "actor log-prob": f"{AR}.rollout.log_prob_max_token_len_per_gpu",
-    "ref log-prob": f"{AR}.ref.log_prob_max_token_len_per_gpu",
-    "critic update": "critic.ppo_max_token_len_per_gpu",
-    "critic values": "critic.forward_max_token_len_per_gpu",
+    Phase.ACTOR_UPDATE: f"{AR}.actor.ppo_max_token_len_per_gpu",
+    Phase.ACTOR_LOG_PROB: f"{AR}.rollout.log_prob_max_token_len_per_gpu",
+    Phase.REF_LOG_PROB: f"{AR}.ref.log_prob_max_token_len_per_gpu",
+    Phase.CRITIC_UPDATE: "critic.ppo_max_token_len_per_gpu",
+    Phase.CRITIC_VALUES: "critic.forward_max_token_len_per_gpu",
 }
 ATTN_KEYS = (f"+{AR}.model.override_config.attn_implementation", "+critic.model.override_config.attn_implementation")
 
@@ -49,7 +49,7 @@ def build_overrides(c: Candidate, s: Settings) -> dict[str, Any]:
             out[TOKEN_KEYS[ph.phase]] = c.token_budget[ph.phase]
         elif ph.phase in MICRO_KEYS and ph.micro is not None:
             out[MICRO_KEYS[ph.phase]] = ph.micro
-        elif ph.phase == "reward" and ph.micro is not None and s.reward_prefix == "reward_model":  # ≤ 0.8 only
+        elif ph.phase == Phase.REWARD and ph.micro is not None and s.reward_prefix == "reward_model":  # ≤ 0.8 only
             out[f"{s.reward_prefix}.micro_batch_size_per_gpu"] = ph.micro
     prec = c.prec
     if prec.train_dtype != "bfloat16":  # FSDP's param_dtype comes from mixed_precision (bf16 when unset)

@@ -20,7 +20,7 @@ from verl_cluster.placement.model_shape import ModelShape, resolve_shape, shape_
 from verl_cluster.placement.options import Option, batch_divides, find_options
 from verl_cluster.placement.overrides import build_overrides
 from verl_cluster.placement.planner import (OFFLOAD_NAMES, STRATEGIES, UTIL_DEFAULT, Candidate, Evaluator,
-                                            PhaseResult, Strategy, choose_precision, closest, make_pools, search,
+                                            Phase, PhaseResult, Strategy, choose_precision, closest, make_pools, search,
                                             wanted_concurrency)
 from verl_cluster.placement.settings import Settings, read_settings
 
@@ -37,7 +37,7 @@ class Component:
 
 @dataclass(frozen=True)
 class PhasePlan:
-    phase: str
+    phase: Phase
     micro_batch: Optional[int]
     tokens: int  # tokens per micro batch per GPU (or the token budget)
     components: tuple[Component, ...]  # the role's own working set
@@ -275,7 +275,7 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     else:
         shown = closest(tried, hw.capacity_bytes)
         problems = _problems(shown, hw, s.seq_len)
-        binding = _binding(shown, hw, problems)
+        binding = _binding(shown, hw, problems, s.seq_len)
     fits_at = None
     if problems:
         options = find_options(ev, strategies, job.verl_overrides(), divisible=batch_divides(s, hw.total_gpus))
@@ -482,23 +482,22 @@ def _rollout_note(c: Candidate, ph: PhaseResult, seq_len: int) -> str:
 
 
 def _problems(c: Candidate, hw: Hardware, seq_len: int) -> list[str]:
-    out = list(dict.fromkeys(c.problems))
-    for ph in c.phases:
-        if ph.fits:
-            continue
-        pool = next(p for p in c.pools if p.name == ph.pool)
-        what = "" if ph.micro is None else f" at micro batch {ph.micro}"
-        least = (f", {ph.least / GIB:.1f} GiB at the least (live tensors, the allocator at its limit)"
-                 if ph.least else "")
-        line = (f"{ph.phase} needs {_rollout_need(c, ph) / GIB:.1f} GiB/GPU{what} ({_top(ph)}{least}) on {pool.size} GPU(s) "
-                f"with {OFFLOAD_NAMES[c.offload]} offload, TP {c.tp}; {hw.gpu_name} has "
-                f"{(pool.capacity or hw.capacity_bytes) / GIB:.1f} GiB")
-        note = _rollout_note(c, ph, seq_len)
-        out.append(line + (f" — {note}" if note else ""))
-    return out
+    return list(dict.fromkeys(c.problems)) + [_phase_problem(c, ph, hw, seq_len) for ph in c.phases if not ph.fits]
 
 
-def _binding(c: Candidate, hw: Hardware, problems: list[str]) -> str:
+def _phase_problem(c: Candidate, ph: PhaseResult, hw: Hardware, seq_len: int) -> str:
+    pool = next(p for p in c.pools if p.name == ph.pool)
+    what = "" if ph.micro is None else f" at micro batch {ph.micro}"
+    least = (f", {ph.least / GIB:.1f} GiB at the least (live tensors, the allocator at its limit)"
+             if ph.least else "")
+    line = (f"{ph.phase} needs {_rollout_need(c, ph) / GIB:.1f} GiB/GPU{what} ({_top(ph)}{least}) on {pool.size} GPU(s) "
+            f"with {OFFLOAD_NAMES[c.offload]} offload, TP {c.tp}; {hw.gpu_name} has "
+            f"{(pool.capacity or hw.capacity_bytes) / GIB:.1f} GiB")
+    note = _rollout_note(c, ph, seq_len)
+    return line + (f" — {note}" if note else "")
+
+
+def _binding(c: Candidate, hw: Hardware, problems: list[str], seq_len: int) -> str:
     """The one constraint that decides: divisibility first (no memory setting fixes it), then KV cache for one
     sequence, then the phase that needs the most memory."""
     if c.problems:
@@ -506,7 +505,7 @@ def _binding(c: Candidate, hw: Hardware, problems: list[str]) -> str:
     bad = [p for p in c.phases if not p.fits]
     rollout = next((p for p in bad if p.role == "rollout"), None)
     if rollout is not None and c.rollout is not None and c.rollout.seqs_fit < 1 and c.rollout.kv_cache > 0:
-        return "KV cache for one sequence: " + next((x for x in problems if x.startswith("generate")), rollout.note)
+        return "KV cache for one sequence: " + _phase_problem(c, rollout, hw, seq_len)
     if bad:
         worst = max(bad, key=lambda p: _rollout_need(c, p))
         least = f", {worst.least / GIB:.1f} at the least" if worst.least else ""

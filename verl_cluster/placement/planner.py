@@ -30,6 +30,18 @@ class Strategy(StrEnum):
 
 
 STRATEGIES = tuple(Strategy)
+
+
+class Phase(StrEnum):
+    """A step's phases the planner sizes, as plans print them."""
+
+    GENERATE = "generate"
+    ACTOR_LOG_PROB = "actor log-prob"
+    REF_LOG_PROB = "ref log-prob"
+    CRITIC_VALUES = "critic values"
+    CRITIC_UPDATE = "critic update"
+    ACTOR_UPDATE = "actor update"
+    REWARD = "reward"
 OFFLOAD_LEVELS = ((False, False), (False, True), (True, True))  # (param, optimizer) for actor and critic
 OFFLOAD_NAMES = ("none", "optimizer", "param+optimizer")
 UTIL_DEFAULT = 0.5  # verl's rollout.gpu_memory_utilization default
@@ -69,13 +81,13 @@ class Pool:
 # their fp32 reduce copy) and unshard (gathered weights) streams
 OTHER_POOLS = ("params", "adam", "grads", "grad reduce", "gathered")
 # verl's order of the trainer phases within a step (the rollout comes first and empties the cache)
-STEP_ORDER = ("actor log-prob", "ref log-prob", "critic values", "critic update", "actor update")
+STEP_ORDER = (Phase.ACTOR_LOG_PROB, Phase.REF_LOG_PROB, Phase.CRITIC_VALUES, Phase.CRITIC_UPDATE, Phase.ACTOR_UPDATE)
 
 
 @dataclass(frozen=True)
 class PhaseResult:
     role: str
-    phase: str
+    phase: Phase
     pool: str
     micro: Optional[int]  # None: dynamic batch size (token budget) or not applicable
     tokens: float
@@ -114,7 +126,7 @@ class Candidate:
     def feasible(self) -> bool:
         return not self.problems and all(p.fits for p in self.phases)
 
-    def micro(self, phase: str) -> Optional[int]:
+    def micro(self, phase: Phase) -> Optional[int]:
         return next((p.micro for p in self.phases if p.phase == phase), None)
 
     def cost(self, kv_wanted: int) -> tuple:
@@ -124,7 +136,7 @@ class Candidate:
         # room first: a phase at the GPU's limit is the first to fail when real sequences run longer than planned
         at_limit = any(p.at_limit for p in self.phases)
         return (at_limit, self.offload, self.crosses_islands, STRATEGIES.index(self.strategy), short, actor_side,
-                -(self.micro("actor update") or 0), self.tp, -self.util)
+                -(self.micro(Phase.ACTOR_UPDATE) or 0), self.tp, -self.util)
 
 
 def choose_precision(s: Settings, hw: Hardware) -> tuple[Precision, list[str], list[str]]:
@@ -346,12 +358,12 @@ class Evaluator:
             extra = actor_extra = () if opt_off else (o,)  # grads are None outside the update step
             base = actor_base
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_actor // n)
-            later(c, pool, "actor", "actor update", s.actor_micro, _divisors_desc(mb_gpu), mb_gpu,
+            later(c, pool, "actor", Phase.ACTOR_UPDATE, s.actor_micro, _divisors_desc(mb_gpu), mb_gpu,
                   lambda mb, t, base=base: mem.update_step(TrainInputs(
                       tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_actor, adapter=self.actor_adapter, **base)),
                   rmpad=s.remove_padding_actor, sp=s.sp_actor, budget=s.actor_max_tokens,
                   budget_pinned=s.actor_tokens_pinned)
-            later(c, pool, "actor", "actor log-prob", s.logprob_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
+            later(c, pool, "actor", Phase.ACTOR_LOG_PROB, s.logprob_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
                   per_gpu_batch * s.sp_actor,
                   lambda mb, t, base=base, extra=extra: mem.forward_phase(
                       TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base), params_on_gpu=True, extra=extra),
@@ -361,7 +373,7 @@ class Evaluator:
             # LoRA: the actor's own module with its adapters off computes the ref log-probs (its params and
             # Adam states are on the GPU, so they are not counted again as the actor's resident)
             in_actor = bool(self.actor_adapter) and "actor" in pool.roles
-            later(c, pool, "ref", "ref log-prob", s.ref_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
+            later(c, pool, "ref", Phase.REF_LOG_PROB, s.ref_micro, _divisors_desc(per_gpu_batch * s.sp_actor),
                   per_gpu_batch * s.sp_actor,
                   lambda mb, t, base=base, in_actor=in_actor: mem.forward_phase(
                       TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base), params_on_gpu=in_actor,
@@ -376,12 +388,12 @@ class Evaluator:
                         m=s.master_dtype_bytes_critic, attn=prec.attn, vocab_out=1, root_params=root,
                         verl_engine=True)
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // n)
-            later(c, pool, "critic", "critic update", s.critic_micro, _divisors_desc(mb_gpu), mb_gpu,
+            later(c, pool, "critic", Phase.CRITIC_UPDATE, s.critic_micro, _divisors_desc(mb_gpu), mb_gpu,
                   lambda mb, t, base=base: mem.update_step(TrainInputs(
                       tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic, adapter=self.critic_adapter, **base)),
                   rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens,
                   budget_pinned=s.critic_tokens_pinned)
-            later(c, pool, "critic", "critic values", s.critic_fwd_micro,
+            later(c, pool, "critic", Phase.CRITIC_VALUES, s.critic_fwd_micro,
                   _divisors_desc(per_gpu_batch * s.sp_critic), per_gpu_batch * s.sp_critic,
                   lambda mb, t, base=base, extra=extra: mem.forward_phase(
                       TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base), params_on_gpu=True, extra=extra),
@@ -390,7 +402,7 @@ class Evaluator:
             rm = self.rm_shape
             base = dict(shape=rm, params=rm.value_model_params, n=n, seq=s.seq_len, c=prec.c, m=2, attn=prec.attn,
                         vocab_out=1, root_params=rm.embed_params + 2 * rm.hidden)
-            later(c, pool, "reward", "reward", s.reward_micro, _divisors_desc(per_gpu_batch), per_gpu_batch,
+            later(c, pool, "reward", Phase.REWARD, s.reward_micro, _divisors_desc(per_gpu_batch), per_gpu_batch,
                   lambda mb, t, base=base: mem.forward_phase(
                       TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base), params_on_gpu=False),
                   rmpad=False, sp=1, budget=None)
@@ -407,7 +419,7 @@ class Evaluator:
         rest = [ph for ph in c.phases if not (ph.pool == pool.name and ph.phase in shown)]
         c.phases[:] = rest + sorted(mine, key=lambda ph: shown.index(ph.phase))
 
-    def _search(self, c: Candidate, pool: Pool, role: str, phase: str, pinned: Optional[int], candidates: list[int],
+    def _search(self, c: Candidate, pool: Pool, role: str, phase: Phase, pinned: Optional[int], candidates: list[int],
                 whole: int, parts_of: Callable[[int, float], "tuple[Part, ...] | mem.UpdateStep"], *, rmpad: bool, sp: int,
                 budget: Optional[int], budget_pinned: bool = False, others_as: Optional[str] = None,
                 carried: float = 0.0) -> PhaseResult:
@@ -487,7 +499,7 @@ class Evaluator:
                     f"({r.kv_per_seq / GIB:.3f} GiB each) at gpu_memory_utilization {util}")
         elif peak > cap:
             note = f"gpu_memory_utilization {util} x {total / GIB:.1f} GiB plus what other roles keep resident"
-        c.phases.append(PhaseResult("rollout", "generate", pool.name, None, float(s.seq_len), r.parts, others, peak,
+        c.phases.append(PhaseResult("rollout", Phase.GENERATE, pool.name, None, float(s.seq_len), r.parts, others, peak,
                                     fits, note))
 
 

@@ -150,11 +150,11 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     phases["gen"] = GENERATE_FIXED_S + steps * step + prefill
     bus = link_gbs(hw, n, sp)
     pcie = PCIE_GBS * 1e9
-    from verl_cluster.placement.planner import OFFLOAD_LEVELS
+    from verl_cluster.placement.planner import OFFLOAD_LEVELS, Phase
 
     param_off, opt_off = OFFLOAD_LEVELS[c.offload]
 
-    def micros(phase: str) -> int:
+    def micros(phase: Phase) -> int:
         m = c.micro(phase)
         return max(1, math.ceil(seqs_gpu / m)) if m else max(1, math.ceil(tokens_gpu / s.actor_max_tokens))
 
@@ -165,22 +165,22 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     actor_p = shape.params
     m_a = s.master_dtype_bytes_actor
     phases["old_log_prob"] = (forward_s(actor_p, tokens_gpu, sp.tflops, kind)
-                              + fsdp_comm_s(actor_p, cb, n, micros("actor log-prob"), bus, recompute=False) / 3
+                              + fsdp_comm_s(actor_p, cb, n, micros(Phase.ACTOR_LOG_PROB), bus, recompute=False) / 3
                               + offload_s(actor_p, m_a, False))
     if s.ref and not s.lora_rank:
         phases["ref"] = (forward_s(actor_p, tokens_gpu, sp.tflops, kind) + m_a * actor_p / n / pcie
-                         + fsdp_comm_s(actor_p, cb, n, micros("ref log-prob"), bus, recompute=False) / 3)
+                         + fsdp_comm_s(actor_p, cb, n, micros(Phase.REF_LOG_PROB), bus, recompute=False) / 3)
     elif s.ref:
         phases["ref"] = forward_s(actor_p, tokens_gpu, sp.tflops, kind)
     if s.critic:
         cp = shape.value_model_params
         phases["values"] = forward_s(cp, tokens_gpu, sp.tflops, kind) + offload_s(cp, s.master_dtype_bytes_critic, False)
         phases["update_critic"] = (update_s(cp, tokens_gpu, sp.tflops, kind, s.grad_ckpt_critic)
-                                   + fsdp_comm_s(cp, cb, n, micros("critic update"), bus, s.grad_ckpt_critic)
+                                   + fsdp_comm_s(cp, cb, n, micros(Phase.CRITIC_UPDATE), bus, s.grad_ckpt_critic)
                                    + offload_s(cp, s.master_dtype_bytes_critic, True))
     phases["adv"] = ADV_S
     phases["update_actor"] = (update_s(actor_p, tokens_gpu, sp.tflops, kind, s.grad_ckpt_actor)
-                              + fsdp_comm_s(actor_p, cb, n, micros("actor update"), bus, s.grad_ckpt_actor)
+                              + fsdp_comm_s(actor_p, cb, n, micros(Phase.ACTOR_UPDATE), bus, s.grad_ckpt_actor)
                               + offload_s(actor_p, m_a, True))
     phases["update_weights"] = (SYNC_FIXED_S + cb * actor_p / (sp.hbm_gbs * 1e9 * HBM_SHARE)
                                 + (cb * actor_p * (n - 1) / n / (bus * 1e9) if n > 1 else 0.0))
