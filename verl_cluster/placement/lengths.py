@@ -99,6 +99,8 @@ class Lengths:
     fill_source: str = ""
     prompts: Optional[PromptStats] = None
     logged: Optional[dict[str, Any]] = None
+    prompt_known: bool = False  # measured or logged (else the worst case, its limit)
+    response_known: bool = False  # stated or logged
 
     @property
     def seq_limit(self) -> int:
@@ -114,14 +116,6 @@ class Lengths:
     def known(self) -> bool:
         """Does anything known make sequences shorter than the worst case?"""
         return self.fill < 1.0
-
-    @property
-    def prompt_known(self) -> bool:
-        return not self.prompt_source.startswith("worst case")
-
-    @property
-    def response_known(self) -> bool:
-        return not self.response_source.startswith("worst case")
 
     def line(self) -> str:
         """One sentence: the lengths, where each came from, and the share of the maximum they make."""
@@ -187,6 +181,7 @@ def resolve_lengths(job: JobSpec, *, prompts: Optional[PromptStats] = None, logg
     if fill is None and job.placement.fill is not None:
         fill, fill_source = job.placement.fill, f"placement.fill in {field_origin(job, 'fill')}"
     run = f"run {logged.get('submission_id') or '?'}" if logged else ""
+    prompt_known = response_known = True
     if prompts is not None:
         pm, ps = min(prompts.mean_used(filter_overlong), float(plim)), prompts.where()
     elif logged and logged.get("prompt_length_mean"):
@@ -194,6 +189,7 @@ def resolve_lengths(job: JobSpec, *, prompts: Optional[PromptStats] = None, logg
         ps = f"verl's prompt_length/mean logged by {run} of job {job.name}"
     else:
         pm, ps = float(plim), "worst case: data.max_prompt_length (no data measured, no earlier run logged)"
+        prompt_known = False
     if job.placement.mean_response_tokens is not None:
         rm = float(job.placement.mean_response_tokens)
         rs = f"placement.mean_response_tokens in {field_origin(job, 'mean_response_tokens')}"
@@ -204,4 +200,6 @@ def resolve_lengths(job: JobSpec, *, prompts: Optional[PromptStats] = None, logg
     else:
         rm, rs = float(rlim), ("worst case: data.max_response_length (responses unknown: state "
                                "placement.mean_response_tokens, or run once and the logged mean is used)")
-    return Lengths(plim, rlim, pm, ps, rm, rs, fill, fill_source if fill is not None else "", prompts, logged)
+        response_known = False
+    return Lengths(plim, rlim, pm, ps, rm, rs, fill, fill_source if fill is not None else "", prompts, logged,
+                   prompt_known, response_known)
