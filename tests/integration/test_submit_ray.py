@@ -91,7 +91,7 @@ def test_wrong_token_is_refused(cluster, tmp_path):
     # and with no token at all, the Jobs API answers 401 (through a tunnel, as the CLI does)
     import requests
 
-    from verl_cluster.runners import runner_for
+    from verl_cluster.launchers import runner_for
 
     spec = load_cluster(path)
     runner = runner_for(spec, spec.head)

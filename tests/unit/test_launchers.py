@@ -12,11 +12,11 @@ from verl_cluster import launchers
 from verl_cluster.config.cluster import ClusterSpec, HeadSpec, NodeSpec, SlurmSpec
 from verl_cluster.config.job import job_from_data
 from verl_cluster.errors import ConfigError
+from verl_cluster.launchers import runner_for
 from verl_cluster.launchers.slurm import SlurmLauncher
 from verl_cluster.launchers.ssh import LocalLauncher, SshLauncher
 from verl_cluster.lifecycle.bring_up import BringUp, plan
 from verl_cluster.lifecycle.up import NodeAction, NodeOutcome, UpReport
-from verl_cluster.runners import runner_for
 from verl_cluster.runners.local import LocalRunner
 from verl_cluster.runners.ssh import SshRunner
 from verl_cluster.slurm import allocation as al

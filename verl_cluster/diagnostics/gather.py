@@ -11,7 +11,8 @@ from verl_cluster.diagnostics import probe_node
 from verl_cluster.errors import RunnerError
 from verl_cluster.facts import nvml_node
 from verl_cluster.facts.model import NodeFacts, from_dict
-from verl_cluster.runners import CommandRunner, fan_out, runner_for
+from verl_cluster.launchers import runner_for
+from verl_cluster.runners import CommandRunner, fan_out
 from verl_cluster.runners.remote_python import run_python, script_source
 
 PROBE_SOURCE = script_source(probe_node.__file__, nvml_node.__file__)

@@ -59,7 +59,7 @@ def measure_on_cluster(spec, job: JobSpec, timeout: float = 180.0) -> tuple[Opti
     model; (None, why) when they cannot be (no local files, the node's Python lacks pyarrow, ...)."""
     import json
 
-    from verl_cluster.runners import runner_for
+    from verl_cluster.launchers import runner_for
     from verl_cluster.runners.remote_python import run_python
 
     req = probe_request(job)

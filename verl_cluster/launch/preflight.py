@@ -15,7 +15,8 @@ from verl_cluster.config.job import JobSpec, is_verl_module
 from verl_cluster.launch.data_check import check_schema, requirement_for
 from verl_cluster.launch.request import key_origin
 from verl_cluster.launch.verl_config import check_verl_config
-from verl_cluster.runners import fan_out, runner_for
+from verl_cluster.launchers import runner_for
+from verl_cluster.runners import fan_out
 from verl_cluster.runners.remote_python import run_python
 
 PROBE = Path(__file__).with_name("node_files.py")

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional, TextIO
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ClusterError
 from verl_cluster.launch.request import RayJobRequest
-from verl_cluster.runners import runner_for
+from verl_cluster.launchers import runner_for
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 
-from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.config.cluster import ClusterSpec, NodeSpec
 from verl_cluster.config.cluster import load_cluster as _load_cluster
 from verl_cluster.config.job import JobSpec
 from verl_cluster.config.loader import read_yaml
 from verl_cluster.launchers.base import Launcher
 from verl_cluster.launchers.slurm import SlurmLauncher
 from verl_cluster.launchers.ssh import LocalLauncher, SshLauncher
+from verl_cluster.runners.base import CommandRunner
 from verl_cluster.slurm.fit import check_fits
 from verl_cluster.slurm.spec import cluster_file as slurm_cluster_file
 
@@ -34,6 +35,11 @@ def launcher_for(spec: ClusterSpec) -> Launcher:
     if cls is SshLauncher and all(n.is_local for _, n in spec.nodes()):
         cls = LocalLauncher
     return cls(spec)
+
+
+def runner_for(spec: ClusterSpec, node: NodeSpec) -> CommandRunner:
+    """How commands reach one node of the cluster: its launcher's runner."""
+    return launcher_for(spec).runner(node)
 
 
 def _prepare(data: dict, source: str) -> dict:

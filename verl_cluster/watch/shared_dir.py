@@ -7,7 +7,8 @@ import secrets
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.launch.preflight import Finding
-from verl_cluster.runners import fan_out, runner_for
+from verl_cluster.launchers import runner_for
+from verl_cluster.runners import fan_out
 
 MARK = ".verl-cluster-shared-check"
 
