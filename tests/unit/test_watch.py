@@ -11,7 +11,7 @@ from verl_cluster.config.job import load_job
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.watch.events import Event, Reporter, read_events
 from verl_cluster.watch.failures import FailureClass, diagnose
-from verl_cluster.watch.runs import RunLock, RunState
+from verl_cluster.watch.runs import FINAL, RunLock, RunState, RunStatus
 from verl_cluster.watch.settings import check_watchable, parse_duration, settings_for
 
 # pytorch/pytorch#118369, hiyouga/LlamaFactory#7396
@@ -120,6 +120,15 @@ def test_events_go_to_file_terminal_and_notify(tmp_path):
     assert "node-lost 10.0.0.3: GCS marks it dead -> heal" in said[0] and said[1].endswith("last line")
     Reporter(tmp_path / "e2.jsonl", ("false",), say=said.append).emit(Event("r", "r", "info", "x"))
     assert "notify command exited 1" in said[-1]  # reported, the watcher goes on
+
+
+def test_a_run_state_is_kept_as_its_text_and_read_back_typed(tmp_path, monkeypatch):
+    monkeypatch.setattr("verl_cluster.watch.runs.RUNS_ROOT", str(tmp_path))
+    st = RunState("run-2", "c", "/c.yaml", "/j.yaml", attempts=[{"submission_id": "run-2"}], state=RunStatus.GAVE_UP)
+    st.save()
+    assert json.loads((st.dir / "run.json").read_text())["state"] == "gave-up"
+    back = RunState.load("c", "run-2")
+    assert back.state is RunStatus.GAVE_UP and back.state in FINAL
 
 
 def test_one_watcher_per_run(tmp_path, monkeypatch):

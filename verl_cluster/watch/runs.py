@@ -8,6 +8,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -18,7 +19,19 @@ if TYPE_CHECKING:
     from verl_cluster.launch.job_input import JobInput
 
 RUNS_ROOT = "~/.verl-cluster"
-FINAL = ("succeeded", "failed", "gave-up", "stopped")
+
+
+class RunStatus(StrEnum):
+    """Where a watched run stands; the value is what run.json and `watch` print."""
+
+    WATCHING = "watching"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # a failure a restart cannot help
+    GAVE_UP = "gave-up"  # restart budget spent, or nodes that did not come back
+    STOPPED = "stopped"  # by someone else
+
+
+FINAL = tuple(s for s in RunStatus if s is not RunStatus.WATCHING)
 
 
 def run_dir(cluster: str, run: str) -> Path:
@@ -35,7 +48,7 @@ class RunState:
     input: dict = field(default_factory=dict)  # JobInput.to_json() of the first submit: every attempt loads it
     attempts: list[dict] = field(default_factory=list)  # {submission_id, started_at, status, class, evidence}
     restarts: int = 0
-    state: str = "watching"  # watching | succeeded | failed | gave-up | stopped
+    state: RunStatus = RunStatus.WATCHING
     pending: Optional[str] = None  # a resubmission being made (a killed watcher may leave it behind)
     nodes: Optional[int] = None  # nodes the run continues on, when fewer than configured
 
@@ -65,6 +78,8 @@ class RunState:
     def load(cls, cluster: str, run: str) -> Optional["RunState"]:
         try:
             doc = json.loads((run_dir(cluster, run) / "run.json").read_text())
+            if "state" in doc:
+                doc["state"] = RunStatus(doc["state"])
         except (OSError, ValueError):
             return None
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})

@@ -20,7 +20,7 @@ from verl_cluster.watch.detect import LogTracker, NodeMonitor
 from verl_cluster.watch.events import Event, Note, Reporter
 from verl_cluster.watch.failures import Diagnosis, FailureClass, diagnose
 from verl_cluster.watch.progress import Progress, resume_verdict
-from verl_cluster.watch.runs import RunState
+from verl_cluster.watch.runs import RunState, RunStatus
 from verl_cluster.watch.settings import WatchSettings
 
 RESUME = ["trainer.resume_mode=auto"]
@@ -69,7 +69,7 @@ class Watcher:
         finally:
             self.monitor.close()
 
-    def _stop_run(self, state: str, rc: int = 1) -> int:
+    def _stop_run(self, state: RunStatus, rc: int = 1) -> int:
         self.st.state = state
         self.st.save()
         return rc
@@ -84,10 +84,10 @@ class Watcher:
             if out.status == AttemptEnd.SUCCEEDED:
                 self.emit(Note.INFO, "done: the run SUCCEEDED", f"{len(self.st.attempts)} attempt(s), "
                           f"{self.st.restarts} restart(s), {self._steps_summary()}")
-                return self._stop_run("succeeded", 0)
+                return self._stop_run(RunStatus.SUCCEEDED, 0)
             if out.status == AttemptEnd.STOPPED:
                 self.emit(Note.INFO, "stopped watching: the job was stopped by someone else", "status STOPPED")
-                return self._stop_run("stopped")
+                return self._stop_run(RunStatus.STOPPED)
             d = out.diagnosis or Diagnosis(FailureClass.UNKNOWN, "", "")
             lost = self._lost_steps(out.progress)
             if out.status == AttemptEnd.FAILED:
@@ -95,18 +95,18 @@ class Watcher:
             if not d.retry:
                 self.emit(d.cls, "not retried: the run stops (a restart would fail the same way)",
                           d.evidence + (f"; fix: {d.fix}" if d.fix else ""))
-                return self._stop_run("failed")
+                return self._stop_run(RunStatus.FAILED)
             if self._repeats(d, out.progress):
                 self.emit(d.cls, "not retried: the same failure as the attempt before it, before any step ran",
                           d.evidence + (f"; fix: {d.fix}" if d.fix else ""))
-                return self._stop_run("failed")
+                return self._stop_run(RunStatus.FAILED)
             if self.st.restarts >= self.s.max_restarts:
                 self.emit(d.cls, f"restart budget spent ({self.st.restarts}/{self.s.max_restarts}): giving up",
                           d.evidence, out.node)
-                return self._stop_run("gave-up")
+                return self._stop_run(RunStatus.GAVE_UP)
             spec = self.heal()
             if spec is None:
-                return self._stop_run("gave-up")
+                return self._stop_run(RunStatus.GAVE_UP)
             self.run_spec = spec
             self._clean_slate(sid, out.ray_job_id)
             wait = self.s.backoff(self.st.restarts + 1)
