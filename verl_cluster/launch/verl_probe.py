@@ -8,9 +8,45 @@ import difflib
 import json
 import os
 import re
+import socket
 import sys
+import threading
+from urllib.parse import urlsplit
 
 MARK = "@@VC-JSON@@"
+HUB_TIMEOUT_S = 3.0
+
+
+def hub_reachable(timeout=HUB_TIMEOUT_S):
+    """Can this machine open a connection to the Hugging Face Hub (or $HF_ENDPOINT) within `timeout`? Name
+    resolution included: offline, a resolver can stall far longer than any connect timeout."""
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+    ok = []
+
+    def attempt():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(ok)
+
+
+def stay_offline_if_hub_unreachable(overrides):
+    """verl's validation loads the model's config.json; for a Hub id that is not on disk, transformers retries
+    an unreachable Hub for about a minute. Decide once, quickly, before anything imports huggingface_hub."""
+    if "HF_HUB_OFFLINE" in os.environ:
+        return None
+    paths = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].endswith("model.path") and "=" in o]
+    if all(os.path.exists(os.path.expanduser(p)) for p in paths) or hub_reachable():
+        return None
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return "the Hugging Face Hub is not reachable from here"
 
 
 def config_name_of(module):
@@ -71,6 +107,7 @@ def nearest(key, keys):
 def main(arg):
     req = json.loads(arg)
     out = {"unknown": [], "error": None, "validated": False, "skipped": None}
+    offline = stay_offline_if_hub_unreachable(req["overrides"])
     from hydra import compose, initialize_config_dir
 
     name, cfg_dir = config_name_of(req["module"])
@@ -120,7 +157,8 @@ def main(arg):
             msg = " ".join(str(e).split())
             if any(m in msg for m in ("config.json", "does not appear to have a file", "Repo id", "huggingface.co",
                                       "offline mode", "HFModelConfig")):
-                out["skipped"] = f"verl's validation needs the model's config.json locally: {msg[:200]}"
+                why = f" ({offline})" if offline else ""
+                out["skipped"] = f"verl's validation needs the model's config.json locally{why}: {msg[:200]}"
             else:
                 out["error"] = msg[:400]
     else:
