@@ -300,9 +300,10 @@ def _why_no_pools(want: str, s: Any, g: int, nnodes: int) -> str:
 def check_strategy(job: JobSpec, facts: Sequence[Any]) -> list[Finding]:
     """Can these nodes (NodeFacts) realise the strategy the job asks for? An error names the field, the job file,
     why not and the fix (check `placement`: the cluster cannot run it, exit 1). Nothing for `auto`."""
-    from verl_cluster.errors import ConfigError, VerlClusterError
+    from verl_cluster.errors import VerlClusterError
     from verl_cluster.placement import plan_job
     from verl_cluster.placement.hardware import hardware_from_facts
+    from verl_cluster.placement.plan import StrategyUnavailable
     from verl_cluster.placement.planner import STRATEGIES
     from verl_cluster.placement.settings import read_settings
 
@@ -315,9 +316,7 @@ def check_strategy(job: JobSpec, facts: Sequence[Any]) -> list[Finding]:
     try:
         asked = plan_job(job, list(facts), strategy=want)
         why = "" if asked.feasible else f"{want} does not fit: " + ("; ".join(asked.problems[:1]) or "infeasible")
-    except ConfigError as e:
-        if not e.message.startswith(f"strategy `{want}` needs"):  # not make_pools finding no pools for it
-            raise
+    except StrategyUnavailable:
         s = read_settings(job)
         hw = hardware_from_facts(list(facts), nnodes=s.nnodes, n_gpus_per_node=s.n_gpus_per_node)
         why = _why_no_pools(want, s, hw.gpus_per_node, hw.nnodes)

@@ -25,6 +25,11 @@ from verl_cluster.placement.planner import (OFFLOAD_NAMES, STRATEGIES, UTIL_DEFA
 from verl_cluster.placement.settings import Settings, read_settings
 
 ROLE_ORDER = ("actor", "rollout", "ref", "critic", "reward")
+
+
+class StrategyUnavailable(ConfigError):
+    """The strategy asked for builds no verl resource pools for this job on this hardware."""
+
 ROLE_WHY = {"actor": "always", "rollout": "hybrid engine, on the actor's GPUs", "ref": "KL loss or KL in reward",
             "critic": "critic.enable or adv_estimator=gae", "reward": "reward model enabled"}
 
@@ -242,7 +247,7 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
                 "separate-reward": "a reward model and ≥ 2 GPUs per node",
                 "split-nodes": "≥ 2 nodes, a critic or reward model and an entrypoint that builds pools "
                                "(verl.trainer.main_ppo puts every role in global_pool)"}[want]
-        raise ConfigError(f"strategy `{want}` needs {need}", "use --strategy colocate or auto")
+        raise StrategyUnavailable(f"strategy `{want}` needs {need}", "use --strategy colocate or auto")
     ev = Evaluator(s, shape, rm_shape, hw, prec, fill)
     best, tried = search(ev, strategies)
     roles_on = [r for r in ROLE_ORDER if r in {"actor", "rollout"} or getattr(s, r if r != "reward" else "reward_model")]
