@@ -35,6 +35,7 @@ def pytest_configure(config):
     home = tempfile.mkdtemp(prefix="vc-test-home-", dir="/var/tmp")  # not /tmp: the namespace hosts hide it
     config._vc_suite_home = home
     os.environ["HOME"] = home
+    os.environ["COLUMNS"] = "200"  # the CLI's tables wrap at the terminal's width; tests read them whole
 
 
 def pytest_sessionfinish(session, exitstatus):
