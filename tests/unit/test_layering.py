@@ -5,7 +5,9 @@ functions. The layers, lowest first (docs/architecture.md draws them):
 
     errors            typed exceptions
     config            cluster.yaml / job YAML -> frozen specs
-    runners           how a command reaches a node: local, SSH, Slurm job steps
+    runners           the transports: a command run locally or over SSH
+    slurm             the allocation, its job-step runner, the batch script
+    launchers         the one launcher a cluster's config names: its runner, how Ray is started and held there
     facts, diagnostics, lifecycle
                       what the nodes have, what is wrong with them, starting and stopping Ray there
     placement         pure: facts in, plan out
@@ -30,7 +32,9 @@ PACKAGE = ROOT / "verl_cluster"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors", ("verl_cluster", "verl_cluster.errors")),
     ("config", ("verl_cluster.config",)),
-    ("runners", ("verl_cluster.runners", "verl_cluster.slurm", "verl_cluster.launchers")),
+    ("runners", ("verl_cluster.runners",)),
+    ("slurm", ("verl_cluster.slurm",)),
+    ("launchers", ("verl_cluster.launchers",)),
     ("facts/diagnostics/lifecycle", ("verl_cluster.facts", "verl_cluster.diagnostics", "verl_cluster.lifecycle")),
     ("placement", ("verl_cluster.placement",)),
     ("launch/reshard", ("verl_cluster.launch", "verl_cluster.reshard")),
