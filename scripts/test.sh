@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian/Ubuntu machine and run the whole test suite (what CI runs).
 # Needs root for apt and for the network-namespace hosts of the integration tests.
-#   bash scripts/test.sh            # everything: all tests on the newest supported Ray, then the Ray-version
-#                                   # dependent integration tests on the oldest (.venv-ray-old; VC_OLDEST_RAY=0 skips it)
-#   bash scripts/test.sh -k config  # extra args go to pytest (both passes)
+#   bash scripts/test.sh            # everything: the integration tests on the newest supported Ray with, beside
+#                                   # them, the Ray-version dependent ones on the oldest (.venv-ray-old;
+#                                   # VC_OLDEST_RAY=0 skips it, VC_PARALLEL=0 runs it after), then the unit tests
+#   bash scripts/test.sh -k config  # extra args go to pytest (both Rays)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 export VC_REQUIRE_INTEGRATION=${VC_REQUIRE_INTEGRATION:-1}  # missing prerequisites fail, never skip silently
+# hundreds of CLI and node-script processes: let Python keep its compiled modules instead of compiling each time
+unset PYTHONDONTWRITEBYTECODE
 
 # pytest with one venv's Python: the namespace hosts run the `ray` beside it, and the other venv's Ray is the
 # other supported version for tests/integration/test_ray_versions.py. Exit 5 (no tests) is a failure, except
@@ -25,35 +28,49 @@ run_pass() {
   return "$rc"
 }
 
-# VC_PARALLEL=1 runs the two passes side by side (each lab takes its own namespace numbers under a lock, so they
-# do not meet): ~16 min instead of ~20 here, but on 2 cores the contention makes Ray's start-up time out now and
-# then, so CI runs them one after the other.
+# The oldest-Ray pass: only what depends on Ray's version — starting and stopping Ray, its ports and auth, the
+# Jobs/State API and the GCS that submit and watch read (torchrun, SSH, Slurm, the dashboard tunnel, `check`'s
+# socket probes and the planner's measurements do not).
+OLD_TESTS=(tests/integration/test_ray_versions.py tests/integration/test_lifecycle.py
+  tests/integration/test_check.py::test_live_cluster_links_ucx_over_tcp_and_gloo_allreduce
+  tests/integration/test_security_listeners.py tests/integration/test_submit_ray.py
+  tests/integration/test_watch.py::test_user_error_is_not_retried
+  tests/integration/test_watch.py::test_hang_is_stopped_and_resumed
+  tests/integration/test_watch.py::test_worker_killed_and_back
+  "tests/integration/test_watch.py::test_every_submit_form_resumes[command]")
 old_pass() {
-  # only what depends on Ray's version: starting and stopping Ray, its ports and auth, the Jobs/State API and the
-  # GCS that submit and watch read (torchrun, SSH, Slurm, the dashboard tunnel and the planner's measurements do not)
   run_pass .venv-ray-old/bin/python "$PWD/.venv/bin/python" "$([ "$#" -gt 0 ] && echo 1 || echo 0)" \
-    tests/integration/test_ray_versions.py tests/integration/test_lifecycle.py tests/integration/test_check.py \
-    tests/integration/test_security_listeners.py tests/integration/test_submit_ray.py \
-    tests/integration/test_watch.py::test_user_error_is_not_retried \
-    tests/integration/test_watch.py::test_hang_is_stopped_and_resumed \
-    tests/integration/test_watch.py::test_worker_killed_and_back \
-    "tests/integration/test_watch.py::test_every_submit_form_resumes[command]" "$@"
+    "${OLD_TESTS[@]}" "$@"
 }
-rc=0; old_rc=0; old_pid=""
-old_log=$(mktemp -t vc-old-ray-XXXX.log)
-if [ "${VC_OLDEST_RAY:-1}" != 0 ] && [ "${VC_PARALLEL:-0}" = 1 ]; then
-  old_pass "$@" >"$old_log" 2>&1 & old_pid=$!
+new=.venv/bin/python; old="$PWD/.venv-ray-old/bin/python"
+rc=0; old_rc=0
+if [ "$#" -gt 0 ]; then  # a chosen subset: everything it selects, then its Ray-dependent part on the oldest Ray
+  run_pass $new "$old" 0 "$@" || rc=$?
+  if [ "${VC_OLDEST_RAY:-1}" != 0 ]; then old_pass "$@" || old_rc=$?; fi
+  [ "$rc" -ne 0 ] || rc=$old_rc
+  exit "$rc"
 fi
-run_pass .venv/bin/python "$PWD/.venv-ray-old/bin/python" 0 "$@" || rc=$?
+# The whole suite in two stages. 1: the integration tests on the newest Ray and, beside them (VC_PARALLEL=0: after
+# them), the Ray-version-dependent ones on the oldest — both mostly wait on Ray and sshd in the namespace hosts,
+# each lab on its own subnet. 2: the unit tests, CPU-bound, on every core (pytest-xdist).
+old_log=$(mktemp -t vc-old-ray-XXXX.log); old_pid=""
+if [ "${VC_OLDEST_RAY:-1}" != 0 ] && [ "${VC_PARALLEL:-1}" = 1 ]; then
+  old_pass >"$old_log" 2>&1 & old_pid=$!
+fi
+echo "== integration tests on the newest supported Ray ($($new -c 'import ray; print(ray.__version__)'))"
+run_pass $new "$old" 0 tests/integration || rc=$?
 if [ "${VC_OLDEST_RAY:-1}" != 0 ]; then
-  echo "== the Ray-version-dependent integration tests again, on the oldest supported Ray ($(.venv-ray-old/bin/python -c 'import ray; print(ray.__version__)'))"
+  echo "== the Ray-version-dependent integration tests on the oldest supported Ray ($($old -c 'import ray; print(ray.__version__)'))"
   if [ -n "$old_pid" ]; then
     wait "$old_pid" || old_rc=$?
     cat "$old_log"
   else
-    old_pass "$@" || old_rc=$?
+    old_pass || old_rc=$?
   fi
-  [ "$rc" -ne 0 ] || rc=$old_rc
 fi
 rm -f "$old_log"
+echo "== unit tests"
+unit_rc=0
+run_pass $new "$old" 0 -n "$(nproc)" tests/unit || unit_rc=$?
+for r in $old_rc $unit_rc; do [ "$rc" -ne 0 ] || rc=$r; done
 exit "$rc"
