@@ -11,7 +11,7 @@ from typing import Any, Optional
 from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ConfigError, PlanError
 from verl_cluster.facts.model import NodeFacts
-from verl_cluster.placement import memory as mem
+import verl_cluster.placement.memory as mem
 from verl_cluster.placement.hardware import Hardware, hardware_from_facts
 from verl_cluster.placement.host_memory import host_parts
 from verl_cluster.placement.step_time import step_time

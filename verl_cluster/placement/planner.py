@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Callable, Optional
 
-from verl_cluster.placement import memory as mem
+import verl_cluster.placement.memory as mem
 from verl_cluster.placement.hardware import Hardware
 from verl_cluster.placement.lengths import micro_tokens
 from verl_cluster.placement.memory import GIB, Part, TrainInputs
