@@ -416,63 +416,86 @@ def _fixture_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
+def build_fsdp1(model, world: int):
+    """verl's FSDP1 wrapping (verl/workers/engine/fsdp/transformer_impl.py, strategy=fsdp) on the CPU: its wrap
+    policy, sharding strategy and 1-D device mesh, flat parameters (use_orig_params=False), fp32."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision
+    from verl.utils.fsdp_utils import get_fsdp_wrap_policy
+    from verl.workers.engine.fsdp.utils import get_sharding_strategy
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=["fsdp"])
+    fp32 = MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+    return FSDP(model, auto_wrap_policy=get_fsdp_wrap_policy(model, {}), device_id=torch.device("cpu"),
+                sharding_strategy=get_sharding_strategy(mesh), mixed_precision=fp32, device_mesh=mesh,
+                use_orig_params=False)
+
+
+def fsdp1_full_state(model) -> dict:
+    """Every parameter of an FSDP1 model, gathered (a collective: all ranks call it)."""
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=False)):
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 @pytest.mark.skipif(_fixture_dir() is None, reason="no world-size-1 verl checkpoint (tests/fixtures/verl_ckpt_ws1 "
                                                    "or VERL_CLUSTER_WS1_CKPT)")
 def test_real_gpu_checkpoint_ws1_to_2(tmp_path):
-    """A checkpoint a real verl run wrote on a GPU machine: resharded 1 -> 2 for CPU and loaded by 2 gloo ranks."""
+    """A checkpoint a real verl 0.9.1 run wrote on an H100 (FSDP1, verl's default; world size 1, where FSDP1 saves
+    plain full tensors; model and extra state): resharded 1 -> 2 for CPU and loaded by 2 gloo ranks through
+    verl's manager into verl's FSDP1 wrapping; then 2 -> 1 gives back the original tensors bit for bit."""
     src = _fixture_dir()
     result = reshard(src, 2, out_dir=tmp_path / "ws2", device="cpu")
-    assert result.plan.from_world_size == 1
+    assert result.plan.from_world_size == 1 and result.plan.fsdp1
     step = tmp_path / "ws2" / f"global_step_{result.plan.step}"
     out = tmp_path / "loaded"
     out.mkdir()
     spawn(fixture_load_worker, 2, str(step), str(out))
     full = torch.load(out / "loaded.pt", weights_only=False)
-    original = {}
+    back = reshard(tmp_path / "ws2", 1, out_dir=tmp_path / "ws1")
     for role in result.plan.roles:
         saved = Path(result.plan.step_dir) / role
-        sd = torch.load(saved / "model_world_size_1_rank_0.pt", weights_only=False, map_location="cpu")
-        original.update({f"{role}/{k}": v.to_local() if hasattr(v, "to_local") else v for k, v in sd.items()})
-        optim = torch.load(saved / "optim_world_size_1_rank_0.pt", weights_only=False, map_location="cpu")
-        names = full[f"{role}/param_names"]
-        for i, st in optim["state"].items():
-            for k in ("exp_avg", "exp_avg_sq"):
-                if k in st:
-                    original[f"{role}/optim/{names[i]}/{k}"] = st[k].to_local()
-    assert original and set(original) <= set(full)
-    assert any("/optim/" in k for k in original)
-    for k, v in original.items():
-        assert torch.equal(full[k].to(v.dtype), v), k
+        original = torch.load(saved / "model_world_size_1_rank_0.pt", weights_only=False, map_location="cpu")
+        again = torch.load(tmp_path / "ws1" / step.name / role / "model_world_size_1_rank_0.pt",
+                           weights_only=False, map_location="cpu")
+        assert original and set(original) == set(again) and all(type(v) is torch.Tensor for v in again.values())
+        for k, v in original.items():
+            assert torch.equal(full[f"{role}/{k}"], v), k
+            assert torch.equal(again[k], v) and again[k].dtype == v.dtype, k
+        assert json.loads((step / role / "fsdp_config.json").read_text()) == {"FSDP_version": 1, "world_size": 2}
+        for r in range(2):  # rank 0's RNG carried; rank 1's re-seeded; the lr scheduler on both
+            extra = torch.load(step / role / f"extra_state_world_size_2_rank_{r}.pt", weights_only=False)
+            assert full[f"{role}/lr_scheduler/{r}"] == extra["lr_scheduler"]
+    assert (step / "data.pt").read_bytes() == (src / step.name / "data.pt").read_bytes()
+    assert back.plan.from_world_size == 2
 
 
 def fixture_load_worker(rank: int, world: int, port: int, step_dir: str, out: str) -> None:
-    """Load the resharded fixture through verl's manager into a model built from its saved HF config."""
+    """Load the resharded fixture through verl's manager (model and extra state, as saved) into verl's FSDP1
+    wrapping of a model built from its saved HF config."""
+    from omegaconf import OmegaConf
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     _init(rank, world, port)
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-    from verl.utils.fsdp_utils import apply_fsdp2
-
     full = {}
     for role in sorted(p.name for p in Path(step_dir).iterdir() if p.is_dir()):
         cfg = AutoConfig.from_pretrained(os.path.join(step_dir, role, "huggingface"))
         cls = AutoModelForTokenClassification if role == "critic" else AutoModelForCausalLM
-        model = cls.from_config(cfg, torch_dtype=torch.float32)
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=["fsdp"])
-        apply_fsdp2(model, {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32),
-                            "reshard_after_forward": True}, {})
+        torch.manual_seed(1234)  # not the checkpoint's weights: loading must replace every one
+        model = build_fsdp1(cls.from_config(cfg, torch_dtype=torch.float32), world)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        _manager(model, opt, None).load_checkpoint(os.path.join(step_dir, role))
-        full.update({f"{role}/{n}": p.detach().full_tensor() for n, p in model.state_dict().items()
-                     if hasattr(p, "full_tensor")})
-        names = [n for n, _ in model.named_parameters()]  # the optimizer's parameter order
-        full[f"{role}/param_names"] = names
-        by_id = {id(p): n for n, p in model.named_parameters()}
-        for p, st in opt.state.items():
-            for k in ("exp_avg", "exp_avg_sq"):
-                if k in st:
-                    full[f"{role}/optim/{by_id[id(p)]}/{k}"] = st[k].full_tensor()
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        contents = OmegaConf.create({"load_contents": ["model", "extra"], "save_contents": ["model", "extra"]})
+        FSDPCheckpointManager(model, opt, sched, checkpoint_config=contents).load_checkpoint(
+            os.path.join(step_dir, role))
+        full.update({f"{role}/{k}": v for k, v in fsdp1_full_state(model).items()})
+        states = [None] * world
+        torch.distributed.all_gather_object(states, sched.state_dict())
+        full.update({f"{role}/lr_scheduler/{r}": st for r, st in enumerate(states)})
     if rank == 0:
         torch.save(full, Path(out) / "loaded.pt")
     torch.distributed.destroy_process_group()

@@ -46,6 +46,7 @@ class ReshardPlan:
     nothing_to_do: bool = False
     notes: tuple[str, ...] = ()
     device: Optional[str] = None  # write tensors for this device type ("cpu") instead of the saved one
+    fsdp1: tuple[str, ...] = ()  # role folders saved by FSDP1 (fsdp_config.json FSDP_version 1)
 
     @property
     def reads(self) -> list[str]:
@@ -101,6 +102,12 @@ def plan_reshard(ckpt_dir: str | os.PathLike, world_size: int, *, step: Optional
         if w not in role.world_sizes:
             raise NotReshardable(f"{role.path}: no complete set of rank files for world size {w}")
     fsdp = _target_fsdp_size(ckpt, w, world_size, fsdp_size)
+    fsdp1 = tuple(str(r.path) for r in ckpt.roles if r.fsdp_version == 1)
+    if fsdp1 and fsdp != world_size:
+        raise NotReshardable(
+            f"{fsdp1[0]}: an FSDP1 checkpoint to an HSDP mesh (--fsdp-size {fsdp_size}): FSDP1 loads each "
+            "parameter by an all-gather over the process groups its saved mesh names, and a new 2-D mesh's "
+            "groups have names only the new run knows", "reshard to a 1-D mesh (leave out --fsdp-size)")
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and (out / ckpt.path.name).exists():
         raise NotReshardable(f"{out / ckpt.path.name} exists already", "pick another --out folder")
@@ -129,11 +136,15 @@ def plan_reshard(ckpt_dir: str | os.PathLike, world_size: int, *, step: Optional
     notes = []
     if done:
         notes.append(f"every role already has files for world size {world_size}")
+    if fsdp1:
+        notes.append("FSDP1: the model's DTensor shards (plain full tensors at world size 1, where FSDP1 runs "
+                     "unsharded) are resharded exactly; extra state as for FSDP2")
     if any(r.lora for r in ckpt.roles):
         notes.append("LoRA run: adapter (and any base) tensors are DTensors like the rest and are resharded the "
                      "same way")
     return ReshardPlan(str(ckpt.path), ckpt.step, tuple(r.name for r in ckpt.roles), w, world_size, fsdp,
-                       str(out) if out is not None else None, str(scratch), tuple(ops), done, tuple(notes), device)
+                       str(out) if out is not None else None, str(scratch), tuple(ops), done, tuple(notes), device,
+                       fsdp1)
 
 
 def _is_rank_file(name: str) -> bool:
@@ -182,7 +193,7 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
                              f"{plan.from_world_size} -> {plan.world_size} ranks")
                 try:
                     stats = reshard_file_set([Path(s) for s in srcs], [Path(o.dest) for o in ops], target,
-                                             plan.device, progress)
+                                             plan.device, progress, fsdp1=str(Path(srcs[0]).parent) in plan.fsdp1)
                 except UnsupportedContent as e:
                     raise NotReshardable(str(e), FSDP2_HINT)
                 result.bytes_written += stats.bytes_written

@@ -190,3 +190,27 @@ def new_spec(src_spec: Any, mesh: Any, target: MeshShape, dim: int) -> Any:
         if cached in vars(spec):
             object.__setattr__(spec, cached, None)
     return spec
+
+
+def fresh_mesh(target: MeshShape, rank: int, device_type: str) -> Any:
+    """A DeviceMesh for `rank` of `target`, as verl's 1-D `init_device_mesh` pickles it, for a source that had
+    none (FSDP1 at world size 1 saves plain tensors). The 1-D mesh over every rank names the default group."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if len(target.sizes) != 1:
+        raise UnsupportedContent("a 2-D (HSDP) mesh for a checkpoint saved without one")
+    mesh = DeviceMesh(device_type, torch.arange(target.world_size), mesh_dim_names=target.dim_names,
+                      _init_backend=False, _rank=rank)
+    mesh._dim_group_names = ["0"]
+    return mesh
+
+
+def fresh_dtensor(ref: TensorRef, mesh: Any, target: MeshShape) -> WrapperRef:
+    """A DTensor placeholder of `ref`'s global shape, Shard(0) on `mesh`; its local tensor is set by the caller."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    spec = DTensorSpec(mesh, (Shard(0),), TensorMeta(torch.Size(ref.shape), tuple(ref.stride), ref.dtype))
+    _, (func, new_type, args, state) = DTensor(torch.empty(0, dtype=ref.dtype), spec,
+                                               requires_grad=False).__reduce_ex__(2)
+    return WrapperRef(func, new_type, args, state)

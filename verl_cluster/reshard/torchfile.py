@@ -145,11 +145,22 @@ class _MetaUnpickler(pickle.Unpickler):
         if module == "torch._tensor" and name == "_rebuild_from_type_v2":
             return WrapperRef
         if module.startswith(SHARDED_TENSOR_MODULE):
-            raise UnsupportedContent("ShardedTensor values (FSDP1's sharded state dict)")
+            raise UnsupportedContent("ShardedTensor values (FSDP1's sharded state dict without a device mesh; "
+                                     "verl gives FSDP1 one and saves DTensors)")
         if module == "torch._utils" and name.startswith("_rebuild_") and name not in ("_rebuild_parameter",
                                                                                    "_rebuild_wrapper_subclass"):
             raise UnsupportedContent(f"a tensor kind this tool does not read ({name})")
         return super().find_class(module, name)
+
+
+def plain_ref(o: Any) -> "TensorRef | None":
+    """`o` as a plain tensor's ref: a TensorRef, or a plain tensor pickled with attributes (FSDP1's full state
+    dict marks each tensor `_has_been_cloned`), whose attributes are dropped; None for anything else."""
+    if isinstance(o, TensorRef):
+        return o
+    if isinstance(o, WrapperRef) and o.new_type is torch.Tensor and o.func is _rebuild_ref:
+        return o.func(*o.args)
+    return None
 
 
 def _rebuild_ref(storage: StorageRef, offset, shape, stride, requires_grad=False, *extra) -> TensorRef:
@@ -210,8 +221,9 @@ class TorchFile:
             self._fd = None
 
 
-def open_torch_file(path: str) -> TorchFile:
-    """Read `path`'s pickle (tensors as refs) and the offsets of its storage records."""
+def open_torch_file(path: str, keep_plain: bool = False) -> TorchFile:
+    """Read `path`'s pickle (tensors as refs) and the offsets of its storage records; `keep_plain`: the plain
+    tensors of a flat dict (a world-size-1 FSDP1 model file: each a full parameter) stay refs too."""
     try:
         reader = torch._C.PyTorchFileReader(path)
     except RuntimeError as e:
@@ -231,11 +243,12 @@ def open_torch_file(path: str) -> TorchFile:
         mesh_log.setLevel(level)
     offsets = {key: reader.get_record_offset(f"data/{key}") for key in unpickler.storages}
     tf = TorchFile(path, obj, unpickler.storages, offsets)
-    return _materialize_plain(tf)
+    return _materialize_plain(tf, keep_plain)
 
 
-def _materialize_plain(tf: TorchFile) -> TorchFile:
-    """Turn every tensor that is not a DTensor's local shard into a real CPU tensor (steps, buffers, meshes)."""
+def _materialize_plain(tf: TorchFile, keep_plain: bool = False) -> TorchFile:
+    """Turn every tensor that is not a DTensor's local shard into a real CPU tensor (steps, buffers, meshes);
+    `keep_plain`: not the tensors of at least one dimension that are values of the top dict either."""
     cache: dict[int, Any] = {}
     storage_cache: dict[str, torch.UntypedStorage] = {}
 
@@ -254,8 +267,8 @@ def _materialize_plain(tf: TorchFile) -> TorchFile:
     def walk(o: Any) -> Any:
         if id(o) in cache:
             return cache[id(o)]
-        if isinstance(o, TensorRef):
-            r = real(o)
+        if plain_ref(o) is not None:
+            r = real(plain_ref(o))
         elif isinstance(o, WrapperRef):
             slots = o.slots
             slots["_spec"] = walk(slots["_spec"])
@@ -280,7 +293,12 @@ def _materialize_plain(tf: TorchFile) -> TorchFile:
         cache[id(o)] = r
         return r
 
-    tf.obj = walk(tf.obj)
+    if keep_plain and isinstance(tf.obj, dict):
+        for k, v in list(tf.obj.items()):
+            ref = plain_ref(v)
+            tf.obj[k] = ref if ref is not None and ref.shape else walk(v)
+    else:
+        tf.obj = walk(tf.obj)
     return tf
 
 
