@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from verl_cluster.errors import ClusterError
-from verl_cluster.reshard.layout import FSDP2_HINT, TRACKER, NotReshardable, StepCheckpoint, rank_file, read_step
+from verl_cluster.reshard.layout import (FSDP1_OPTIM_HINT, FSDP2_HINT, TRACKER, NotReshardable, StepCheckpoint,
+                                         rank_file, read_step)
 
 Progress = Optional[Callable[[str], None]]
 
@@ -138,7 +139,8 @@ def plan_reshard(ckpt_dir: str | os.PathLike, world_size: int, *, step: Optional
         notes.append(f"every role already has files for world size {world_size}")
     if fsdp1:
         notes.append("FSDP1: the model's DTensor shards (plain full tensors at world size 1, where FSDP1 runs "
-                     "unsharded) are resharded exactly; extra state as for FSDP2")
+                     "unsharded) and the optimizer's flat-parameter chunks (units inferred under verl's default "
+                     "wrap policy, checked against every saved chunk size) are resharded exactly")
     if any(r.lora for r in ckpt.roles):
         notes.append("LoRA run: adapter (and any base) tensors are DTensors like the rest and are resharded the "
                      "same way")
@@ -166,7 +168,8 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
     """Run `plan`: write into its scratch folder, then switch (see the module doc)."""
     import torch  # noqa: F401 - fail early, before any folder is made
 
-    from verl_cluster.reshard.dtensor_files import reshard_file_set
+    from verl_cluster.reshard.dtensor_files import FileSetStats, reshard_file_set
+    from verl_cluster.reshard.flat_files import reshard_flat_file_set
     from verl_cluster.reshard.extra import write_extra
     from verl_cluster.reshard.memory import PeakMemory
     from verl_cluster.reshard.shards import MeshShape
@@ -191,11 +194,17 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
                 if progress:
                     progress(f"{Path(srcs[0]).parent.name}: {Path(srcs[0]).name.split('_world_size')[0]} "
                              f"{plan.from_world_size} -> {plan.world_size} ranks")
+                fsdp1 = str(Path(srcs[0]).parent) in plan.fsdp1
                 try:
-                    stats = reshard_file_set([Path(s) for s in srcs], [Path(o.dest) for o in ops], target,
-                                             plan.device, progress, fsdp1=str(Path(srcs[0]).parent) in plan.fsdp1)
+                    if fsdp1 and Path(srcs[0]).name.startswith("optim_"):
+                        model = Path(srcs[0]).parent / rank_file("model", plan.from_world_size, 0)
+                        stats = FileSetStats(bytes_written=reshard_flat_file_set(
+                            [Path(s) for s in srcs], [Path(o.dest) for o in ops], model, plan.device, progress))
+                    else:
+                        stats = reshard_file_set([Path(s) for s in srcs], [Path(o.dest) for o in ops], target,
+                                                 plan.device, progress, fsdp1=fsdp1)
                 except UnsupportedContent as e:
-                    raise NotReshardable(str(e), FSDP2_HINT)
+                    raise NotReshardable(str(e), FSDP1_OPTIM_HINT if fsdp1 else FSDP2_HINT)
                 result.bytes_written += stats.bytes_written
                 if stats.largest_tensor_bytes > result.largest_tensor_bytes:
                     result.largest_tensor_bytes = stats.largest_tensor_bytes

@@ -24,7 +24,7 @@ RANK_FILE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 FSDP1_OPTIM_HINT = ("train with actor_rollout_ref.actor.strategy=fsdp2 (its optimizer moments are DTensors that "
-                    "reshard exactly); an FSDP1 step saved with checkpoint.save_contents=[model,extra] reshards")
+                    "reshard whatever the wrap policy), or save FSDP1 steps with checkpoint.save_contents=[model,extra]")
 FSDP2_HINT = ("train with actor_rollout_ref.actor.strategy=fsdp2 (and critic.strategy=fsdp2): FSDP2 checkpoints "
               "hold DTensor shards that reshard exactly")
 
@@ -166,13 +166,6 @@ def read_role(path: Path) -> RoleCheckpoint:
                                  "copy the missing files from the node that saved them")
         raise NotReshardable(f"{path}: no model_world_size_W_rank_R.pt files (not a verl FSDP checkpoint)")
     src = saved if saved in complete else complete[-1]
-    if fsdp_version == 1 and "optim" in found[src]:
-        raise NotReshardable(
-            f"{path / rank_file('optim', src, 0)}: an FSDP1 optimizer (fsdp_config.json FSDP_version 1, "
-            "actor.strategy=fsdp). verl saves FSDP1's plain optimizer.state_dict(): one padded 1-D shard of each "
-            "FSDP unit's flat parameter, and which parameters a unit holds, in what order, is set by the wrap "
-            "policy and recorded nowhere in the checkpoint, so the shards cannot be cut for another world size "
-            "(the model file and extra state could be)", FSDP1_OPTIM_HINT)
     return RoleCheckpoint(name=path.name, path=path, world_sizes=complete,
                           kinds=tuple(k for k in KINDS if k in found[src]), fsdp_version=fsdp_version,
                           saved_world_size=saved, lora=(path / "lora_train_meta.json").exists())

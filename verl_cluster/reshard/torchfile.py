@@ -222,8 +222,8 @@ class TorchFile:
 
 
 def open_torch_file(path: str, keep_plain: bool = False) -> TorchFile:
-    """Read `path`'s pickle (tensors as refs) and the offsets of its storage records; `keep_plain`: the plain
-    tensors of a flat dict (a world-size-1 FSDP1 model file: each a full parameter) stay refs too."""
+    """Read `path`'s pickle (tensors as refs) and the offsets of its storage records; `keep_plain`: plain tensors
+    of at least one dimension stay refs too (FSDP1's full tensors at world size 1, its flat optimizer shards)."""
     try:
         reader = torch._C.PyTorchFileReader(path)
     except RuntimeError as e:
@@ -248,7 +248,7 @@ def open_torch_file(path: str, keep_plain: bool = False) -> TorchFile:
 
 def _materialize_plain(tf: TorchFile, keep_plain: bool = False) -> TorchFile:
     """Turn every tensor that is not a DTensor's local shard into a real CPU tensor (steps, buffers, meshes);
-    `keep_plain`: not the tensors of at least one dimension that are values of the top dict either."""
+    `keep_plain`: only the 0-d ones (optimizer steps) and those inside DTensor specs."""
     cache: dict[int, Any] = {}
     storage_cache: dict[str, torch.UntypedStorage] = {}
 
@@ -268,7 +268,7 @@ def _materialize_plain(tf: TorchFile, keep_plain: bool = False) -> TorchFile:
         if id(o) in cache:
             return cache[id(o)]
         if plain_ref(o) is not None:
-            r = real(plain_ref(o))
+            r = plain_ref(o) if keep_plain and plain_ref(o).shape else real(plain_ref(o))
         elif isinstance(o, WrapperRef):
             slots = o.slots
             slots["_spec"] = walk(slots["_spec"])
@@ -293,12 +293,7 @@ def _materialize_plain(tf: TorchFile, keep_plain: bool = False) -> TorchFile:
         cache[id(o)] = r
         return r
 
-    if keep_plain and isinstance(tf.obj, dict):
-        for k, v in list(tf.obj.items()):
-            ref = plain_ref(v)
-            tf.obj[k] = ref if ref is not None and ref.shape else walk(v)
-    else:
-        tf.obj = walk(tf.obj)
+    tf.obj = walk(tf.obj)
     return tf
 
 
@@ -453,10 +448,13 @@ class _BlockReader:
         self.__init__()
 
 
-def _read_block(job: tuple["TorchFile", int, int], buf: bytearray) -> memoryview:
+def _read_block(job: tuple["TorchFile | None", int, int], buf: bytearray) -> memoryview:
     tf, offset, n = job
     view = memoryview(buf)[:n]
-    tf.pread_into(view, offset)
+    if tf is None:  # padding: zeros
+        view[:] = bytes(n)
+    else:
+        tf.pread_into(view, offset)
     return view
 
 
