@@ -101,11 +101,10 @@ def _exit2(capsys, path: Path, *more: str) -> str:
     return "\n".join(lines)
 
 
-def test_fsdp1_optimizer_is_refused_with_the_reason(tmp_path, capsys):
+def test_fsdp1_to_an_hsdp_mesh_is_refused_with_the_reason(tmp_path, capsys):
     _fake_role(tmp_path / "global_step_5" / "actor", 4, version=1)
-    msg = _exit2(capsys, tmp_path)
-    assert "optim_world_size_4_rank_0.pt: an FSDP1 optimizer" in msg and "flat parameter" in msg
-    assert "wrap policy" in msg and "strategy=fsdp2" in msg and "save_contents=[model,extra]" in msg
+    msg = _exit2(capsys, tmp_path, "--fsdp-size", "1", "--dry-run")
+    assert "FSDP1 checkpoint to an HSDP mesh" in msg and "all-gather" in msg and "leave out --fsdp-size" in msg
 
 
 def test_megatron_checkpoint_is_refused(tmp_path, capsys):
