@@ -1,4 +1,4 @@
-"""`verl-cluster reshard CKPT_DIR --world-size M`: make a verl FSDP2 checkpoint loadable on M GPUs.
+"""`verl-cluster reshard CKPT_DIR --world-size M`: make a verl FSDP checkpoint (FSDP2 or FSDP1) loadable on M GPUs.
 
 CKPT_DIR is trainer.default_local_dir (the step in latest_checkpointed_iteration.txt is used) or one
 global_step_N folder. Every role (actor, critic) gets model, optimizer and extra-state files for M ranks, written
@@ -18,7 +18,7 @@ from verl_cluster.errors import EXIT_OK
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("reshard", parents=[common], help="reshard a verl FSDP2 checkpoint to another number of GPUs",
+    p = sub.add_parser("reshard", parents=[common], help="reshard a verl FSDP checkpoint to another number of GPUs",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ckpt_dir", metavar="CKPT_DIR", help="trainer.default_local_dir, or a global_step_N folder")
     p.add_argument("--world-size", type=int, required=True, metavar="M", help="GPUs the resumed run will have")

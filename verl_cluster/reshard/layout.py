@@ -24,7 +24,8 @@ RANK_FILE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 FSDP1_OPTIM_HINT = ("train with actor_rollout_ref.actor.strategy=fsdp2 (its optimizer moments are DTensors that "
-                    "reshard whatever the wrap policy), or save FSDP1 steps with checkpoint.save_contents=[model,extra]")
+                    "reshard whatever the wrap policy), or save FSDP1 steps with "
+                    "checkpoint.save_contents=[model,extra]")
 FSDP2_HINT = ("train with actor_rollout_ref.actor.strategy=fsdp2 (and critic.strategy=fsdp2): FSDP2 checkpoints "
               "hold DTensor shards that reshard exactly")
 
