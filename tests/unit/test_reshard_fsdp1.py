@@ -120,6 +120,13 @@ def test_3_to_1_loads_unsharded(ckpt3, tmp_path):
     sd = torch.load(step / "actor" / "model_world_size_1_rank_0.pt", weights_only=False)
     assert sd and all(type(v) is torch.Tensor for v in sd.values()) and result.plan.from_world_size == 3
     _load_and_compare(step, 1, ckpt3)
+    reshard(tmp_path / "ws1", 3, out_dir=tmp_path / "ws3")  # from plain tensors and unpadded moments, back
+    for role in ROLES:
+        for r in range(3):
+            a = torch.load(ckpt3 / "global_step_1" / role / f"optim_world_size_3_rank_{r}.pt", weights_only=False)
+            b = torch.load(tmp_path / "ws3" / "global_step_1" / role / f"optim_world_size_3_rank_{r}.pt",
+                           weights_only=False)
+            assert all(torch.equal(v, b["state"][i][k]) for i, st in a["state"].items() for k, v in st.items())
 
 
 def test_other_wrap_policy_is_refused_naming_the_optimizer(ckpt3, tmp_path, capsys):
