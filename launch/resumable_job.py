@@ -9,6 +9,10 @@ Fault knobs (for tests): resumable.raise_at=N (ValueError at step N), resumable.
 checkpoint folder), resumable.die_at=N (the process exits 1 at step N, every attempt), resumable.oom_at=N (fails at
 step N with CUDA's out-of-memory message, once per checkpoint folder).
 Every finished step is appended to `<default_local_dir>/steps.log` as `<ray job id> <step>`.
+With resumable.rank_files=1 it saves and loads as verl's FSDP checkpoint manager does, one rank per node: each
+`global_step_N/actor/` holds `model_world_size_{W}_rank_{r}.pt` (a DTensor, Shard(0) of a tensor made from N) and
+`extra_state_world_size_{W}_rank_{r}.pt` for the W nodes alive, and `fsdp_config.json`; a resumed run opens the
+files of its own world size (FileNotFoundError without them, as verl) and checks the tensor they hold.
 """
 
 import os
@@ -49,9 +53,57 @@ def newest_checkpoint(folder):
     return max(steps, default=0)
 
 
-def save(folder, step):
+ROWS = 10  # not divisible by 3 or 4: uneven pieces, as FSDP's chunks are
+
+
+def weights(step):
+    import torch
+
+    return torch.arange(ROWS * 4, dtype=torch.float32).reshape(ROWS, 4) + step
+
+
+def save_rank_files(actor, step, world):
+    """What verl's manager writes for `world` ranks (model as DTensor shards, extra state, fsdp_config.json)."""
+    import json
+
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    full = weights(step)
+    size = -(-ROWS // world)
+    os.makedirs(actor, exist_ok=True)
+    for r in range(world):
+        mesh = DeviceMesh("cpu", torch.arange(world), mesh_dim_names=("fsdp",), _init_backend=False, _rank=r)
+        spec = DTensorSpec(mesh, (Shard(0),), TensorMeta(full.shape, full.stride(), full.dtype))
+        local = full[min(r * size, ROWS):min((r + 1) * size, ROWS)].clone()
+        torch.save({"w": DTensor(local, spec, requires_grad=False)},
+                   os.path.join(actor, f"model_world_size_{world}_rank_{r}.pt"))
+        torch.save({"lr_scheduler": {"last_epoch": step}, "rng": {"cpu": torch.get_rng_state()}},
+                   os.path.join(actor, f"extra_state_world_size_{world}_rank_{r}.pt"))
+    with open(os.path.join(actor, "fsdp_config.json"), "w") as f:
+        json.dump({"FSDP_version": 2, "world_size": world}, f)
+
+
+def load_rank_files(actor, step, world):
+    """Open the files of this world size, as verl does, and check the tensor their pieces make."""
+    import torch
+
+    pieces = [torch.load(os.path.join(actor, f"model_world_size_{world}_rank_{r}.pt"), weights_only=False)["w"]
+              for r in range(world)]
+    for r in range(world):
+        torch.load(os.path.join(actor, f"extra_state_world_size_{world}_rank_{r}.pt"), weights_only=False)
+    if not torch.equal(torch.cat([p.to_local() for p in pieces]), weights(step)):
+        raise ValueError(f"{actor}: the rank files for world size {world} do not hold step {step}'s tensor")
+    print(f"loaded {actor} on world size {world}: every piece equal", flush=True)
+
+
+def save(folder, step, world=0):
     path = os.path.join(folder, f"global_step_{step}")
     os.makedirs(path, exist_ok=True)
+    if world:
+        save_rank_files(os.path.join(path, "actor"), step, world)
     with open(os.path.join(path, "state.txt"), "w") as f:
         f.write(f"{step}\n")
     with open(os.path.join(folder, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -66,6 +118,7 @@ def main() -> int:
     folder = args.get("trainer.default_local_dir", "checkpoints")
     resume = args.get("trainer.resume_mode", "disable")
     step_s = float(args.get("resumable.step_s", 1.0))
+    rank_files = args.get("resumable.rank_files", "0") not in ("0", "", "false")
     raise_at, hang_at, die_at, oom_at = (int(args.get(f"resumable.{k}", 0))
                                          for k in ("raise_at", "hang_at", "die_at", "oom_at"))
     os.makedirs(folder, exist_ok=True)
@@ -82,6 +135,8 @@ def main() -> int:
     if start:  # verl's own words, which `watch` reads
         print(f"Resuming from {os.path.join(folder, f'global_step_{start}')}, setting global step to {start}",
               flush=True)
+        if rank_files:
+            load_rank_files(os.path.join(folder, f"global_step_{start}", "actor"), start, len(nodes))
     elif resume == "auto":
         print("Training from scratch", flush=True)
     for step in range(start + 1, total + 1):
@@ -106,7 +161,7 @@ def main() -> int:
             f.write(f"{job_id} {step}\n")
         print(f"step {step}", flush=True)
         if step % save_freq == 0 or step == total:
-            save(folder, step)
+            save(folder, step, len(nodes) if rank_files else 0)
         time.sleep(max(0.0, step_s - (time.monotonic() - t0)))
     print(f"done: {total} steps", flush=True)
     return 0
