@@ -24,14 +24,15 @@ def _own_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
-def _model(role: str, seed: int, world: int):
+def _model(role: str, seed: int, world: int, use_orig_params: bool = False):
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
     torch.manual_seed(seed)
     # 130 rows and flat sizes not divisible by 3: chunks end in padding on 3 ranks
     cfg = Qwen2Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=130, tie_word_embeddings=(role == "actor"), num_labels=1)
-    model = build_fsdp1(Qwen2ForCausalLM(cfg) if role == "actor" else Qwen2ForTokenClassification(cfg), world)
+    model = build_fsdp1(Qwen2ForCausalLM(cfg) if role == "actor" else Qwen2ForTokenClassification(cfg), world,
+                        use_orig_params)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
     return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
 
@@ -51,13 +52,13 @@ def _gathered(model, opt) -> dict:
     return out
 
 
-def worker(rank: int, world: int, port: int, step_dir: str, out: str, save: bool) -> None:
+def worker(rank: int, world: int, port: int, step_dir: str, out: str, save: bool, orig: bool = False) -> None:
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     _init(rank, world, port)
     state = {}
     for role in ROLES:
-        model, opt, sched = _model(role, 1 if save else 2, world)
+        model, opt, sched = _model(role, 1 if save else 2, world, orig)
         manager = FSDPCheckpointManager(model, opt, sched)
         if save:
             torch.manual_seed(100 + rank)  # each rank trains on its own batch
@@ -148,3 +149,14 @@ def test_other_wrap_policy_is_refused_naming_the_optimizer(ckpt3, tmp_path, caps
     err = capsys.readouterr().err
     assert "optim_world_size_3_rank_0.pt" in err and "wrap policy" in err and "Traceback" not in err
     assert sorted(p.name for p in actor.iterdir()) == before
+
+
+def test_use_orig_params_optimizer_is_refused(tmp_path, capsys):
+    """FSDP1 with use_orig_params=True (not verl's default) keeps a state per original parameter, cut at rank
+    boundaries: refused, naming it."""
+    spawn(worker, 2, str(tmp_path / "global_step_1"), str(tmp_path), True, True)
+    assert main(["reshard", str(tmp_path / "global_step_1"), "--world-size", "3", "--dry-run"]) == 0
+    assert main(["reshard", str(tmp_path / "global_step_1"), "--world-size", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "use_orig_params=True" in err and "Traceback" not in err
+    assert not list((tmp_path / "global_step_1" / "actor").glob("*world_size_3*"))

@@ -416,9 +416,9 @@ def _fixture_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
-def build_fsdp1(model, world: int):
+def build_fsdp1(model, world: int, use_orig_params: bool = False):
     """verl's FSDP1 wrapping (verl/workers/engine/fsdp/transformer_impl.py, strategy=fsdp) on the CPU: its wrap
-    policy, sharding strategy and 1-D device mesh, flat parameters (use_orig_params=False), fp32."""
+    policy, sharding strategy and 1-D device mesh, flat parameters (verl's default use_orig_params=False), fp32."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import MixedPrecision
@@ -429,7 +429,7 @@ def build_fsdp1(model, world: int):
     fp32 = MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
     return FSDP(model, auto_wrap_policy=get_fsdp_wrap_policy(model, {}), device_id=torch.device("cpu"),
                 sharding_strategy=get_sharding_strategy(mesh), mixed_precision=fp32, device_mesh=mesh,
-                use_orig_params=False)
+                use_orig_params=use_orig_params)
 
 
 def fsdp1_full_state(model) -> dict:

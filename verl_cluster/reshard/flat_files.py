@@ -116,7 +116,10 @@ def reshard_flat_file_set(sources: list[Path], dests: list[Path], model_file: Pa
                 raise UnsupportedContent(f"{p}: {e}") from None
         ids, chunks = _moments(files[0].obj)
         if any(_moments(f.obj)[1] != chunks for f in files[1:]):
-            raise UnsupportedContent(f"{sources[0].parent}: ranks' optimizer files differ in their chunk sizes")
+            raise UnsupportedContent(
+                f"{sources[0].parent}: the ranks' FSDP1 optimizer files hold states of different sizes, not equal "
+                "flat-parameter chunks: a run with use_orig_params=True (a state per original parameter, cut at "
+                "rank boundaries), whose layout the checkpoint does not record")
         try:
             sizes = flat_sizes(params, chunks, w)
         except UnsupportedContent as e:
