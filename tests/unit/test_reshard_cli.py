@@ -168,3 +168,28 @@ def test_resume_problem_messages(tmp_path):
     assert resume_world_size_problem(tmp_path, 16) is None
     step = resume_world_size_problem(tmp_path / "global_step_7", 8)  # trainer.resume_from_path
     assert f"verl-cluster reshard {tmp_path / 'global_step_7'} --world-size 8" in step
+
+
+class _Planted:
+    """An object whose unpickling would write a file: what a hostile extra-state file could carry."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_extra_state_is_read_without_running_its_code(tmp_path, capsys):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "fixtures" / "verl_ckpt_ws1", ckpt)
+    extra = ckpt / "global_step_2" / "actor" / "extra_state_world_size_1_rank_0.pt"
+    marker = tmp_path / "ran"
+    state = torch.load(extra, weights_only=False)
+    state["lr_scheduler"] = _Planted(marker)
+    torch.save(state, extra)
+    msg = _exit2(capsys, ckpt)
+    assert "extra_state_world_size_1_rank_0.pt: not the extra state verl writes" in msg and "weights-only" in msg
+    assert not marker.exists() and not list(ckpt.glob("global_step_2/actor/*world_size_2*"))

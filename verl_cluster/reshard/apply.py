@@ -241,7 +241,10 @@ def _extra(write_extra, sources: list[Path], rank: int, dest: Path) -> str:
     try:
         return write_extra(sources, rank, dest)
     except (pickle.UnpicklingError, EOFError, RuntimeError, AttributeError, KeyError) as e:
-        raise NotReshardable(f"{sources[0]}: not the extra state verl writes ({type(e).__name__}: {e})")
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+        raise NotReshardable(f"{sources[0]}: not the extra state verl writes ({type(e).__name__}: {first[:200]})",
+                             "its rank-0 file is read with torch's weights-only loader: tensors, plain data and "
+                             "numpy RNG state only")
 
 
 def _write_config(dest: Path, step_dir: Path, plan: ReshardPlan) -> None:

@@ -41,13 +41,22 @@ def reseeded_rng(rng: dict[str, Any], seed: int) -> tuple[dict[str, Any], list[s
     return out, kept
 
 
+def load_extra(path: Path) -> dict:
+    """verl's extra state, read without running code from the file (torch's weights-only unpickler): tensors,
+    plain data and numpy's RNG state (an array), nothing else."""
+    core = getattr(np, "_core", None) or np.core
+    safe = [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(safe):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def write_extra(sources: list[Path], rank: int, dest: Path) -> str:
     """Write new rank `rank`'s extra state to `dest`; returns what was done with its RNG."""
     w = len(sources)
     if rank < w:
         shutil.copyfile(sources[rank], dest)
         return f"rank {rank}: carried"
-    state = torch.load(sources[0], map_location="cpu", weights_only=False)
+    state = load_extra(sources[0])
     rng = state.get("rng")
     if not isinstance(rng, dict) or not isinstance(rng.get("cpu"), torch.Tensor):
         torch.save(state, dest)
