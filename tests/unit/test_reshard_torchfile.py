@@ -101,3 +101,26 @@ def test_stream_blocks_across_files(tmp_path):
         release_reader()
         fa.close()
         fb.close()
+
+
+class _Planted:
+    """Unpickling it would write a file: what a hostile rank file could carry."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return (Path.touch, (Path(self.path),))
+
+
+def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
+    f = tmp_path / "model_world_size_2_rank_0.pt"
+    marker = tmp_path / "ran"
+    torch.save({"w": torch.ones(3), "planted": _Planted(marker)}, f)
+    with pytest.raises(UnsupportedContent, match="which this reader does not load"):
+        open_torch_file(str(f))
+    assert not marker.exists()
+    torch.save({"w": torch.ones(3), "groups": [{"betas": (0.9, 0.95), "params": {1, 2}}]}, f)  # plain data loads
+    assert open_torch_file(str(f)).obj["groups"][0]["params"] == {1, 2}

@@ -333,8 +333,9 @@ def save_fsdp1_worker(rank: int, world: int, port: int, step_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_fsdp1_checkpoint_from_verl_is_refused(tmp_path, capsys):
-    """verl's default strategy=fsdp (FSDP1): ShardedTensor model shards and flat-parameter optimizer shards."""
+def test_fsdp1_without_a_device_mesh_is_refused(tmp_path, capsys):
+    """FSDP1 wrapped without a device mesh (not how verl wraps it: see test_reshard_fsdp1) saves ShardedTensor
+    model shards, which are refused."""
     from verl_cluster.cli import main
 
     step = tmp_path / "global_step_1"

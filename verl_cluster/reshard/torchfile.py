@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 DTENSOR_CLASS = ("torch.distributed.tensor", "DTensor")
-SHARDED_TENSOR_MODULE = "torch.distributed._shard.sharded_tensor"
+SHARD_MODULE = "torch.distributed._shard"  # ShardedTensor and its metadata
 
 
 class UnsupportedContent(Exception):
@@ -144,13 +144,40 @@ class _MetaUnpickler(pickle.Unpickler):
             return _rebuild_ref
         if module == "torch._tensor" and name == "_rebuild_from_type_v2":
             return WrapperRef
-        if module.startswith(SHARDED_TENSOR_MODULE):
+        if module.startswith(SHARD_MODULE):
             raise UnsupportedContent("ShardedTensor values (FSDP1's sharded state dict without a device mesh; "
                                      "verl gives FSDP1 one and saves DTensors)")
-        if module == "torch._utils" and name.startswith("_rebuild_") and name not in ("_rebuild_parameter",
-                                                                                   "_rebuild_wrapper_subclass"):
+        if module == "torch._utils" and name.startswith("_rebuild_") and name not in _REBUILDERS:
             raise UnsupportedContent(f"a tensor kind this tool does not read ({name})")
-        return super().find_class(module, name)
+        found = super().find_class(module, name)
+        if _allowed(module, name, found):
+            return found
+        raise UnsupportedContent(f"a pickled {module}.{name}, which this reader does not load: it loads tensors, "
+                                 "DTensors and plain data only, and runs no other code from a checkpoint")
+
+
+# what verl's model and optimizer files pickle besides tensors: DTensor metadata and plain data. Anything else is
+# refused rather than called (a pickle can name any function)
+_REBUILDERS = ("_rebuild_parameter", "_rebuild_wrapper_subclass")
+_FUNCTIONS = {("torch._utils", n) for n in _REBUILDERS} | {("torch.serialization", "_get_layout")}
+_CLASS_MODULES = ("torch.distributed.tensor", "torch.distributed.device_mesh", "torch.distributed._mesh_layout")
+_CLASSES = {("collections", "OrderedDict"), ("torch", "Size"), ("torch", "device"), ("torch", "Tensor"),
+            ("torch.nn.parameter", "Parameter")} | {
+    (b, n) for b in ("builtins", "__builtin__") for n in ("set", "frozenset", "complex", "slice")}
+
+
+def _allowed(module: str, name: str, found: Any) -> bool:
+    if (module, name) in _FUNCTIONS:
+        return True
+    if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+        return True
+    if not isinstance(found, type):
+        return False
+    if (module, name) in _CLASSES or (module == "torch" and issubclass(found, torch.storage._StorageBase)):
+        return True
+    if module == "torch" and name.endswith("Storage") and issubclass(found, torch.storage.TypedStorage):
+        return True
+    return any(module == m or module.startswith(m + ".") for m in _CLASS_MODULES)
 
 
 def plain_ref(o: Any) -> "TensorRef | None":
