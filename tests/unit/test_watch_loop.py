@@ -105,15 +105,21 @@ def test_a_watched_attempt_keeps_the_lengths_verl_logged(tmp_path, monkeypatch):
     assert kept and kept["response_length_mean"] > 0 and kept["prompt_length_mean"] > 60
 
 
-def test_fewer_nodes_is_refused_when_the_checkpoint_cannot_be_resharded(tmp_path, monkeypatch):
-    """verl loads the files of the world size it runs on: continuing on fewer GPUs needs the checkpoint for them;
-    verl 0.9.1's default FSDP1 checkpoint (the real one from the H100) cannot be resharded, so the run waits for
-    the node instead, and says why."""
+def test_fewer_nodes_reshards_the_checkpoint_or_is_refused_with_the_reason(tmp_path, monkeypatch):
+    """verl loads the files of the world size it runs on: continuing on fewer GPUs needs the checkpoint for them.
+    verl 0.9.1's default FSDP1 checkpoint (the real one from the H100, copied) is resharded for 2 GPUs; one that
+    cannot be (per-rank dataloader states) makes the run wait for the node instead, and says why."""
     import dataclasses
+    import shutil
 
     w, _ = _watcher(tmp_path, monkeypatch, [])
-    ckpt = Path(__file__).resolve().parent.parent / "fixtures" / "verl_ckpt_h100_fsdp1"
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "fixtures" / "verl_ckpt_ws1", ckpt)
     w.job = dataclasses.replace(w.job, overrides={**w.job.overrides, "trainer.default_local_dir": str(ckpt)})
     ok, why = w._reshard_for(2)
-    assert not ok and "cannot be resumed on 2 GPUs" in why and "FSDP1" in why
+    assert ok and "resharded the newest checkpoint to 2 GPUs" in why
+    assert (ckpt / "global_step_2" / "actor" / "model_world_size_2_rank_1.pt").is_file()
+    (ckpt / "global_step_2" / "data_0.pt").write_bytes(b"x")
+    ok, why = w._reshard_for(3)
+    assert not ok and "cannot be resumed on 3 GPUs" in why and "per-rank dataloader" in why
     assert w._reshard_for(0) == (True, "")  # a CPU run: no per-GPU files to match
