@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Optional
 
+from verl_cluster.enums import StrEnum
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError

@@ -12,9 +12,9 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Callable, Optional
 
+from verl_cluster.enums import StrEnum
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import Any, Optional
 
+from verl_cluster.enums import StrEnum
 from verl_cluster.placement.hardware import Hardware
 from verl_cluster.placement.memory import GIB
 from verl_cluster.placement.overrides import build_overrides

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Callable, Optional
 
+from verl_cluster.enums import StrEnum
 import verl_cluster.placement.memory as mem
 from verl_cluster.placement.hardware import Hardware
 from verl_cluster.placement.lengths import micro_tokens

@@ -7,10 +7,10 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
+from verl_cluster.enums import StrEnum
 from verl_cluster.watch.failures import FailureClass
 
 NOTIFY_TIMEOUT_S = 15.0

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Optional
 
+from verl_cluster.enums import StrEnum
 from verl_cluster.launch.verl_log import classify as classify_log
 
 

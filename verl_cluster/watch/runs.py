@@ -8,10 +8,10 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from verl_cluster.enums import StrEnum
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launch import job_records
 

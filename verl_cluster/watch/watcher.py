@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Optional, TextIO
 
+from verl_cluster.enums import StrEnum
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ClusterError
