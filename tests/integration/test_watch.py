@@ -282,9 +282,12 @@ def test_watcher_killed_reattaches_without_duplicate(lab3):
 
 
 def test_node_does_not_come_back_fewer_nodes(lab3):
+    """3 nodes, one rank each, checkpoints saved per rank and world size as verl's FSDP manager does: a node lost
+    for good, the run goes on on 2 from the newest checkpoint resharded for 2 ranks (without which it cannot load)."""
     lab, path, (head, w1, w2), _ = lab3
-    j, ckpt = job(lab3, "fewer", steps=10, save_freq=2, step_s=0.4,
+    j, ckpt = job(lab3, "fewer", steps=10, save_freq=2, step_s=0.4, rank_files=1,
                   watch="  allow_fewer_nodes: true\n  node_wait_s: 5\n")
+    j.write_text(j.read_text().replace("overrides:\n", "overrides:\n  trainer.n_gpus_per_node: 1\n"))
     p = popen_cli(lab3, "submit", j, "-c", path, "--watch")
     try:
         wait_for(lambda: (ckpt / "steps.log").exists() and len((ckpt / "steps.log").read_text().split("\n")) > 3,
@@ -301,3 +304,9 @@ def test_node_does_not_come_back_fewer_nodes(lab3):
     assert out.count("nodes 3") == 1 and out.count("nodes 2") == 1
     a, b = steps_by_attempt(ckpt)
     assert b[-1] == 10 and b[0] == (a[-1] // 2) * 2 + 1
+    resumed_from = b[0] - 1
+    assert any(e["action"].startswith("continue on 2 node(s)") and "resharded the newest checkpoint to 2 GPUs"
+               in e["evidence"] + e["action"] for e in events), show(events)
+    actor = ckpt / f"global_step_{resumed_from}" / "actor"
+    assert (actor / "model_world_size_2_rank_1.pt").is_file() and (actor / "model_world_size_3_rank_2.pt").is_file()
+    assert f"loaded {actor} on world size 2: every piece equal" in out + err

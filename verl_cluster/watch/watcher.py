@@ -348,8 +348,8 @@ class Watcher:
                     self._settle(frozenset(self.spec.node_ip(n) for _, n in self.spec.nodes())
                                  - {fewer.node_ip(n) for _, n in fewer.nodes()})
                     self.st.nodes = 1 + len(fewer.workers)
-                    self.emit(FailureClass.NODE_LOST, f"continue on {self.st.nodes} node(s) without {names}", why,
-                              names)
+                    self.emit(FailureClass.NODE_LOST, f"continue on {self.st.nodes} node(s) without {names}",
+                              f"{why}; {note}" if note else why, names)
                     return fewer
                 self.emit(FailureClass.NODE_LOST, f"no feasible plan without {names} ({note}); waiting for it", why,
                           names)
@@ -392,10 +392,11 @@ class Watcher:
         plan = placement_plan(self.job, spec)
         if plan.feasible is False:
             return False, plan.note
-        try:
-            world = int(plan.overrides.get("trainer.nnodes", 0)) * int(plan.overrides.get("trainer.n_gpus_per_node", 0))
-        except (TypeError, ValueError):
-            world = 0
+        # the plan's world size; a job with no plan (not a verl trainer) runs on the nodes left, each with the
+        # ranks its trainer.n_gpus_per_node states
+        nodes = 1 + len(spec.workers)
+        world = (_world(plan.overrides.get("trainer.nnodes"), plan.overrides.get("trainer.n_gpus_per_node"))
+                 or _world(nodes, self.job.get("trainer.n_gpus_per_node")))
         ok, why = self._reshard_for(world)
         return ok, plan.note + (f"; {why}" if why else "")
 
@@ -475,3 +476,10 @@ class Watcher:
             self.st.restarts += 1
         self.st.pending = None
         self.st.save()
+
+
+def _world(nnodes, per_node) -> int:
+    try:
+        return max(0, int(nnodes or 0) * int(per_node or 0))
+    except (TypeError, ValueError):
+        return 0
