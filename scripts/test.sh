@@ -28,19 +28,21 @@ run_pass() {
   return "$rc"
 }
 
-# The oldest-Ray pass: only what depends on Ray's version — starting and stopping Ray, its ports and auth, the
-# Jobs/State API and the GCS that submit and watch read (torchrun, SSH, Slurm, the dashboard tunnel, `check`'s
-# socket probes and the planner's measurements do not).
-OLD_TESTS=(tests/integration/test_ray_versions.py tests/integration/test_lifecycle.py
+# The oldest-Ray pass: only what depends on Ray's version — starting, healing and stopping Ray on nodes, its ports
+# and auth, the Jobs/State API and the GCS that submit and watch read (torchrun, SSH, Slurm, host keys, the
+# dashboard tunnel, `check`'s socket probes, the submit forms and the planner's measurements do not).
+OLD_TESTS=(tests/integration/test_ray_versions.py
+  tests/integration/test_lifecycle.py::test_lifecycle_on_three_hosts tests/integration/test_lifecycle.py::test_local_cycle
   tests/integration/test_check.py::test_live_cluster_links_ucx_over_tcp_and_gloo_allreduce
   tests/integration/test_security_listeners.py tests/integration/test_submit_ray.py
   tests/integration/test_watch.py::test_user_error_is_not_retried
   tests/integration/test_watch.py::test_hang_is_stopped_and_resumed
-  tests/integration/test_watch.py::test_worker_killed_and_back
-  "tests/integration/test_watch.py::test_every_submit_form_resumes[command]")
+  tests/integration/test_watch.py::test_worker_killed_and_back)
+# integration modules side by side, one module (or the shared cluster's tests) per worker: tests/integration/conftest.py
+INTEG_WORKERS=${VC_INTEG_WORKERS:-3}
 old_pass() {
   run_pass .venv-ray-old/bin/python "$PWD/.venv/bin/python" "$([ "$#" -gt 0 ] && echo 1 || echo 0)" \
-    "${OLD_TESTS[@]}" "$@"
+    -n 2 --dist loadgroup "${OLD_TESTS[@]}" "$@"
 }
 new=.venv/bin/python; old="$PWD/.venv-ray-old/bin/python"
 rc=0; old_rc=0
@@ -50,15 +52,15 @@ if [ "$#" -gt 0 ]; then  # a chosen subset: everything it selects, then its Ray-
   [ "$rc" -ne 0 ] || rc=$old_rc
   exit "$rc"
 fi
-# The whole suite in two stages. 1: the integration tests on the newest Ray and, beside them (VC_PARALLEL=0: after
-# them), the Ray-version-dependent ones on the oldest — both mostly wait on Ray and sshd in the namespace hosts,
-# each lab on its own subnet. 2: the unit tests, CPU-bound, on every core (pytest-xdist).
+# The whole suite in two stages. 1: the integration tests on the newest Ray, modules side by side, and beside them
+# (VC_PARALLEL=0: after them) the Ray-version-dependent ones on the oldest — they mostly wait on Ray and sshd in
+# the namespace hosts, each lab on its own subnet. 2: the unit tests, CPU-bound, on every core (pytest-xdist).
 old_log=$(mktemp -t vc-old-ray-XXXX.log); old_pid=""
 if [ "${VC_OLDEST_RAY:-1}" != 0 ] && [ "${VC_PARALLEL:-1}" = 1 ]; then
   old_pass >"$old_log" 2>&1 & old_pid=$!
 fi
 echo "== integration tests on the newest supported Ray ($($new -c 'import ray; print(ray.__version__)'))"
-run_pass $new "$old" 0 tests/integration || rc=$?
+run_pass $new "$old" 0 -n "$INTEG_WORKERS" --dist loadgroup tests/integration || rc=$?
 if [ "${VC_OLDEST_RAY:-1}" != 0 ]; then
   echo "== the Ray-version-dependent integration tests on the oldest supported Ray ($($old -c 'import ray; print(ray.__version__)'))"
   if [ -n "$old_pid" ]; then
