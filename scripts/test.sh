@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian/Ubuntu machine and run the whole test suite (what CI runs).
 # Needs root for apt and for the network-namespace hosts of the integration tests.
-#   bash scripts/test.sh            # everything: the integration tests on the newest supported Ray with, beside
-#                                   # them, the Ray-version dependent ones on the oldest (.venv-ray-old;
-#                                   # VC_OLDEST_RAY=0 skips it, VC_PARALLEL=0 runs it after), then the unit tests
+#   bash scripts/test.sh            # everything: the integration tests on the newest supported Ray, then the
+#                                   # Ray-version dependent ones on the oldest (.venv-ray-old; VC_OLDEST_RAY=0
+#                                   # skips it, VC_PARALLEL=1 runs it beside the first), then the unit tests
 #   bash scripts/test.sh -k config  # extra args go to pytest (both Rays)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,16 +30,13 @@ run_pass() {
 
 # The oldest-Ray pass: only what depends on Ray's version — starting, healing and stopping Ray on nodes, its ports
 # and auth, the Jobs/State API and the GCS that submit and watch read (torchrun, SSH, Slurm, host keys, the
-# dashboard tunnel, `check`'s socket probes, the submit forms and the planner's measurements do not).
-OLD_TESTS=(tests/integration/test_ray_versions.py
-  tests/integration/test_lifecycle.py::test_lifecycle_on_three_hosts tests/integration/test_lifecycle.py::test_local_cycle
-  tests/integration/test_check.py::test_live_cluster_links_ucx_over_tcp_and_gloo_allreduce
+# dashboard tunnel, `check`, log classification, the submit forms and the planner's measurements do not).
+OLD_TESTS=(tests/integration/test_ray_versions.py tests/integration/test_lifecycle.py::test_lifecycle_on_three_hosts
   tests/integration/test_security_listeners.py tests/integration/test_submit_ray.py
-  tests/integration/test_watch.py::test_user_error_is_not_retried
   tests/integration/test_watch.py::test_hang_is_stopped_and_resumed
   tests/integration/test_watch.py::test_worker_killed_and_back)
 # integration modules side by side, one module (or the shared cluster's tests) per worker: tests/integration/conftest.py
-INTEG_WORKERS=${VC_INTEG_WORKERS:-3}
+INTEG_WORKERS=${VC_INTEG_WORKERS:-2}  # more overloads 2 cores: Ray health checks and client connects time out
 old_pass() {
   run_pass .venv-ray-old/bin/python "$PWD/.venv/bin/python" "$([ "$#" -gt 0 ] && echo 1 || echo 0)" \
     -n 2 --dist loadgroup "${OLD_TESTS[@]}" "$@"
@@ -52,11 +49,12 @@ if [ "$#" -gt 0 ]; then  # a chosen subset: everything it selects, then its Ray-
   [ "$rc" -ne 0 ] || rc=$old_rc
   exit "$rc"
 fi
-# The whole suite in two stages. 1: the integration tests on the newest Ray, modules side by side, and beside them
-# (VC_PARALLEL=0: after them) the Ray-version-dependent ones on the oldest — they mostly wait on Ray and sshd in
-# the namespace hosts, each lab on its own subnet. 2: the unit tests, CPU-bound, on every core (pytest-xdist).
+# The whole suite in three stages, two pytest workers each (a serial run of the integration tests keeps a 2-core
+# machine a third busy; five workers overloaded it): the integration tests on the newest Ray, modules side by
+# side; the Ray-version-dependent ones on the oldest (VC_PARALLEL=1: beside the first, each lab on its own
+# subnet); the unit tests on every core.
 old_log=$(mktemp -t vc-old-ray-XXXX.log); old_pid=""
-if [ "${VC_OLDEST_RAY:-1}" != 0 ] && [ "${VC_PARALLEL:-1}" = 1 ]; then
+if [ "${VC_OLDEST_RAY:-1}" != 0 ] && [ "${VC_PARALLEL:-0}" = 1 ]; then
   old_pass >"$old_log" 2>&1 & old_pid=$!
 fi
 echo "== integration tests on the newest supported Ray ($($new -c 'import ray; print(ray.__version__)'))"
