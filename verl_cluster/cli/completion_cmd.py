@@ -24,9 +24,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from verl_cluster.cli import build_parser
-
-    sys.stdout.write(script(build_parser(), args.shell))
+    # the whole parser comes from main (args.whole_parser): importing it from verl_cluster.cli would be a cycle
+    sys.stdout.write(script(args.whole_parser(), args.shell))
     return EXIT_OK
 
 
