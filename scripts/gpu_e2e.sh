@@ -160,13 +160,15 @@ WARGS=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parq
        trainer.test_freq=-1 trainer.val_before_train=false actor_rollout_ref.rollout.enforce_eager=true)
 WJOB=(launch/gsm8k_grpo.yaml model.path=$MODELS/tiny env.VLLM_USE_FLASHINFER_SAMPLER=0 watch.backoff_s=2 "${WARGS[@]}")
 KILL="--after-file CKPT/global_step_2/actor --delay 2 --signal KILL --match ray::WorkerDict"
-wcase() {  # wcase NAME LIMIT FAULT -- COMMAND...
-  local name=$1 limit=$2 fault=$3; shift 4
+wcase() {  # wcase NAME LIMIT FAULT [FAULT ...] -- COMMAND...   (faults one after another; "" for none)
+  local name=$1 limit=$2; shift 2
+  local faults=() f
+  while [ "$1" != -- ]; do [ -n "$1" ] && faults+=(--fault "${1//CKPT/$WCK/$name}"); shift; done; shift
   rm -rf "$WCK/$name"
   local left=$(( BUDGET_S - ($(date +%s) - T0) - 25 ))  # the case ends (and keeps its files) before the step's cut
   [ "$left" -lt $((limit - 20)) ] || left=$((limit - 20))
   step "watch-$name" "$limit" python3 scripts/gpu_watch_case.py "$LOGS/watch-$name" --timeout "$left" \
-    --fault "${fault//CKPT/$WCK/$name}" -- "$@"
+    "${faults[@]}" -- "$@"
   cat "$LOGS/watch-$name/figures.json" 2>/dev/null | tee -a "$LOGS/steps.log"
   pack
 }
@@ -184,13 +186,15 @@ VERL_ARGV=(python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.ma
   actor_rollout_ref.rollout.name=vllm trainer.logger=[console] trainer.nnodes=1 trainer.n_gpus_per_node=1 "${WARGS[@]}")
 named watch-argv && wcase argv 900 "$KILL" -- $VC submit watch.backoff_s=2 --watch -- "${VERL_ARGV[@]}" \
   trainer.default_local_dir=$WCK/argv
-# (d) a verl script as is (submit run.sh), faulted as (b): a SIGSTOPped worker
+# (d) a verl script as is (submit run.sh), 6 steps: a worker SIGSTOPped in step 3 (hang, as (b)), then one
+# SIGKILLed in step 5 (as (a)): two restarts, resumed from step 2 and then from step 4
 if named watch-script; then
   mkdir -p /root/scripts
-  { echo '#!/bin/bash'; echo 'set -x'; printf '%q ' "${VERL_ARGV[@]}" trainer.default_local_dir=$WCK/script; echo '"$@"'; } \
-    > /root/scripts/run_tiny_grpo.sh
-  wcase script 900 "--after-file CKPT/global_step_2/actor --delay 4 --signal STOP --match ray::WorkerDict" \
-    -- $VC submit /root/scripts/run_tiny_grpo.sh watch.backoff_s=2 watch.hang_after=${HANG_AFTER:-75s} --watch
+  { echo '#!/bin/bash'; echo 'set -x'; printf '%q ' "${VERL_ARGV[@]/total_training_steps=4/total_training_steps=6}" \
+      trainer.default_local_dir=$WCK/script; echo '"$@"'; } > /root/scripts/run_tiny_grpo.sh
+  wcase script 1500 "--after-file CKPT/global_step_2/actor --delay 4 --signal STOP --match ray::WorkerDict" \
+    "--after-file CKPT/global_step_4/actor --delay 2 --signal KILL --match ray::WorkerDict --timeout 1500" \
+    -- $VC submit /root/scripts/run_tiny_grpo.sh watch.backoff_s=2 watch.hang_after=${HANG_AFTER:-120s} --watch
 fi
 named down && step down 120 $VC down cluster_configs/local.yaml
 

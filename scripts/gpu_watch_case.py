@@ -61,7 +61,8 @@ def main() -> int:
     i = argv.index("--")
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
-    ap.add_argument("--fault", default="", help="arguments for scripts/gpu_fault.py (none: no fault)")
+    ap.add_argument("--fault", action="append", default=[],
+                    help="arguments for scripts/gpu_fault.py; repeat for one fault after another (none: no fault)")
     ap.add_argument("--timeout", type=float, default=540)
     args, cmd = ap.parse_args(argv[:i]), argv[i + 1:]
     out = Path(args.outdir)
@@ -71,10 +72,8 @@ def main() -> int:
     stop = threading.Event()
     sampler = threading.Thread(target=sample_procs, args=(out / "procs.log", stop), daemon=True)
     sampler.start()
-    fault = None
-    if args.fault:
-        fault = subprocess.Popen([sys.executable, str(HERE / "gpu_fault.py"), *shlex.split(args.fault),
-                                  "--out", str(out / "fault.json")], stdout=subprocess.DEVNULL)
+    faults = [subprocess.Popen([sys.executable, str(HERE / "gpu_fault.py"), *shlex.split(a), "--out",
+                                str(out / "fault.json")], stdout=subprocess.DEVNULL) for a in args.fault if a]
     t0 = time.time()
     with open(out / "submit.out", "w") as so, open(out / "submit.err", "w") as se:
         p = subprocess.Popen(cmd, stdout=so, stderr=se)
@@ -84,8 +83,9 @@ def main() -> int:
             p.kill()
             rc = "timeout"
     t_end = time.time()
-    if fault is not None and fault.poll() is None:
-        fault.kill()
+    for fault in faults:
+        if fault.poll() is None:
+            fault.kill()
     stop.set()
     sampler.join(timeout=5)
     # the run folder this command made
@@ -117,18 +117,23 @@ def main() -> int:
     events = []
     if run_dir and (run_dir / "events.jsonl").exists():
         events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
-    f = json.loads((out / "fault.json").read_text().splitlines()[0]) if (out / "fault.json").exists() else {}
+    injected = [json.loads(x) for x in (out / "fault.json").read_text().splitlines() if x.strip()] \
+        if (out / "fault.json").exists() else []
+    injected.sort(key=lambda d: d.get("fault_at", 0))
     figures = {"command": cmd, "rc": rc, "wall_s": round(t_end - t0, 1), "attempts": len(attempts),
-               "states": [a.get("status") for a in attempts], "fault": f}
-    ft = f.get("fault_at")
-    if ft:
-        after = [e for e in events if e["time"] >= ft]
+               "states": [a.get("status") for a in attempts], "faults": []}
+    for k, f in enumerate(injected):  # each fault's figures come from the events before the next fault
+        ft, nxt = f.get("fault_at"), next((g["fault_at"] for g in injected[k + 1:] if g.get("fault_at")), float("inf"))
+        if not ft:
+            continue
+        after = [e for e in events if ft <= e["time"] < nxt]
         det = next((e for e in after if e["class"] != "info"), None)
-        figures["detected_s"] = round(det["time"] - ft, 1) if det else None
-        figures["detected_as"] = det["class"] if det else None
+        f["detected_s"] = round(det["time"] - ft, 1) if det else None
+        f["detected_as"] = det["class"] if det else None
         for key, action in (("running_again_s", "running"), ("first_new_step_s", "first step")):
             ev = next((e for e in after if e["class"] == "info" and e["action"].startswith(action)), None)
-            figures[key] = round(ev["time"] - ft, 1) if ev else None
+            f[key] = round(ev["time"] - ft, 1) if ev else None
+        figures["faults"].append(f)
     for e in events:
         if e["class"] == "info" and e["action"].startswith("first step"):
             figures.setdefault("resumes", []).append(e["evidence"])

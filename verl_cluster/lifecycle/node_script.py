@@ -399,6 +399,9 @@ def cmd_joblogs(temp_dir, job_id, lines="40"):
     emit({"hostname": socket.gethostname(), "logs": out})
 
 
+SHELLS = {"bash", "sh", "dash", "zsh", "env", "timeout", "setsid", "nohup"}
+
+
 def job_pids(temp_dir, sid, job_id):
     """Our Ray's processes that belong to one job: its workers carry RAY_JOB_ID, its driver the Jobs API's
     metadata (job_submission_id) in its environment."""
@@ -411,6 +414,8 @@ def job_pids(temp_dir, sid, job_id):
         if not (driver or pid in workers):
             continue
         exe = cmd.split(" ", 1)[0]
+        if driver and os.path.basename(exe) in SHELLS:
+            continue  # `submit run.sh`: the shell holds no Python stack; its python child carries the same env
         if driver or "python" in exe or cmd.startswith(("ray::", "VLLM", "EngineCore")):
             role = "driver" if driver else ("vllm" if "VLLM" in exe or "EngineCore" in exe else "worker")
             out.append((pid, role, cmd[:120]))

@@ -26,12 +26,17 @@ class Bundle:
 
 
 def top_frames(stack: str, n: int = 6) -> list[str]:
-    """The first frames of a py-spy dump of one process (the innermost first, as py-spy prints them)."""
-    lines = [x.rstrip() for x in stack.splitlines()]
-    start = next((i for i, x in enumerate(lines) if x.startswith("Thread ")), None)
-    if start is None:
-        return [x for x in lines if x.strip()][:n]
-    return [x.strip() for x in lines[start + 1:] if x.strip() and not x.startswith("Thread ")][:n]
+    """One thread's first frames from a py-spy dump of one process (the innermost first, as py-spy prints them),
+    headed by the thread's line: the first thread py-spy calls active, else the main thread, else the first one.
+    Frames of different threads are never mixed (an idle GC thread's wait says nothing about the hang)."""
+    lines = [x.rstrip() for x in stack.splitlines() if x.strip()]
+    heads = [i for i, x in enumerate(lines) if x.startswith("Thread ")]
+    if not heads:
+        return lines[:n]
+    pick = next((i for i in heads if "(active" in lines[i]), None)
+    pick = pick if pick is not None else next((i for i in heads if '"MainThread"' in lines[i]), heads[0])
+    end = next((i for i in heads if i > pick), len(lines))
+    return [lines[pick].strip()] + [x.strip() for x in lines[pick + 1:end]][:n]
 
 
 def _stuck(dumps: list[tuple[str, dict]]) -> tuple[str, list[str]]:
