@@ -189,6 +189,14 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock):
         assert rc == 0 and st["healthy"] and st["nodes"][0]["host"] == "localhost"
         rc, rep = cli_json(capsys, "up", cfg, *over)
         assert rc == 0 and rep["nodes"][0]["action"] == "kept"
+        # watch's hang bundle and clean slate through the product's code, on an actor in a pooled worker (no
+        # RAY_JOB_ID of its job): SIGSTOPped, named with its own frames and log, then gone
+        r = subprocess.run([sys.executable, str(root / "scripts/gpu_bundle_check.py"), "--cpu", "--cluster", cfg,
+                            *over], capture_output=True, text=True, timeout=300)
+        doc = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+        assert r.returncode == 0 and doc["problems"] == [], (doc.get("problems"), r.stdout[-3000:], r.stderr[-3000:])
+        assert doc["stuck"].startswith(f"127.0.0.1 pid {doc['actor_pid']} (worker, stopped) ray::Holder")
+        assert doc["frames"][0].startswith("Thread ") and "Holder.hold_here" in doc["frames"][1], doc["frames"]
     finally:
         rc, rep = cli_json(capsys, "down", cfg, *over)
     assert rc == 0 and rep["nodes"][0]["stopped"] > 0

@@ -5,10 +5,10 @@ Stdlib only (ray is imported where present); shipped after the NVML reader's sou
   kill TEMP_DIR [GCS]     stop exactly the Ray processes of this TEMP_DIR (and their children), verify
   gcs ADDR [DASHBOARD]    node table from the GCS (+ jobs from the Jobs API)
   wait ADDR HEAD EXPECT T poll the GCS until the expected nodes are alive (one process, not one per poll)
-  stacks TEMP_DIR SID JOB py-spy dumps of one Ray job's Python processes here (its driver and workers)
+  stacks TEMP_DIR SID JOB PYSPY LIMIT ACTORS  py-spy dumps of one Ray job's Python processes here
   gpuhealth SINCE N       GPU faults: NVML (GPUs lost or fewer than N, uncorrected ECC), kernel Xid lines
   jobprocs TEMP_DIR JOB K one Ray job's processes left here (state, RSS, GPU MiB), NVML per GPU; K=1 kills them
-  joblogs TEMP_DIR JOB N  the last N lines of each of one Ray job's worker logs here
+  joblogs TEMP_DIR JOB N ACTORS  the last N lines of each of one Ray job's worker logs here
 Prints its JSON result after a marker line (see runners.remote_python).
 """
 
@@ -379,13 +379,17 @@ def cmd_jobprocs(temp_dir, job_id, kill="0"):
                         for pid, (i, mib) in sorted(on_gpu.items())]})
 
 
-def cmd_joblogs(temp_dir, job_id, lines="40"):
-    """The last lines of each of the job's worker logs here (Ray names them worker-<id>-<job id>-<pid>.out/.err)."""
+def cmd_joblogs(temp_dir, job_id, lines="40", actors=""):
+    """The last lines of each of the job's worker logs here (Ray names them worker-<id>-<job id>-<pid>.out/.err;
+    a pooled worker's name has the nil job id ffffffff, so the job's actors (`actors`, as for stacks) add theirs)."""
     import glob
 
     n = int(lines)
-    found = sorted(glob.glob(os.path.join(temp_dir, "session_latest", "logs", f"worker-*-{job_id}-*")),
-                   key=os.path.getmtime, reverse=True)[:40] if job_id else []
+    logs = os.path.join(temp_dir, "session_latest", "logs")
+    found = set(glob.glob(os.path.join(logs, f"worker-*-{job_id}-*"))) if job_id else set()
+    for pid in actor_pids_here(temp_dir, actors, read_procs()):
+        found |= {f for ext in ("out", "err") for f in glob.glob(os.path.join(logs, f"worker-*-{pid}.{ext}"))}
+    found = sorted(found, key=os.path.getmtime, reverse=True)[:40]
     out = []
     for path in found:
         try:
@@ -402,13 +406,34 @@ def cmd_joblogs(temp_dir, job_id, lines="40"):
 SHELLS = {"bash", "sh", "dash", "zsh", "env", "timeout", "setsid", "nohup"}
 
 
-def job_pids(temp_dir, sid, job_id):
+def node_ids(temp_dir, procs):
+    """Ray node ids of this cluster's processes here (the raylet and its helpers name it on their command line)."""
+    return {m for cmd in ours(temp_dir, procs).values() for m in re.findall(r"--node[_-]id=([0-9a-f]+)", cmd)}
+
+
+def actor_pids_here(temp_dir, actors, procs):
+    """The pids of "NODE_ID_PREFIX:PID,..." (the job's actors from Ray's actor table) that run on this node."""
+    here = node_ids(temp_dir, procs) if actors else set()
+    pids = []
+    for pair in filter(None, actors.split(",")):
+        node_id, _, pid = pair.partition(":")
+        if node_id and pid.isdigit() and any(h.startswith(node_id) for h in here):
+            pids.append(int(pid))
+    return pids
+
+
+def job_pids(temp_dir, sid, job_id, actors=""):
     """Our Ray's processes that belong to one job: its workers carry RAY_JOB_ID, its driver the Jobs API's
-    metadata (job_submission_id) in its environment."""
+    metadata (job_submission_id) in its environment. `actors`: "NODE_ID_PREFIX:PID,..." from Ray's actor table: an
+    actor that runs in a worker Ray started before the job (a pooled one) carries no RAY_JOB_ID of the job."""
     out = []
     procs = read_procs()
+    mine = ours(temp_dir, procs)
     workers = job_procs(temp_dir, job_id, procs) if job_id else {}
-    for pid, cmd in sorted({**ours(temp_dir, procs), **workers}.items()):
+    for pid in actor_pids_here(temp_dir, actors, procs):
+        if pid in mine:
+            workers[pid] = mine[pid]
+    for pid, cmd in sorted({**mine, **workers}.items()):
         env = environ(pid)
         driver = b'"job_submission_id": "' + sid.encode() + b'"' in env.get(b"RAY_JOB_CONFIG_JSON_ENV_VAR", b"")
         if not (driver or pid in workers):
@@ -422,12 +447,12 @@ def job_pids(temp_dir, sid, job_id):
     return out
 
 
-def cmd_stacks(temp_dir, sid, job_id="", pyspy="", limit="24"):
+def cmd_stacks(temp_dir, sid, job_id="", pyspy="", limit="24", actors=""):
     import shutil
     import subprocess
 
     exe = pyspy if pyspy and os.path.exists(pyspy) else shutil.which("py-spy")
-    pids = job_pids(temp_dir, sid, job_id)
+    pids = job_pids(temp_dir, sid, job_id, actors)
     dumps = []
     for pid, role, cmd in pids[:int(limit)]:
         state, rss = proc_state(pid)

@@ -51,12 +51,22 @@ def _stuck(dumps: list[tuple[str, dict]]) -> tuple[str, list[str]]:
 
 
 def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> Bundle:
-    def stacks_args(node) -> tuple[str, ...]:
-        pyspy = os.path.join(os.path.dirname(node.spec.ray_executable(node.node)), "py-spy")
-        return node.spec.temp_dir, sid, ray_job_id, pyspy
-
     folder.mkdir(parents=True, exist_ok=True)
     why: list[str] = []
+    actors: list[dict] = []
+    try:  # first: the actors' pids find the workers that carry no RAY_JOB_ID of the job (pooled ones)
+        if ray_job_id:
+            actors = ray_jobs.state_list(api, "actors", (("job_id", ray_job_id),))
+    except ClusterError as e:
+        why.append(f"actor table: {e.message}")
+    (folder / "actors.json").write_text(json.dumps(actors, indent=1, default=str) + "\n")
+    # a node id's first 12 hex digits tell nodes apart and keep the argument small for thousands of actors
+    pairs = ",".join(f"{a['node_id'][:12]}:{a['pid']}" for a in actors if a.get("pid") and a.get("node_id"))
+
+    def stacks_args(node) -> tuple[str, ...]:
+        pyspy = os.path.join(os.path.dirname(node.spec.ray_executable(node.node)), "py-spy")
+        return node.spec.temp_dir, sid, ray_job_id, pyspy, "24", pairs
+
     text, dumps = [], []
     for r in run_on_nodes(spec, "stacks", stacks_args, timeout=180):
         ip = r.host
@@ -73,14 +83,8 @@ def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> 
             if not d["stack"]:
                 why.append(f"{ip} pid {d['pid']}: {d['error'] or 'py-spy printed nothing'}")
     (folder / "stacks.txt").write_text("\n".join(text) + "\n")
-    actors: list[dict] = []
-    try:
-        if ray_job_id:
-            actors = ray_jobs.state_list(api, "actors", (("job_id", ray_job_id),))
-    except ClusterError as e:
-        why.append(f"actor table: {e.message}")
-    (folder / "actors.json").write_text(json.dumps(actors, indent=1, default=str) + "\n")
-    logs = [r for r in run_on_nodes(spec, "joblogs", lambda n: (n.spec.temp_dir, ray_job_id, "40"), timeout=60) if r.ok]
+    logs = [r for r in run_on_nodes(spec, "joblogs", lambda n: (n.spec.temp_dir, ray_job_id, "40", pairs),
+                                     timeout=60) if r.ok]
     (folder / "worker-logs.txt").write_text("\n".join(
         f"== {r.host} {x['file']}\n" + "\n".join(x["lines"]) for r in logs for x in r.value["logs"]) + "\n")
     gpus = [{"ip": r.host, **r.value} if r.ok else {"ip": r.host, "error": r.reason}
