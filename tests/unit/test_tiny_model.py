@@ -107,11 +107,13 @@ def test_same_seed_same_files_other_seed_other_weights_same_tokenizer(tmp_path, 
     assert (tmp_path / "other" / "model.safetensors").read_bytes() != (tiny / "model.safetensors").read_bytes()
 
 
-def test_full_shape_is_qwen2_5_0_5b_without_writing_it():
-    config = model_config("qwen2.5-0.5b", 1021, pad_id=1018, eos_id=1020)
+@pytest.mark.parametrize("shape,params", [("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304),
+                                          ("qwen2.5-3b", 3_085_938_688)])
+def test_full_shapes_are_qwen2_5_without_writing_them(shape, params):
+    config = model_config(shape, 1021, pad_id=1018, eos_id=1020)
     shapes = tensor_shapes(config)
-    assert sum(int(np.prod(s)) for _, s in shapes) == 494_032_768
-    assert shape_from_hf_config(config).params == catalog_shape("qwen2.5-0.5b").params == 494_032_768
+    assert sum(int(np.prod(s)) for _, s in shapes) == params
+    assert shape_from_hf_config(config).params == catalog_shape(shape).params == params
     assert (config["vocab_size"], config["max_position_embeddings"], config["rope_theta"]) == (151936, 32768, 1e6)
     assert config["tie_word_embeddings"] and config["rms_norm_eps"] == 1e-6
     # transformers' own module tree (on the meta device: no memory) has exactly these names and shapes
@@ -129,4 +131,4 @@ def test_script_writes_the_folder(tmp_path):
     assert r.stdout.startswith("tiny: ") and "params" in r.stdout
     assert {p.name for p in out.iterdir()} == {"config.json", "generation_config.json", "model.safetensors",
                                                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
-    assert set(SHAPES) == {"tiny", "qwen2.5-0.5b"}
+    assert set(SHAPES) == {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"}

@@ -22,9 +22,13 @@ SHAPES = {
     # vocab None: the tokenizer's size rounded up to a multiple of 64
     "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
              "intermediate_size": 256, "vocab_size": None},
-    # the real Qwen2.5-0.5B(-Instruct) numbers
+    # the real Qwen2.5-0.5B/1.5B/3B(-Instruct) numbers (all three tie the embeddings)
     "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
                      "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+                     "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936},
+    "qwen2.5-3b": {"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
+                   "num_key_value_heads": 2, "intermediate_size": 11008, "vocab_size": 151936},
 }
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # pad/bos, turn start, eos (as Qwen2.5)
 SYSTEM_PROMPT = "You are a helpful assistant."
