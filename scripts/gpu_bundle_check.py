@@ -52,6 +52,14 @@ ray.get(h.hold_here.remote())
 """
 
 
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cluster", default="cluster_configs/local.yaml")
@@ -88,7 +96,8 @@ def main() -> int:
         t = time.time()
         slate = clean_slate(spec, api, sid, row.ray_job_id, timeout_s=90)
         doc["clean"] = {"ok": slate.clean, "s": round(time.time() - t, 1), "gpus": slate.gpus,
-                        "killed": slate.killed, "left": [*slate.actors, *slate.groups, *slate.procs]}
+                        "killed": slate.killed, "left": [*slate.actors, *slate.groups, *slate.procs],
+                        "actor_alive_after": alive(pid)}
     problems = []
     if f"pid {pid} (worker, stopped)" not in b.stuck:
         problems.append(f"the stopped actor is not the one named: {b.stuck!r}")
@@ -98,6 +107,8 @@ def main() -> int:
         problems.append("the actor's worker log was not found")
     if not slate.clean:
         problems.append("not clean")
+    elif doc["clean"]["actor_alive_after"]:
+        problems.append(f"clean said, but the stopped actor (pid {pid}) is still there: {slate.gpus}")
     doc["problems"] = problems
     text = json.dumps(doc, indent=1, default=str)
     print(text)

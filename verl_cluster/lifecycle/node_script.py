@@ -7,7 +7,7 @@ Stdlib only (ray is imported where present); shipped after the NVML reader's sou
   wait ADDR HEAD EXPECT T poll the GCS until the expected nodes are alive (one process, not one per poll)
   stacks TEMP_DIR SID JOB PYSPY LIMIT ACTORS  py-spy dumps of one Ray job's Python processes here
   gpuhealth SINCE N       GPU faults: NVML (GPUs lost or fewer than N, uncorrected ECC), kernel Xid lines
-  jobprocs TEMP_DIR JOB K one Ray job's processes left here (state, RSS, GPU MiB), NVML per GPU; K=1 kills them
+  jobprocs TEMP_DIR JOB K ACTORS  the job's processes left here (state, RSS, GPU MiB), NVML per GPU; K=1 kills
   joblogs TEMP_DIR JOB N ACTORS  the last N lines of each of one Ray job's worker logs here
 Prints its JSON result after a marker line (see runners.remote_python).
 """
@@ -348,12 +348,16 @@ def job_procs(temp_dir, job_id, procs=None):
     return out
 
 
-def cmd_jobprocs(temp_dir, job_id, kill="0"):
+def cmd_jobprocs(temp_dir, job_id, kill="0", actors=""):
     """The job's processes still here (state, RSS, GPU memory) and NVML's memory per GPU; kill=1: SIGKILL them
-    first (what is left of an attempt that was stopped), then look again."""
+    first (what is left of an attempt that was stopped), then look again. `actors`: as for stacks."""
+    def of_job(procs=None):
+        procs = procs if procs is not None else read_procs()
+        return {**job_procs(temp_dir, job_id, procs), **actor_procs_here(temp_dir, actors, procs)}
+
     killed = []
     if kill == "1":
-        for pid, cmd in job_procs(temp_dir, job_id).items():
+        for pid, cmd in of_job().items():
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append({"pid": pid, "cmd": cmd[:120]})
@@ -364,7 +368,7 @@ def cmd_jobprocs(temp_dir, job_id, kill="0"):
     on_gpu = gpu_procs()
     procs = read_procs()
     left = []
-    for pid, cmd in sorted(job_procs(temp_dir, job_id, procs).items()):
+    for pid, cmd in sorted(of_job(procs).items()):
         state, rss = proc_state(pid)
         if state == "Z":
             continue  # exited; its parent has not reaped it yet: holds nothing
@@ -387,7 +391,7 @@ def cmd_joblogs(temp_dir, job_id, lines="40", actors=""):
     n = int(lines)
     logs = os.path.join(temp_dir, "session_latest", "logs")
     found = set(glob.glob(os.path.join(logs, f"worker-*-{job_id}-*"))) if job_id else set()
-    for pid in actor_pids_here(temp_dir, actors, read_procs()):
+    for pid in actor_procs_here(temp_dir, actors, read_procs()):
         found |= {f for ext in ("out", "err") for f in glob.glob(os.path.join(logs, f"worker-*-{pid}.{ext}"))}
     found = sorted(found, key=os.path.getmtime, reverse=True)[:40]
     out = []
@@ -411,28 +415,32 @@ def node_ids(temp_dir, procs):
     return {m for cmd in ours(temp_dir, procs).values() for m in re.findall(r"--node[_-]id=([0-9a-f]+)", cmd)}
 
 
-def actor_pids_here(temp_dir, actors, procs):
-    """The pids of "NODE_ID_PREFIX:PID,..." (the job's actors from Ray's actor table) that run on this node."""
+def actor_procs_here(temp_dir, actors, procs):
+    """pid -> command of the job's actors running here: `actors` is "NODE_ID_PREFIX:PID:CLASS,..." from Ray's actor
+    table; a pid counts only on its node, in our Ray, under its actor's title (ray::CLASS...), so a pid that a
+    dead actor left and another process took is not taken for it."""
     here = node_ids(temp_dir, procs) if actors else set()
-    pids = []
+    mine = ours(temp_dir, procs) if here else {}
+    out = {}
     for pair in filter(None, actors.split(",")):
-        node_id, _, pid = pair.partition(":")
-        if node_id and pid.isdigit() and any(h.startswith(node_id) for h in here):
-            pids.append(int(pid))
-    return pids
+        node_id, _, rest = pair.partition(":")
+        pid, _, cls = rest.partition(":")
+        if not (node_id and pid.isdigit() and any(h.startswith(node_id) for h in here)) or int(pid) not in mine:
+            continue
+        if mine[int(pid)].startswith("ray::" + cls):
+            out[int(pid)] = mine[int(pid)]
+    return out
 
 
 def job_pids(temp_dir, sid, job_id, actors=""):
     """Our Ray's processes that belong to one job: its workers carry RAY_JOB_ID, its driver the Jobs API's
-    metadata (job_submission_id) in its environment. `actors`: "NODE_ID_PREFIX:PID,..." from Ray's actor table: an
-    actor that runs in a worker Ray started before the job (a pooled one) carries no RAY_JOB_ID of the job."""
+    metadata (job_submission_id) in its environment. `actors` (see actor_procs_here) adds the job's actors: one
+    that runs in a worker Ray started before the job (a pooled one) carries no RAY_JOB_ID of the job."""
     out = []
     procs = read_procs()
     mine = ours(temp_dir, procs)
     workers = job_procs(temp_dir, job_id, procs) if job_id else {}
-    for pid in actor_pids_here(temp_dir, actors, procs):
-        if pid in mine:
-            workers[pid] = mine[pid]
+    workers.update(actor_procs_here(temp_dir, actors, procs))
     for pid, cmd in sorted({**mine, **workers}.items()):
         env = environ(pid)
         driver = b'"job_submission_id": "' + sid.encode() + b'"' in env.get(b"RAY_JOB_CONFIG_JSON_ENV_VAR", b"")

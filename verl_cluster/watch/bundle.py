@@ -15,6 +15,7 @@ from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ClusterError
 from verl_cluster.launch import ray_jobs
 from verl_cluster.lifecycle.nodes import run_on_nodes
+from verl_cluster.watch.clean import actor_pairs
 
 
 @dataclass
@@ -60,8 +61,7 @@ def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> 
     except ClusterError as e:
         why.append(f"actor table: {e.message}")
     (folder / "actors.json").write_text(json.dumps(actors, indent=1, default=str) + "\n")
-    # a node id's first 12 hex digits tell nodes apart and keep the argument small for thousands of actors
-    pairs = ",".join(f"{a['node_id'][:12]}:{a['pid']}" for a in actors if a.get("pid") and a.get("node_id"))
+    pairs = actor_pairs(actors)
 
     def stacks_args(node) -> tuple[str, ...]:
         pyspy = os.path.join(os.path.dirname(node.spec.ray_executable(node.node)), "py-spy")
@@ -88,7 +88,7 @@ def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> 
     (folder / "worker-logs.txt").write_text("\n".join(
         f"== {r.host} {x['file']}\n" + "\n".join(x["lines"]) for r in logs for x in r.value["logs"]) + "\n")
     gpus = [{"ip": r.host, **r.value} if r.ok else {"ip": r.host, "error": r.reason}
-            for r in run_on_nodes(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "0"), timeout=60)]
+            for r in run_on_nodes(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "0", pairs), timeout=60)]
     (folder / "nvml.json").write_text(json.dumps(gpus, indent=1) + "\n")
     stuck, frames = _stuck(dumps)
     n_stacks = sum(1 for _, d in dumps if d["stack"])

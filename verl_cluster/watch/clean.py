@@ -46,19 +46,30 @@ class Slate:
         return head + kill + gpu
 
 
-def _ray_left(api, ray_job_id: str) -> tuple[list[str], list[str]]:
+def actor_pairs(actors: list[dict]) -> str:
+    """The job's actors for the node script ("NODE_ID_PREFIX:PID:CLASS,..."): the first 12 hex digits of a node id
+    tell nodes apart and keep the argument small for thousands of actors; the class is the process title's."""
+    return ",".join(f"{a['node_id'][:12]}:{a['pid']}:{str(a.get('class_name') or '').rsplit('.', 1)[-1]}"
+                    for a in actors if a.get("pid") and a.get("node_id"))
+
+
+def _ray_left(api, ray_job_id: str) -> tuple[list[str], list[str], str]:
+    rows = ray_jobs.state_list(api, "actors", (("job_id", ray_job_id),))
     actors = [f"{a.get('class_name', '?')} pid {a.get('pid', '?')} ({a.get('state')})"
-              for a in ray_jobs.state_list(api, "actors", (("job_id", ray_job_id),))
-              if a.get("state") in ALIVE_ACTOR]
+              for a in rows if a.get("state") in ALIVE_ACTOR]
     groups = [f"placement group {str(g.get('placement_group_id', '?'))[:12]} ({g.get('state')})"
               for g in ray_jobs.state_list(api, "placement_groups")
               if g.get("creator_job_id") == ray_job_id and g.get("state") not in ("REMOVED",)]
-    return actors, groups
+    return actors, groups, actor_pairs(rows)
 
 
-def _node_left(spec: ClusterSpec, ray_job_id: str, kill: bool) -> tuple[list[str], list[str], list[str]]:
+def _node_left(spec: ClusterSpec, ray_job_id: str, kill: bool, pairs: str = "") -> tuple[list[str], list[str],
+                                                                                         list[str]]:
+    """What the nodes still hold of the job: its processes (RAY_JOB_ID, or an actor of it by pid: a dead actor's
+    process in a pooled worker can outlive Ray's record, holding its GPU memory), those killed, NVML per GPU."""
     procs, killed, gpus = [], [], []
-    for r in run_on_nodes(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "1" if kill else "0"), timeout=60):
+    for r in run_on_nodes(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "1" if kill else "0", pairs),
+                          timeout=60):
         ip = r.host
         if not r.ok:
             procs.append(f"{ip}: cannot look ({r.reason[:120]})")
@@ -86,18 +97,20 @@ def clean_slate(spec: ClusterSpec, api, sid: str, ray_job_id: str, timeout_s: fl
     if not ray_job_id:  # never reached Ray: nothing of it can be running
         return Slate(True, time.monotonic() - t0)
     killed_all: list[str] = []
+    pairs = ""
     ray_clear_at = None
     said = False
     while True:
         waited = time.monotonic() - t0
         try:
-            actors, groups = _ray_left(api, ray_job_id)
+            actors, groups, found = _ray_left(api, ray_job_id)
+            pairs = found or pairs  # dead actors leave the table in time: keep the last pids seen
         except ClusterError as e:
             actors, groups = [f"Ray's State API did not answer ({e.message[:120]})"], []
         if not actors and not groups and ray_clear_at is None:
             ray_clear_at = time.monotonic()
         late = (ray_clear_at is not None and time.monotonic() - ray_clear_at >= grace_s) or waited >= timeout_s
-        procs, killed, gpus = _node_left(spec, ray_job_id, kill=late)
+        procs, killed, gpus = _node_left(spec, ray_job_id, kill=late, pairs=pairs)
         killed_all += killed
         if not actors and not groups and not procs:
             return Slate(True, time.monotonic() - t0, killed=killed_all, gpus=gpus)
