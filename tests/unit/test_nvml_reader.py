@@ -67,3 +67,37 @@ def test_shipped_scripts_carry_the_reader(tmp_path, source, args, key):
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(r.stdout.strip().splitlines()[-1].split("@@VC-JSON@@", 1)[1])
     assert key in data
+
+
+def test_jobprocs_opens_nvml_once_for_its_processes_and_its_gpus(monkeypatch, tmp_path, capsys):
+    """A job's process left on the replayed H100: one NVML init (and one shutdown) serves both the per-process and
+    the per-GPU memory in what `jobprocs` emits."""
+    facts, lib = replay(monkeypatch, "h100x1.json")
+    calls = {"init": 0, "shutdown": 0}
+    init, shutdown = lib.nvmlInit_v2, lib.nvmlShutdown
+
+    def counted(key, fn):
+        def call(*a):
+            calls[key] += 1
+            return fn(*a)
+        return call
+
+    lib.nvmlInit_v2, lib.nvmlShutdown = counted("init", init), counted("shutdown", shutdown)
+    temp = tmp_path / "ray-temp"  # named on the command line, as the processes of this cluster's Ray name it
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(temp)],
+                             env={"RAY_JOB_ID": "02000000", "PATH": "/usr/bin:/bin"})
+    try:
+        lib.procs = {0: [(child.pid, 3 << 30)]}
+        node_script.cmd_jobprocs(str(temp), "02000000")
+    finally:
+        child.kill()
+        child.wait()
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1].split(node_script.MARK, 1)[1])
+    [left] = doc["left"]
+    assert (left["pid"], left["gpu"], left["gpu_mib"]) == (child.pid, 0, 3072) and "time.sleep(60)" in left["cmd"]
+    g = facts["gpus"][0]
+    assert doc["gpus"] == [{"index": 0, "used_mib": g["memory_total_mib"] - g["memory_free_mib"],
+                            "total_mib": g["memory_total_mib"]}]
+    assert doc["gpu_procs"] == [{"pid": child.pid, "gpu": 0, "mib": 3072, "cmd": left["cmd"][:80]}]
+    assert doc["killed"] == [] and set(doc) == {"hostname", "left", "killed", "gpus", "gpu_procs"}
+    assert calls == {"init": 1, "shutdown": 1}

@@ -83,19 +83,22 @@ def kind(cmd):
     return cmd.split(" ", 1)[0].rsplit("/", 1)[-1][:40]
 
 
-def gpus():
-    nvml, error = open_nvml()
-    if nvml is None:  # no driver, no GPU
-        return [], error
+def gpus(nvml=None):
+    """([per-GPU name and memory], why not); `nvml`: one the caller opened and closes, else opened here."""
+    if nvml is None:
+        nvml, error = open_nvml()
+        if nvml is None:  # no driver, no GPU
+            return [], error
+        try:
+            return gpus(nvml)
+        finally:
+            nvml.close()
     out = []
-    try:
-        for i in range(nvml.count()):
-            h = nvml.handle(i)
-            total, free = nvml.memory(h)
-            out.append({"index": i, "name": nvml.name(h),
-                        "memory_total_mib": total // 2**20, "memory_free_mib": free // 2**20})
-    finally:
-        nvml.close()
+    for i in range(nvml.count()):
+        h = nvml.handle(i)
+        total, free = nvml.memory(h)
+        out.append({"index": i, "name": nvml.name(h),
+                    "memory_total_mib": total // 2**20, "memory_free_mib": free // 2**20})
     return out, None
 
 
@@ -314,11 +317,16 @@ def proc_state(pid):
         return "?", 0
 
 
-def gpu_procs():
-    """pid -> (GPU index, MiB) of the compute processes NVML lists; {} without NVML."""
-    nvml, _ = open_nvml()
+def gpu_procs(nvml=None):
+    """pid -> (GPU index, MiB) of the compute processes NVML lists; {} without NVML. `nvml`: as for gpus."""
     if nvml is None:
-        return {}
+        nvml, _ = open_nvml()
+        if nvml is None:
+            return {}
+        try:
+            return gpu_procs(nvml)
+        finally:
+            nvml.close()
     try:
         out = {}
         for i in range(nvml.count()):
@@ -327,8 +335,6 @@ def gpu_procs():
         return out
     except (NvmlError, AttributeError):  # AttributeError: a driver without the _v2/_v3 call
         return {}
-    finally:
-        nvml.close()
 
 
 def job_procs(temp_dir, job_id, procs=None):
@@ -365,17 +371,22 @@ def cmd_jobprocs(temp_dir, job_id, kill="0", actors=""):
                 pass
         if killed:
             time.sleep(1.0)
-    on_gpu = gpu_procs()
-    procs = read_procs()
-    left = []
-    for pid, cmd in sorted(of_job(procs).items()):
-        state, rss = proc_state(pid)
-        if state == "Z":
-            continue  # exited; its parent has not reaped it yet: holds nothing
-        gpu = on_gpu.get(pid)
-        left.append({"pid": pid, "cmd": cmd[:120], "state": state, "rss_mib": rss,
-                     "gpu": gpu[0] if gpu else None, "gpu_mib": gpu[1] if gpu else 0})
-    g, _ = gpus()
+    nvml, _ = open_nvml()  # one init for the processes and the GPUs: init is NVML's slow call
+    try:
+        on_gpu = gpu_procs(nvml) if nvml is not None else {}
+        procs = read_procs()
+        left = []
+        for pid, cmd in sorted(of_job(procs).items()):
+            state, rss = proc_state(pid)
+            if state == "Z":
+                continue  # exited; its parent has not reaped it yet: holds nothing
+            gpu = on_gpu.get(pid)
+            left.append({"pid": pid, "cmd": cmd[:120], "state": state, "rss_mib": rss,
+                         "gpu": gpu[0] if gpu else None, "gpu_mib": gpu[1] if gpu else 0})
+        g, _ = gpus(nvml) if nvml is not None else ([], None)
+    finally:
+        if nvml is not None:
+            nvml.close()
     emit({"hostname": socket.gethostname(), "left": left, "killed": killed,
           "gpus": [{"index": x["index"], "used_mib": x["memory_total_mib"] - x["memory_free_mib"],
                     "total_mib": x["memory_total_mib"]} for x in g],
