@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.cli import ROOT
+from tests.harness.cli import ROOT, run_cli
 from tests.harness.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -31,15 +31,14 @@ def lab3(module_lab, tmp_path_factory):
 
 def cli(lab3, *args, timeout=240):
     _, _, _, home = lab3
-    return subprocess.run([sys.executable, "-m", "verl_cluster", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env={**os.environ, "HOME": str(home), "COLUMNS": "200"})
+    return run_cli(*args, env={"HOME": str(home)}, timeout=timeout)
 
 
 def popen_cli(lab3, *args):
     _, _, _, home = lab3
     return subprocess.Popen([sys.executable, "-m", "verl_cluster", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "HOME": str(home), "COLUMNS": "200"})
+                            env={**os.environ, "HOME": str(home)})
 
 
 def job(lab3, name, steps=10, save_freq=3, step_s=0.4, watch="", **knobs):

@@ -2,6 +2,8 @@
 session fails if the user's ~/.verl-cluster or ~/.ssh changed during the run."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from verl_cluster.launch import job_records
@@ -18,3 +20,13 @@ def test_job_records_land_under_the_suite_home(real_home):
     where = job_records.jobs_dir().resolve()
     assert Path(os.environ["HOME"]).resolve() in where.parents
     assert real_home.resolve() not in where.parents
+
+
+def test_the_cli_a_test_starts_prints_200_columns_wide():
+    """tests/conftest.py sets COLUMNS for the session's environment, so a CLI started with it (the integration
+    helpers pass os.environ on) prints its tables and one-line messages whole on both streams; rich alone would
+    wrap stderr at 80 when piped."""
+    show = "from verl_cluster.cli.output import err, out; print(out.width, err.width)"
+    r = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, timeout=60)  # inherits os.environ
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["200", "200"]
