@@ -47,7 +47,13 @@ step() {
   pack
 }
 want() { [ ${#STEPS[@]} -eq 0 ] && return 0; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
-STEPS=("$@")
+# the calibration grid's two batches (below, "calibration grid") expand to their runs
+GRID_A=(fit-grpo15 fit-ppo15 fit-offload05 fit-n8long05)
+GRID_B=(hold-grpo3 hold-offload15 hold-ppo05 hold-padded05)
+STEPS=()
+for s in "$@"; do
+  case $s in grid-a) STEPS+=("${GRID_A[@]}") ;; grid-b) STEPS+=("${GRID_B[@]}") ;; *) STEPS+=("$s") ;; esac
+done
 named() { for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }  # only when asked for
 
 if want env; then
@@ -196,6 +202,48 @@ if named watch-script; then
     "--after-file CKPT/global_step_4/actor --delay 2 --signal KILL --match ray::WorkerDict --timeout 1500" \
     -- $VC submit /root/scripts/run_tiny_grpo.sh watch.backoff_s=2 watch.hang_after=${HANG_AFTER:-120s} --watch
 fi
+# ---- calibration grid: the planner's host RAM and step time against real verl runs, one H100 ----
+# bash scripts/gpu_e2e.sh fa griddata up-only grid-a   (then grid-b on another machine; docs/BENCHMARKS.md says how)
+# Every run: random-init Qwen2.5 shape, synthetic GSM8K, 3 steps (step 1 is left out of timing), no validation,
+# planned first, NVML + host RAM per process role sampled (scripts/gpu_mem_sampler.py), log kept; then
+# `python3 scripts/calib_from_runs.py $LOGS NAME` turns it into a calibration fixture. flash-attn (step `fa`, head
+# dims 32/64/128) is installed on both batches, so the plan picks packed flash-attn unless a run pins otherwise.
+# Expected minutes (start-up ~4.8 min at 0.5B, ~5 at 1.5B, ~5.5 at 3B, then 3 steps at the plan's step time for
+# fill 0.4, warm-up ~0.5 min, exit ~0.4 min): batch A ~27 min + ~3.5 min staging/models/up; batch B the same.
+# A run that would not finish inside BUDGET_S is skipped (named in steps.log): run the skipped ones next time.
+# A: fit (with the recorded GRPO 0.5B, GRPO tiny and PPO 0.5B runs)  |  B: hold-out (3B, offload, PPO, padded)
+FIT=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" env.VLLM_LOGGING_LEVEL=INFO
+     env.VLLM_USE_FLASHINFER_SAMPLER=0 trainer.total_training_steps=3 trainer.test_freq=-1 trainer.val_before_train=false)
+GRPO=launch/gsm8k_grpo.yaml PPO=launch/gsm8k.yaml
+OFFLOAD="actor_rollout_ref.actor.fsdp_config.param_offload=true actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"
+declare -A G_SHAPE G_JOB G_ARGS G_EXPECT_S
+grid_run() { G_SHAPE[$1]=$2; G_JOB[$1]=$3; G_EXPECT_S[$1]=$4; G_ARGS[$1]=$5; }
+#        name           shape         job    ~s   batch x n, lengths, what varies
+grid_run fit-grpo15     qwen2.5-1.5b  $GRPO  410  "data.train_batch_size=16 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.save_freq=-1"
+grid_run fit-ppo15      qwen2.5-1.5b  $PPO   395  "data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.rollout.gpu_memory_utilization=0.35 trainer.save_freq=-1"
+grid_run fit-offload05  qwen2.5-0.5b  $GRPO  390  "data.train_batch_size=32 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=16 $OFFLOAD trainer.save_freq=-1"
+grid_run fit-n8long05   qwen2.5-0.5b  $GRPO  420  "data.train_batch_size=16 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=8 data.max_response_length=2048 trainer.save_freq=-1"
+grid_run hold-grpo3     qwen2.5-3b    $GRPO  440  "data.train_batch_size=8 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.rollout.gpu_memory_utilization=0.35 trainer.save_freq=-1"
+grid_run hold-offload15 qwen2.5-1.5b  $GRPO  395  "data.train_batch_size=8 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=512 $OFFLOAD trainer.save_freq=-1"
+grid_run hold-ppo05     qwen2.5-0.5b  $PPO   415  "data.train_batch_size=128 actor_rollout_ref.actor.ppo_mini_batch_size=64 data.max_response_length=1024 trainer.save_freq=3"
+grid_run hold-padded05  qwen2.5-0.5b  $GRPO  385  "data.train_batch_size=16 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.model.use_remove_padding=false +actor_rollout_ref.model.override_config.attn_implementation=sdpa trainer.save_freq=-1"
+grid_named() { local s; for s in "${STEPS[@]}"; do [ -n "${G_SHAPE[$s]:-}" ] && echo "$s"; done; }
+if named griddata; then   # the shapes the named runs use (written side by side) and the data
+  shapes=$(for s in $(grid_named); do echo "${G_SHAPE[$s]}"; done | sort -u)
+  step grid-models 300 bash -c "for m in $(echo $shapes); do [ -f $MODELS/\$m/model.safetensors ] || python3 scripts/make_tiny_model.py --shape \$m -o $MODELS/\$m & done; wait"
+  [ -f $DATA/train.parquet ] || step data 120 python3 scripts/prepare_gsm8k.py --synthetic 2000 --test-rows 64 -o $DATA
+fi
+named up-only && step up 180 $VC up cluster_configs/local.yaml
+for name in $(grid_named); do
+  left=$(( BUDGET_S - ($(date +%s) - T0) ))
+  if [ "$left" -lt "${G_EXPECT_S[$name]}" ]; then
+    echo "$name SKIPPED (needs ~${G_EXPECT_S[$name]}s, ${left}s left of BUDGET_S)" | tee -a "$LOGS/steps.log"; continue
+  fi
+  # shellcheck disable=SC2086  # G_ARGS holds key=value words without spaces
+  RUN_LIMIT=$(( G_EXPECT_S[$name] + 180 )) run_verl "$name" "${G_JOB[$name]}" model.path=$MODELS/${G_SHAPE[$name]} \
+    "${FIT[@]}" ${G_ARGS[$name]} trainer.default_local_dir=$CKPT/$name
+  rm -rf "${CKPT:?}/$name"   # a 1.5B checkpoint is ~18 GB: the disk is 64 GB
+done
 named down && step down 120 $VC down cluster_configs/local.yaml
 
 if [ -n "${EXTRA:-}" ]; then step extra 300 bash -c "$EXTRA"; fi
