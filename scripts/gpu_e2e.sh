@@ -48,7 +48,7 @@ step() {
 }
 want() { [ ${#STEPS[@]} -eq 0 ] && return 0; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 # the calibration grid's two batches (below, "calibration grid") expand to their runs
-GRID_A=(fit-grpo15 fit-ppo15 fit-offload05 fit-n8long05)
+GRID_A=(fit-grpo15 fit-offload05 fit-n8long05 fit-ppo15)   # most needed first: the last may not fit the machine
 GRID_B=(hold-grpo3 hold-offload15 hold-ppo05 hold-padded05)
 STEPS=()
 for s in "$@"; do
@@ -209,8 +209,9 @@ fi
 # `python3 scripts/calib_from_runs.py $LOGS NAME` turns it into a calibration fixture. flash-attn (step `fa`, head
 # dims 32/64/128) is installed on both batches, so the plan picks packed flash-attn unless a run pins otherwise.
 # Expected minutes (start-up ~4.8 min at 0.5B, ~5 at 1.5B, ~5.5 at 3B, then 3 steps at the plan's step time for
-# fill 0.4, warm-up ~0.5 min, exit ~0.4 min): batch A ~27 min + ~3.5 min staging/models/up; batch B the same.
-# A run that would not finish inside BUDGET_S is skipped (named in steps.log): run the skipped ones next time.
+# fill 0.4, warm-up ~0.5 min, exit ~0.4 min): batch A ~27 min + ~3.5 min staging/models/up; batch B the same, so
+# a 30-minute machine likely runs three of four: a run that would not finish inside BUDGET_S is skipped (named in
+# steps.log); run the skipped ones with the next batch.
 # A: fit (with the recorded GRPO 0.5B, GRPO tiny and PPO 0.5B runs)  |  B: hold-out (3B, offload, PPO, padded)
 FIT=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" env.VLLM_LOGGING_LEVEL=INFO
      env.VLLM_USE_FLASHINFER_SAMPLER=0 trainer.total_training_steps=3 trainer.test_freq=-1 trainer.val_before_train=false)
@@ -228,9 +229,10 @@ grid_run hold-offload15 qwen2.5-1.5b  $GRPO  395  "data.train_batch_size=8 actor
 grid_run hold-ppo05     qwen2.5-0.5b  $PPO   415  "data.train_batch_size=128 actor_rollout_ref.actor.ppo_mini_batch_size=64 data.max_response_length=1024 trainer.save_freq=3"
 grid_run hold-padded05  qwen2.5-0.5b  $GRPO  385  "data.train_batch_size=16 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.model.use_remove_padding=false +actor_rollout_ref.model.override_config.attn_implementation=sdpa trainer.save_freq=-1"
 grid_named() { local s; for s in "${STEPS[@]}"; do [ -n "${G_SHAPE[$s]:-}" ] && echo "$s"; done; }
-if named griddata; then   # the shapes the named runs use (written side by side) and the data
+if named griddata; then   # the shapes the named runs use (written side by side), the data, and the staged
+  # packages' bytecode (installed --no-compile: otherwise the first run's every process compiles what it imports)
   shapes=$(for s in $(grid_named); do echo "${G_SHAPE[$s]}"; done | sort -u)
-  step grid-models 300 bash -c "for m in $(echo $shapes); do [ -f $MODELS/\$m/model.safetensors ] || python3 scripts/make_tiny_model.py --shape \$m -o $MODELS/\$m & done; wait"
+  step grid-models 300 bash -c "for m in $(echo $shapes); do [ -f $MODELS/\$m/model.safetensors ] || python3 scripts/make_tiny_model.py --shape \$m -o $MODELS/\$m & done; python3 -m compileall -q -j 0 $SITE >/dev/null 2>&1 & wait"
   [ -f $DATA/train.parquet ] || step data 120 python3 scripts/prepare_gsm8k.py --synthetic 2000 --test-rows 64 -o $DATA
 fi
 named up-only && step up 180 $VC up cluster_configs/local.yaml
