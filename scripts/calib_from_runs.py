@@ -223,15 +223,15 @@ def write_runs(path: Path, runs_doc: dict) -> None:
     path.write_text("\n".join(out) + "\n")
 
 
-def replay_pairs(entry: dict, logs_dir: Path, tmp: Path) -> list[dict]:
-    """The plan re-made for the recorded job on the recorded H100 (with or without flash-attn) at the run's own
-    lengths, against what verl logged: test_plan_time_host's view of this run."""
+def replay(entry: dict, logs_dir: Path, tmp: Path) -> tuple[Any, dict]:
+    """(the plan re-made for the recorded job on the recorded H100, with or without flash-attn, at the run's own
+    lengths; what verl logged, reduced by check_run.measured): tests/unit/test_plan_time_host.py's view of a run."""
     from dataclasses import replace
 
     from verl_cluster.config.job import load_job
     from verl_cluster.facts.model import NodeFacts, from_json
     from verl_cluster.placement import plan_job
-    from verl_cluster.placement.check_run import measured, pairs
+    from verl_cluster.placement.check_run import measured
     from verl_cluster.placement.settings import read_settings
 
     facts = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h100x1.json").read_text())
@@ -249,8 +249,15 @@ def replay_pairs(entry: dict, logs_dir: Path, tmp: Path) -> list[dict]:
     got = measured(steps, entry["first_steps"])
     job = load_job(ROOT / entry["job"], args)
     s = read_settings(job)
-    fill = got["tokens_per_step"] / s.sequences / s.seq_len
-    return pairs(plan_job(job, [facts], fill=fill).predictions(), got)
+    fill = got["tokens_per_step"] / s.sequences / s.seq_len  # the lengths the run really had
+    return plan_job(job, [facts], fill=fill), got
+
+
+def replay_pairs(entry: dict, logs_dir: Path, tmp: Path) -> list[dict]:
+    from verl_cluster.placement.check_run import pairs
+
+    plan, got = replay(entry, logs_dir, tmp)
+    return pairs(plan.predictions(), got)
 
 
 def main(argv: list[str] | None = None) -> int:

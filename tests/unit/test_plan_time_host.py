@@ -5,24 +5,23 @@ Host RAM: fitted on the two GRPO runs, the PPO run is held out. Step time: every
 constant (there are three, and each pins a different one), so the test bounds the fit's residuals, it does not
 claim a hold-out."""
 
+import importlib.util
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from verl_cluster.config.job import load_job
-from verl_cluster.facts.model import NodeFacts, from_json
-from verl_cluster.launch.verl_log import VerlProgress
 from verl_cluster.placement import parse_gpus, plan_job
 from verl_cluster.placement import step_time as st
-from verl_cluster.placement.check_run import measured, off, pairs
-from verl_cluster.placement.settings import read_settings
+from verl_cluster.placement.check_run import off, pairs
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())["runs"]
-H100 = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h100x1.json").read_text())
-H100_NO_FA = replace(H100, versions={k: v for k, v in H100.versions.items() if k != "flash_attn"})
+# the replay (job as it ran, recorded H100 facts, the run's own lengths) is the one scripts/calib_from_runs.py prints
+_spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calib_from_runs.py")
+CALIB = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(CALIB)
 # bounds the recorded runs meet; the goals (step ±20%, phase ±30%, host ±15%) on runs not fitted need more
 # runs (docs/BENCHMARKS.md says which)
 STEP_BOUND, PHASE_BOUND, HOST_BOUND = 0.20, 0.35, 0.15
@@ -35,25 +34,7 @@ def _home(tmp_path, monkeypatch):
 
 
 def replay(name, tmp_path):
-    run = RUNS[name]
-    args = list(run["args"])
-    if run.get("tiny_model"):
-        from verl_cluster.launch.tiny_model import write_model
-
-        write_model(tmp_path / "tiny", "tiny", seed=0)
-        args.append(f"model.path={tmp_path / 'tiny'}")
-    steps: dict = {}
-    for log in run["logs"]:
-        v = VerlProgress()
-        v.feed((ROOT / "tests/fixtures/verl_logs" / log).read_text())
-        v.flush()
-        steps.update(v.steps)
-    got = measured(steps, run["first_steps"])
-    job = load_job(ROOT / run["job"], args)
-    s = read_settings(job)
-    fill = got["tokens_per_step"] / s.sequences / s.seq_len  # the lengths the run really had
-    plan = plan_job(job, [H100 if run["flash_attn"] else H100_NO_FA], fill=fill)
-    return plan, got
+    return CALIB.replay(RUNS[name], ROOT / "tests/fixtures/verl_logs", tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
