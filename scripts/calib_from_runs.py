@@ -40,7 +40,8 @@ DROP = re.compile(r"^(model\.path|data\.(train|val)_files|env\.|trainer\.(total_
                   r"val_before_train|default_local_dir|total_epochs|experiment_name|project_name|logger)\b)")
 KEEP_LINE = re.compile(r"step:\d+ - |Saving checkpoint|local_global_step_folder|Model loading took|"
                        r"Available KV cache memory|GPU KV cache size|Graph capturing finished|sleep freed|"
-                       r"SUCCEEDED|FAILED|STOPPED|Error|error:")
+                       r"SUCCEEDED|FAILED|STOPPED|Error: |error: ")
+SKIP_LINE = re.compile(r"Warning|warnings\.warn")  # start-up noise (optional engines missing, deprecations)
 TAIL_LINES = 5
 STAMP = re.compile(r"^(\d+\.\d+) (.*)$")
 
@@ -99,7 +100,7 @@ def log_lines(path: Path) -> list[str]:
 
 
 def fixture_lines(lines: list[str]) -> list[str]:
-    keep = [ln for ln in lines if KEEP_LINE.search(ln)]
+    keep = [ln for ln in lines if KEEP_LINE.search(ln) and not SKIP_LINE.search(ln)]
     tail = [ln for ln in lines[-TAIL_LINES:] if ln not in keep[-TAIL_LINES:]]
     return keep + tail
 
