@@ -14,7 +14,8 @@ plan applied; its log fixture keeps the lines the replay and docs read (per-step
 checkpoint saves, the end). With the sampler's file the entry also carries what the node's RAM did (`sampled`).
 Roles: `fit-*` runs are fitted on and `hold-*` held out, unless --role/--host-role/--time-role say otherwise.
 --write adds (or replaces) the entries in the fixture file and writes the logs next to the others; without it the
-entries are printed. Each run's plan is replayed at the run's own lengths and the pairs printed (predicted vs
+entries are printed. A run whose files are missing (skipped by the budget) or that reached no step is named and
+left out (exit 1); exit 2 when none could be read. Each run's plan is replayed at the run's own lengths and the pairs printed (predicted vs
 measured), as the test will see them.
 """
 
@@ -281,21 +282,28 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--log-name/--entry-name name one run")
     import tempfile
 
-    done = {}
+    done, failed = {}, []
     try:
         doc = read_json(a.runs_file)
-        for name in a.names:
-            entry, lines = entry_for(a.logs, name, host_role=a.host_role or a.role, time_role=a.time_role or a.role,
-                                     flash=a.flash_attn, log_name=a.log_name)
-            key = a.entry_name or name
-            target = a.logs_dir if a.write else Path(tempfile.mkdtemp())
-            (target / entry["logs"][0]).write_text("\n".join(lines) + "\n")
-            with tempfile.TemporaryDirectory() as tmp:
-                rows = replay_pairs(entry, target, Path(tmp))
-            done[key] = {"entry": entry, "pairs": rows}
-            doc["runs"][key] = entry
     except RunFilesError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    for name in a.names:  # a run that was skipped or failed is named and left out; the others go on
+        try:
+            entry, lines = entry_for(a.logs, name, host_role=a.host_role or a.role, time_role=a.time_role or a.role,
+                                     flash=a.flash_attn, log_name=a.log_name)
+        except RunFilesError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed.append(name)
+            continue
+        key = a.entry_name or name
+        target = a.logs_dir if a.write else Path(tempfile.mkdtemp())
+        (target / entry["logs"][0]).write_text("\n".join(lines) + "\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = replay_pairs(entry, target, Path(tmp))
+        done[key] = {"entry": entry, "pairs": rows}
+        doc["runs"][key] = entry
+    if not done:
         return 2
     if a.write:
         write_runs(a.runs_file, doc)
@@ -308,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {r['what']:<32} predicted {r['predicted']:>8} measured {r['measured']:>8} {r['error']:+.1%}")
         if a.write:
             print(f"wrote {', '.join(done)} into {a.runs_file} and {a.logs_dir}/")
-    return 0
+    if failed:
+        print(f"left out: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -120,6 +120,12 @@ def test_missing_files_and_runs_without_steps_are_named(tmp_path, capsys):
     log.write_text(log.read_text().splitlines()[0] + "\nonly start-up lines\n")
     assert C.main([str(tmp_path / "logs"), name, "--role", "fit"]) == 2
     assert "no `step:N - ` metrics lines" in capsys.readouterr().err
+    # one good run and one the budget skipped: the good one is kept, the other named, exit 1
+    ok = run_folder(tmp_path / "logs", "ppo_0.5b")
+    assert C.main([str(tmp_path / "logs"), ok, "hold-never-ran", "--role", "fit"]) == 1
+    out = capsys.readouterr()
+    assert out.out.startswith(f"{ok}: ") and "plan-hold-never-ran.json: missing" in out.err
+    assert "left out: hold-never-ran" in out.err
     with pytest.raises(C.RunFilesError, match="say --role"):
         C.role_for("grpo05", None)
 
