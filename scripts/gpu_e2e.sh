@@ -6,6 +6,7 @@
 #   bash scripts/gpu_e2e.sh fa verlenv verldata up ppo grpo ppo05 reject down  # verl for real (see below)
 #   bash scripts/gpu_e2e.sh fa verlenv verldata up ppo2 ppo052 down            # on 2 GPUs
 #   bash scripts/gpu_e2e.sh verldata up watch-kill watch-hang watch-refused watch-argv watch-script  # --watch
+#   bash scripts/gpu_e2e.sh fa griddata up-only grid-a      # the planner's calibration grid (grid-b: the hold-out)
 # Every step logs to $LOGS/<n>-<name>.log (time, exit code in $LOGS/steps.log) and failures do not stop the run;
 # after each step $OUT/e2e.tgz is refreshed, so whatever ran comes back even when the call is cut short.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...): the host's GPUs are shared.
