@@ -1,6 +1,7 @@
 """`jobs` with no cluster named, on namespace hosts: the session's shared cluster (up, with a job submitted from
 here) is listed while two recorded clusters that are gone — one whose head host is switched off, one a Slurm
-allocation long ended — are each named in one line with why. Runs with a HOME of its own."""
+allocation long ended — are each named in one line with why; once `down` has stopped the first, it is named down
+and no longer asked. Runs with a HOME of its own."""
 
 import json
 import time
@@ -59,6 +60,19 @@ def test_jobs_lists_every_cluster_that_answers_and_names_the_gone_ones(shared_cl
         assert any(x.startswith(f"gone{lab.n} ") and gone.ip in x for x in silent), silent
         assert any(x.startswith("slurm-4242 ") and "scontrol" in x for x in silent), silent
         print(f"\nJOBS-ALL three clusters (one up, two gone) answered in {took:.1f}s\n" + "\n".join(silent))
+
+        lab.start(gone)  # switched on again (sshd, no Ray): `down` reaches it, and from then on it is down, not gone
+        r = run_cli("down", "-c", gone_path, env=env)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        r = run_cli("jobs", "--json", "--timeout", "60", env=env, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        by = {c["cluster"]: c for c in json.loads(r.stdout)["clusters"]}
+        assert by[f"gone{lab.n}"]["down"] and "error" not in by[f"gone{lab.n}"], by[f"gone{lab.n}"]
+        assert by[f"shared{lab.n}"]["answered"] and not by["slurm-4242"]["down"]
+        r = run_cli("jobs", env=env, timeout=120)
+        assert r.returncode == 0 and sid in r.stdout, r.stderr[-2000:]
+        assert [x.split()[0] for x in r.stderr.splitlines() if "did not answer" in x] == ["slurm-4242"], r.stderr
+        assert any(x.startswith(f"gone{lab.n} ") and "is down" in x for x in r.stderr.splitlines()), r.stderr
     finally:
         run_cli("stop", sid, "-c", path, env=env)
     assert not (real_home / ".verl-cluster/clusters" / f"gone{lab.n}.json").exists()

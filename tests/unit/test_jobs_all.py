@@ -3,6 +3,7 @@ deadline, the silent ones named. Real config loading and a real Jobs API client 
 has its own HOME."""
 
 import json
+import os
 import socket
 import threading
 import time
@@ -138,3 +139,67 @@ def test_a_dashboard_that_never_answers_does_not_hold_up_the_other_clusters(home
         found = all_jobs.jobs_everywhere(known, load_cluster, timeout_s=4)
     assert found[0].error == "no answer within 4s", found[0]
     assert "cannot reach the Ray Jobs API" in found[1].error, found[1]
+
+
+def test_a_cluster_taken_down_here_is_named_down_and_not_asked(home, tmp_path, capsys):
+    """`down` (done) marks the cluster's record: `jobs` says it is down instead of that it did not answer, and keeps
+    what was recorded about it (its file, its jobs' records) for when it comes back."""
+    name = f"downed-{os.getpid()}"  # its temp dir /tmp/vc-<name> holds no Ray: `down` finds nothing to stop
+    downed, other = local_cluster(tmp_path, name), local_cluster(tmp_path, "other")
+    job_records.record_cluster(name, str(downed), ["ray.object_store_memory=200000000"])  # as `up` records it
+    job_records.record("j-1", str(downed), name, "smoke")
+    job_records.record_cluster("other", str(other))
+    assert main(["down", "-c", str(downed)]) == 0
+    capsys.readouterr()
+    t0 = time.monotonic()
+    rc = main(["jobs", "--json", "--timeout", "30"])
+    by = {c["cluster"]: c for c in json.loads(capsys.readouterr().out)["clusters"]}
+    assert rc == 1  # `other` was asked and did not answer
+    assert by[name] == {"cluster": name, "cluster_file": str(downed.resolve()), "answered": False, "down": True,
+                        "down_at": pytest.approx(time.time(), abs=60)}
+    assert by["other"]["down"] is False and "cannot reach the Ray Jobs API" in by["other"]["error"]
+    rc = main(["jobs"])
+    text = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in text
+    assert [x.split()[0] for x in text.splitlines() if "did not answer" in x] == ["other"], text
+    [line] = [x for x in text.splitlines() if x.startswith(name)]
+    assert "is down" in line and f"verl-cluster up -c {downed.resolve()}" in line, line
+    assert time.monotonic() - t0 < 20
+    [k] = [k for k in job_records.known_clusters() if k.name == name]
+    assert k.down and k.overrides == ("ray.object_store_memory=200000000",) and k.cluster_file == str(downed.resolve())
+    assert job_records.lookup("j-1")["cluster"] == name  # its jobs' history stays
+
+
+def test_down_marks_a_known_cluster_once_it_succeeded_until_up_or_submit_uses_it_again(home, tmp_path, capsys):
+    name = f"downed-{os.getpid()}"
+    downed = local_cluster(tmp_path, name)
+    job_records.record_cluster(name, str(downed))
+    assert main(["down", "-c", str(downed)]) == 0
+    capsys.readouterr()
+    rc = main(["jobs", "--json", "--timeout", "30"])  # the only cluster known here is down: nothing failed
+    [c] = json.loads(capsys.readouterr().out)["clusters"]
+    assert rc == 0 and c["down"] and "error" not in c
+    time.sleep(0.01)
+    job_records.record("j-2", str(downed), name, "smoke")  # submitted to after the down: someone brought it back
+    assert not job_records.known_clusters()[0].down
+    assert main(["down", "-c", str(downed)]) == 0 and job_records.known_clusters()[0].down
+    time.sleep(0.01)
+    job_records.record_cluster(name, str(downed))  # `up` again
+    assert not job_records.known_clusters()[0].down
+
+    stranger = local_cluster(tmp_path, f"stranger-{os.getpid()}")  # never brought up nor submitted to from here
+    assert main(["down", "-c", str(stranger)]) == 0
+    assert [k.name for k in job_records.known_clusters()] == [name]
+    submitted = local_cluster(tmp_path, f"submitted-{os.getpid()}")  # known only through a job sent to it
+    job_records.record("j-3", str(submitted), f"submitted-{os.getpid()}", "smoke")
+    assert main(["down", "-c", str(submitted)]) == 0
+    [k] = [k for k in job_records.known_clusters() if k.name == f"submitted-{os.getpid()}"]
+    assert k.down and k.cluster_file == str(submitted.resolve()) and k.last_used > 0
+
+    far = tmp_path / "far.yaml"  # a head that cannot be reached: `down` fails and the cluster is still asked
+    far.write_text(f"cluster_name: far\nhead:\n  host: nonexistent.invalid\n"
+                   f"security:\n  token_file: {tmp_path / f'{name}-token'}\n")
+    job_records.record_cluster("far", str(far))
+    capsys.readouterr()
+    assert main(["down", "-c", str(far)]) == 1
+    assert not [k for k in job_records.known_clusters() if k.name == "far"][0].down

@@ -24,11 +24,14 @@ _JOBS_HELP = """\
 Without -c: the jobs of every cluster this machine ran `up` on or submitted to (records under
 ~/.verl-cluster), all asked at once, each within --timeout; a cluster that does not answer (its
 allocation ended, its head is off) gets one line saying why, and the others are still listed.
+A cluster taken down with `down` from here is not asked (one line says it is down) until `up`
+or `submit` uses it again.
 --json: with -c, that cluster's jobs (a list); without, {"clusters": [...]}, each with its
-"jobs" or, when it did not answer, its "error" and "hint".
+"jobs" or, when it did not answer, its "error" and "hint", or when down, "down": true.
 
 exit status: 0 when a cluster answered (with -c: that cluster; without: at least one, so that
-old records of clusters long gone do not make every `jobs` fail); 1 when none answered;
+old records of clusters long gone do not make every `jobs` fail, or none was asked because
+every one is down); 1 when none answered;
 2 for bad input: a bad --timeout, or with -c an unreadable file or a misspelt override
 (without -c, a recorded cluster whose file is gone or wrong is one that did not answer)."""
 
@@ -112,11 +115,15 @@ def _jobs_everywhere(args, known) -> int:
             else:
                 out.print(f"{where}: no jobs")
         for c in found:
-            if not c.answered:  # one line each, however wide: a script may count them
+            if c.down:  # what the user did, not a failure: said once, quietly, with the way back
+                err.print(f"[dim]{escape(c.cluster)} ({escape(c.cluster_file)}) is down: taken down from here "
+                          f"{_age(c.down_at * 1000)}  hint: bring it back with `verl-cluster up -c "
+                          f"{escape(c.cluster_file)}`[/]", soft_wrap=True)
+            elif not c.answered:  # one line each, however wide: a script may count them
                 hint = f"  [dim]hint: {escape(one_line(c.hint))}[/]" if c.hint else ""
                 err.print(f"[yellow]{escape(c.cluster)}[/] ({escape(c.cluster_file)}) did not answer: "
                           f"{escape(one_line(c.error))}{hint}", soft_wrap=True)
-    return EXIT_OK if answered else EXIT_UNHEALTHY
+    return EXIT_OK if answered or all(c.down for c in found) else EXIT_UNHEALTHY
 
 
 def _table(cluster: str, rows) -> Table:

@@ -13,7 +13,7 @@ from rich.table import Table
 from verl_cluster.cli.cluster_args import add_cluster_args, load_cluster_args
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
-from verl_cluster.launch.job_records import record_cluster
+from verl_cluster.launch.job_records import record_cluster, record_down
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
@@ -155,6 +155,8 @@ def run_down(args) -> int:
                   "including other users' and other clusters'.")
     results = down(spec, force=args.force)
     ok = all(r.ok for r in results)
+    if ok:  # `jobs` names it down instead of asking it, until `up` or `submit` uses it again
+        record_down(spec.cluster_name, args.cluster, args.overrides)
     if args.json:
         print_json({"cluster": spec.cluster_name, "ok": ok, "nodes": [r.to_json() for r in results]})
     else:

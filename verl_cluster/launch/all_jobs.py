@@ -1,6 +1,6 @@
 """The jobs of every cluster this machine knows (job_records.known_clusters), asked in parallel with one deadline:
 each cluster's jobs, or why it gave none. One gone cluster (an allocation long ended, a head switched off) never
-hides the others' jobs, nor holds them up past the deadline."""
+hides the others' jobs, nor holds them up past the deadline; one taken down from here is not asked, it is down."""
 
 from __future__ import annotations
 
@@ -24,15 +24,22 @@ class ClusterJobs:
     rows: Optional[list[ray_jobs.JobRow]] = None  # None: the cluster did not answer
     error: str = ""
     hint: str = ""
+    down_at: float = 0.0  # taken down from here then (not asked); 0: asked
 
     @property
     def answered(self) -> bool:
         return self.rows is not None
 
+    @property
+    def down(self) -> bool:
+        return self.down_at > 0
+
     def to_json(self) -> dict:
-        d = {"cluster": self.cluster, "cluster_file": self.cluster_file, "answered": self.answered}
+        d = {"cluster": self.cluster, "cluster_file": self.cluster_file, "answered": self.answered, "down": self.down}
         if self.rows is not None:
             return d | {"jobs": [r.__dict__ for r in self.rows]}
+        if self.down:
+            return d | {"down_at": self.down_at}
         return d | {"error": self.error, "hint": self.hint}
 
 
@@ -53,14 +60,15 @@ def _ask(known: KnownCluster, load: Loader, extra: Sequence[str]) -> ClusterJobs
 def jobs_everywhere(clusters: Sequence[KnownCluster], load: Loader, overrides: Sequence[str] = (),
                     timeout_s: float = ANSWER_TIMEOUT_S) -> list[ClusterJobs]:
     """Every cluster's jobs, in the order given; a cluster still silent at the deadline is reported as such (its
-    thread is a daemon: it never keeps this process alive)."""
-    answers: dict[int, ClusterJobs] = {}
+    thread is a daemon: it never keeps this process alive). One taken down from here is not asked: it is down."""
+    answers: dict[int, ClusterJobs] = {i: ClusterJobs(k.name, k.cluster_file, down_at=k.down_at)
+                                       for i, k in enumerate(clusters) if k.down}
 
     def ask(i: int, known: KnownCluster) -> None:
         answers[i] = _ask(known, load, overrides)
 
     threads = [threading.Thread(target=ask, args=(i, k), name=f"jobs-{k.name}", daemon=True)
-               for i, k in enumerate(clusters)]
+               for i, k in enumerate(clusters) if i not in answers]
     for t in threads:
         t.start()
     deadline = time.monotonic() + timeout_s

@@ -1,5 +1,5 @@
 """What this machine remembers: Ray jobs submitted from here (~/.verl-cluster/jobs/<submission id>.json) and
-clusters brought up from here (~/.verl-cluster/clusters/<cluster name>.json).
+clusters brought up (or taken down) from here (~/.verl-cluster/clusters/<cluster name>.json).
 
 Each job record names the cluster file the job went to, so `logs`/`stop` find the cluster from a job's id alone,
 and the shell can complete job ids without asking Ray (a completion must answer in milliseconds). Both kinds of
@@ -60,6 +60,21 @@ def record_cluster(cluster_name: str, cluster_file: str, overrides: list[str] | 
     _write_private(clusters_dir(), cluster_name, doc)
 
 
+def record_down(cluster_name: str, cluster_file: str, overrides: list[str] | tuple[str, ...] = ()) -> None:
+    """Remember that `down` stopped a cluster: `jobs` names it down, without asking it, until `up` runs on it or a
+    job is submitted to it again. What `up` recorded (its file and overrides) and its jobs' records stay; a
+    cluster this machine never knew is not made known by its `down`."""
+    if not _SAFE_ID.match(cluster_name):
+        return
+    doc = _read(clusters_dir() / f"{cluster_name}.json")
+    if doc is None:  # known, if at all, only through its jobs' records
+        if not any(k.name == cluster_name for k in known_clusters()):
+            return
+        doc = {"cluster": cluster_name, "cluster_file": str(Path(cluster_file).resolve()),
+               "overrides": list(overrides), "at": 0.0}
+    _write_private(clusters_dir(), cluster_name, doc | {"down_at": time.time()})
+
+
 def _read(path: Path) -> Optional[dict]:
     try:
         doc = json.loads(path.read_text())
@@ -89,6 +104,12 @@ class KnownCluster:
     cluster_file: str
     overrides: tuple[str, ...] = ()
     last_used: float = 0.0  # when `up` ran on it or a job was last submitted to it (epoch seconds)
+    down_at: float = 0.0  # when `down` stopped it from here (0: never)
+
+    @property
+    def down(self) -> bool:
+        """Taken down from here, and neither brought up nor submitted to since."""
+        return self.down_at > self.last_used
 
 
 def _when(doc: dict, key: str) -> float:
@@ -110,7 +131,8 @@ def known_clusters(job_limit: int = 500) -> list[KnownCluster]:
         doc = _read(path)
         if doc and isinstance(doc.get("cluster"), str):
             over = tuple(str(o) for o in doc.get("overrides") or ())
-            found[doc["cluster"]] = KnownCluster(doc["cluster"], doc["cluster_file"], over, _when(doc, "at"))
+            found[doc["cluster"]] = KnownCluster(doc["cluster"], doc["cluster_file"], over, _when(doc, "at"),
+                                                 _when(doc, "down_at"))
     for sid in recent_ids(limit=job_limit):
         doc = lookup(sid)
         name = doc and str(doc.get("cluster") or Path(doc["cluster_file"]).stem)
