@@ -15,8 +15,8 @@ checkpoint saves, the end). With the sampler's file the entry also carries what 
 Roles: `fit-*` runs are fitted on and `hold-*` held out, unless --role/--host-role/--time-role say otherwise.
 --write adds (or replaces) the entries in the fixture file and writes the logs next to the others; without it the
 entries are printed. A run whose files are missing (skipped by the budget) or that reached no step is named and
-left out (exit 1); exit 2 when none could be read. Each run's plan is replayed at the run's own lengths and the pairs printed (predicted vs
-measured), as the test will see them.
+left out (exit 1); exit 2 when none could be read. Each run's plan is replayed at the run's own lengths and the
+pairs printed (predicted vs measured), as the test will see them.
 """
 
 from __future__ import annotations
@@ -219,7 +219,8 @@ def write_runs(path: Path, runs_doc: dict) -> None:
         keys = list(body)
         out.append(f"    {json.dumps(name)}: {{")
         for j, k in enumerate(keys):
-            out.append(f"      {json.dumps(k)}: {json.dumps(body[k], ensure_ascii=False)}{',' if j < len(keys) - 1 else ''}")
+            comma = "," if j < len(keys) - 1 else ""
+            out.append(f"      {json.dumps(k)}: {json.dumps(body[k], ensure_ascii=False)}{comma}")
         out.append("    }" + ("," if i < len(names) - 1 else ""))
     out += ["  }", "}"]
     path.write_text("\n".join(out) + "\n")

@@ -10,8 +10,9 @@ The process title tells roles apart (Ray sets `ray::WorkerDict...`, vLLM `VLLM::
 Host, one line every --host-interval seconds: {"t": ..., "host": {...}}, MiB: the node's used RAM as verl logs it
 (`perf/cpu_memory_used_gb` is psutil.virtual_memory().used, whose Linux definition changed in psutil 7.1.0: both are
 recorded, `used` follows the psutil installed here), MemAvailable, Shmem, /dev/shm in use, and per role the
-processes' summed RSS (anon and shmem parts from /proc/PID/status) and PSS (/proc/PID/smaps_rollup, RSS where unreadable; read on every k-th host
-sample only, k such that those scans take at most a quarter of the time: null in the others). Roles: ROLES below.
+processes' summed RSS (anon and shmem parts from /proc/PID/status) and PSS (/proc/PID/smaps_rollup, RSS where
+unreadable; read on every k-th host sample only, k such that those scans take at most a quarter of the time: null
+in the others). Roles: ROLES below.
 Stops on SIGTERM/SIGINT or when --stop-file appears; the last line is {"summary": ...}: the peak per GPU and per
 GPU process, the node's peaks (used, /dev/shm) and lowest MemAvailable, each role's peak, the largest processes.
 --log: a file another process writes (the job's log); its new lines go to --log-out, each prefixed with the

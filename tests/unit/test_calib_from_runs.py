@@ -34,7 +34,8 @@ def run_folder(logs: Path, entry: str) -> str:
     summary, log, name = RECORDED[entry]
     d = json.loads((FIX / "verl_runs" / summary).read_text())
     logs.mkdir(exist_ok=True)
-    (logs / f"plan-{name}.json").write_text(json.dumps({k: d[k] for k in ("model", "hardware", "settings", "overrides")}))
+    plan = {k: d[k] for k in ("model", "hardware", "settings", "overrides")}
+    (logs / f"plan-{name}.json").write_text(json.dumps(plan))
     cmd = " ".join(["$ python3 -m verl_cluster submit", d["submitted"]["job"], *d["submitted"]["args"], "--json"])
     (logs / f"08-submit-{name}.log").write_text(cmd + "\n" + (FIX / "verl_logs" / log).read_text())
     return name
