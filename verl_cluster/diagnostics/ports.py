@@ -284,8 +284,6 @@ def listener_problems(spec: ClusterSpec, listeners: Mapping[str, list[dict]]) ->
                             "report it: verl-cluster pins every port Ray opens"))
             elif (spec.security.auth == "token" and r.get("open_without_token") and r["name"] not in _METRICS
                   and r["address"] not in _LOOPBACK):
-                fix = "firewall it from everything but the cluster's nodes"
-                if r["name"] == "dashboard_agent_listen":  # Ray 2.52's agent: POST /api/job_agent/jobs/ runs a job
-                    fix += "; this port takes jobs: use a Ray that checks the token there (2.60 does)"
-                out.append((host, f"{where} ({r['name']}) answers without the token: {r['answer']}", fix))
+                out.append((host, f"{where} ({r['name']}) answers without the token: {r['answer']}",
+                            "firewall it from everything but the cluster's nodes"))
     return out

@@ -1,10 +1,11 @@
 """Which Ray versions work here, and together. Pure, except `local_ray_version`.
 
-Supported: 2.52 (the first Ray with token auth, `RAY_AUTH_MODE=token`) through 2.60 (the newest tested; CI runs the
-integration tests on both ends). Every `ray start` flag, auth variable and Jobs SDK call we use exists across that
-range. The nodes must all run one Ray (a worker of another version is refused by the head). This machine's Ray may
-differ from the nodes': it only talks to the head's Jobs API over HTTP, and Ray's client drops the request fields an
-older server does not know.
+Supported: 2.54 through 2.60 (the newest tested; CI runs the integration tests on both ends). Token auth
+(`RAY_AUTH_MODE=token`) came in 2.52, but the dashboard agent of 2.52 and 2.53 runs jobs POSTed to
+`dashboard_agent_listen` without the token; 2.54 is the first whose agent checks it. Every `ray start` flag, auth
+variable and Jobs SDK call we use exists across that range. The nodes must all run one Ray (a worker of another
+version is refused by the head). This machine's Ray may differ from the nodes': it only talks to the head's Jobs API
+over HTTP, and Ray's client drops the request fields an older server does not know.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from typing import Mapping, Optional
 
 from verl_cluster.diagnostics.problem import ERROR, WARNING, Problem
 
-OLDEST = (2, 52)  # token auth
+TOKEN_AUTH = (2, 52)  # RAY_AUTH_MODE=token
+OLDEST = (2, 54)  # the first whose dashboard agent checks the token
 NEWEST = (2, 60)
-SUPPORTED = "2.52 to 2.60"
-PIN = "ray[default]>=2.52,<2.61"
+SUPPORTED = "2.54 to 2.60"
+PIN = "ray[default]>=2.54,<2.61"
+OPEN_AGENT = ("its dashboard agent runs jobs sent to `dashboard_agent_listen` (52365) without the token "
+              "(Ray checks it there from 2.54)")
 
 
 def parse(version: Optional[str]) -> Optional[tuple[int, ...]]:
@@ -44,7 +48,12 @@ def supported(version: Optional[str]) -> Optional[bool]:
 
 def has_token_auth(version: Optional[str]) -> bool:
     v = parse(version)
-    return v is None or v[:2] >= OLDEST  # unknown: let `ray start` speak for itself
+    return v is None or v[:2] >= TOKEN_AUTH  # unknown: let `ray start` speak for itself
+
+
+def agent_checks_token(version: Optional[str]) -> bool:
+    v = parse(version)
+    return v is None or v[:2] >= OLDEST
 
 
 def local_ray_version() -> Optional[str]:
@@ -86,10 +95,13 @@ def range_verdicts(versions: Mapping[str, Optional[str]], token_auth: bool) -> l
         if p is None:
             continue
         if p[:2] < OLDEST:
-            if token_auth:
+            if token_auth and p[:2] < TOKEN_AUTH:
                 out.append(Problem(host, f"Ray {v} has no token auth (it came in Ray 2.52): `up` will not start it",
                                    f"pip install '{PIN}' there (or set security.auth: none, which leaves the "
                                    "cluster open to anyone who reaches its ports)"))
+            elif token_auth:
+                out.append(Problem(host, f"Ray {v} is older than verl-cluster supports ({SUPPORTED}): {OPEN_AGENT}; "
+                                         "`up` will not start it", f"pip install '{PIN}' there"))
             else:
                 out.append(Problem(host, f"Ray {v} is older than verl-cluster supports ({SUPPORTED})",
                                    f"pip install '{PIN}' there", WARNING))
@@ -126,6 +138,9 @@ def start_refusal(node_version: Optional[str], head_version: Optional[str], toke
         return (f"Ray {node_version} there has no token auth (it came in Ray 2.52); fix: pip install '{PIN}' in "
                 "that node's environment, or set security.auth: none (the cluster is then open to anyone who "
                 "reaches its ports)")
+    if token_auth and not agent_checks_token(node_version):
+        return (f"Ray {node_version} there is older than verl-cluster supports ({SUPPORTED}): {OPEN_AGENT}; "
+                f"fix: pip install '{PIN}' in that node's environment")
     if head_version and node_version and parse(node_version) != parse(head_version):
         return (f"Ray {node_version} there, {head_version} on the head: Ray refuses a worker of another version; "
                 f"fix: {install_hint(head_version)} in that node's environment")
