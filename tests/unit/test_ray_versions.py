@@ -106,3 +106,27 @@ def test_doctor_says_when_this_machines_ray_is_outside_the_range():
     assert not any("Ray 2.54.0" in w for w in whats)
     [p] = [p for p in diagnose(NodeFacts(host="me", versions={"ray": "2.53.0"})).problems if "Ray 2.53.0" in p.what]
     assert p.severity == ERROR and "dashboard_agent_listen" in p.what and rv.PIN in p.fix
+
+
+def test_up_refuses_nodes_whose_agent_takes_jobs_without_the_token(tmp_path, monkeypatch):
+    """`up`'s own step, before any `ray start`: with token auth on, a 2.53 node is failed with the fix."""
+    from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.lifecycle.nodes import Probe
+    from verl_cluster.lifecycle.up import NodeAction, _Up
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the token file `up` makes lands here
+    for auth, refused in (("token", True), ("none", False)):
+        cfg = tmp_path / f"{auth}.yaml"
+        cfg.write_text("cluster_name: c\nhead: {host: 10.9.0.1}\nworkers: [{host: 10.9.0.2}]\n"
+                       f"security: {{auth: {auth}}}\n")
+        run = _Up(load_cluster(cfg), False, None, None)
+        run.probes = {h: Probe(h, "/home/u", "/usr/bin/python3", "2.53.0") for h in ("10.9.0.1", "10.9.0.2")}
+        run.refuse_incompatible()
+        for h in ("10.9.0.1", "10.9.0.2"):
+            o = run.out[h]
+            if refused:
+                assert o.action == NodeAction.FAILED and h not in run.probes
+                assert o.reason.startswith("Ray 2.53.0 there is older than verl-cluster supports (2.54 to 2.60)")
+                assert "pip install 'ray[default]>=2.54,<2.61'" in o.reason
+            else:
+                assert o.action != NodeAction.FAILED and h in run.probes
