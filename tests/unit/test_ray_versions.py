@@ -57,7 +57,7 @@ def test_a_node_whose_agent_takes_jobs_without_the_token_is_refused_with_token_a
     [p] = rv.range_verdicts({"open": "2.53.0", "ok": "2.54.0"}, token_auth=True)
     assert (p.node, p.severity) == ("open", ERROR)
     assert p.what.startswith("Ray 2.53.0 is older than verl-cluster supports (2.54 to 2.60): its dashboard agent runs "
-                             "jobs sent to `dashboard_agent_listen` (52365) without the token")
+                             "jobs sent to its HTTP port (ray.ports.dashboard_agent_listen) without the token")
     assert p.fix == "pip install 'ray[default]>=2.54,<2.61' there"
     [p] = rv.range_verdicts({"open": "2.52.1"}, token_auth=False)  # nothing checks a token anyway: only the range
     assert p.severity == WARNING and p.what == "Ray 2.52.1 is older than verl-cluster supports (2.54 to 2.60)"

@@ -19,8 +19,8 @@ OLDEST = (2, 54)  # the first whose dashboard agent checks the token
 NEWEST = (2, 60)
 SUPPORTED = "2.54 to 2.60"
 PIN = "ray[default]>=2.54,<2.61"
-OPEN_AGENT = ("its dashboard agent runs jobs sent to `dashboard_agent_listen` (52365) without the token "
-              "(Ray checks it there from 2.54)")
+OPEN_AGENT = ("its dashboard agent runs jobs sent to its HTTP port (ray.ports.dashboard_agent_listen) without the "
+              "token (Ray checks it there from 2.54)")
 
 
 def parse(version: Optional[str]) -> Optional[tuple[int, ...]]:
