@@ -163,7 +163,8 @@ def test_a_cluster_taken_down_here_is_named_down_and_not_asked(home, tmp_path, c
     assert rc == 1 and "Traceback" not in text
     assert [x.split()[0] for x in text.splitlines() if "did not answer" in x] == ["other"], text
     [line] = [x for x in text.splitlines() if x.startswith(name)]
-    assert "is down" in line and f"verl-cluster up -c {downed.resolve()}" in line, line
+    # the way back is the `up` that was recorded, its overrides too
+    assert "is down" in line and f"verl-cluster up -c {downed.resolve()} ray.object_store_memory=200000000" in line, line
     assert time.monotonic() - t0 < 20
     [k] = [k for k in job_records.known_clusters() if k.name == name]
     assert k.down and k.overrides == ("ray.object_store_memory=200000000",) and k.cluster_file == str(downed.resolve())

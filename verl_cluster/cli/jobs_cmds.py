@@ -5,6 +5,7 @@ machine brought up or submitted to, asked in parallel, and names the ones that d
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 
@@ -116,9 +117,9 @@ def _jobs_everywhere(args, known) -> int:
                 out.print(f"{where}: no jobs")
         for c in found:
             if c.down:  # what the user did, not a failure: said once, quietly, with the way back
+                back = shlex.join(["verl-cluster", "up", "-c", c.cluster_file, *c.overrides])
                 err.print(f"[dim]{escape(c.cluster)} ({escape(c.cluster_file)}) is down: taken down from here "
-                          f"{_age(c.down_at * 1000)}  hint: bring it back with `verl-cluster up -c "
-                          f"{escape(c.cluster_file)}`[/]", soft_wrap=True)
+                          f"{_age(c.down_at * 1000)}  hint: bring it back with `{escape(back)}`[/]", soft_wrap=True)
             elif not c.answered:  # one line each, however wide: a script may count them
                 hint = f"  [dim]hint: {escape(one_line(c.hint))}[/]" if c.hint else ""
                 err.print(f"[yellow]{escape(c.cluster)}[/] ({escape(c.cluster_file)}) did not answer: "

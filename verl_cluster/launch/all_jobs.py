@@ -25,6 +25,7 @@ class ClusterJobs:
     error: str = ""
     hint: str = ""
     down_at: float = 0.0  # taken down from here then (not asked); 0: asked
+    overrides: tuple[str, ...] = ()  # what `up` recorded with the file: the way back needs them too
 
     @property
     def answered(self) -> bool:
@@ -61,7 +62,8 @@ def jobs_everywhere(clusters: Sequence[KnownCluster], load: Loader, overrides: S
                     timeout_s: float = ANSWER_TIMEOUT_S) -> list[ClusterJobs]:
     """Every cluster's jobs, in the order given; a cluster still silent at the deadline is reported as such (its
     thread is a daemon: it never keeps this process alive). One taken down from here is not asked: it is down."""
-    answers: dict[int, ClusterJobs] = {i: ClusterJobs(k.name, k.cluster_file, down_at=k.down_at)
+    answers: dict[int, ClusterJobs] = {i: ClusterJobs(k.name, k.cluster_file, down_at=k.down_at,
+                                                             overrides=tuple(k.overrides))
                                        for i, k in enumerate(clusters) if k.down}
 
     def ask(i: int, known: KnownCluster) -> None:
