@@ -337,12 +337,13 @@ def gpu_procs(nvml=None):
         return {}
 
 
-def job_procs(temp_dir, job_id, procs=None):
+def job_procs(temp_dir, job_id, procs=None, mine=None):
     """pid -> command of the processes here that belong to Ray job `job_id` of this cluster's Ray: they carry the
     job in RAY_JOB_ID (children inherit it: vLLM's engine and workers too) and either descend from our Ray or,
-    orphaned when their parent died, name our raylet in RAY_RAYLET_PID (another cluster's job 01000000 does not)."""
+    orphaned when their parent died, name our raylet in RAY_RAYLET_PID (another cluster's job 01000000 does not).
+    `mine`: ours(temp_dir, procs) when the caller has it already."""
     procs = procs if procs is not None else read_procs()
-    mine = ours(temp_dir, procs)
+    mine = mine if mine is not None else ours(temp_dir, procs)
     raylets = {str(pid).encode() for pid, cmd in mine.items() if kind(cmd) == "raylet"}
     out = {}
     for pid, (_, cmd) in procs.items():
@@ -359,7 +360,8 @@ def cmd_jobprocs(temp_dir, job_id, kill="0", actors=""):
     first (what is left of an attempt that was stopped), then look again. `actors`: as for stacks."""
     def of_job(procs=None):
         procs = procs if procs is not None else read_procs()
-        return {**job_procs(temp_dir, job_id, procs), **actor_procs_here(temp_dir, actors, procs)}
+        mine = ours(temp_dir, procs)
+        return {**job_procs(temp_dir, job_id, procs, mine), **actor_procs_here(actors, mine)}
 
     killed = []
     if kill == "1":
@@ -402,7 +404,7 @@ def cmd_joblogs(temp_dir, job_id, lines="40", actors=""):
     n = int(lines)
     logs = os.path.join(temp_dir, "session_latest", "logs")
     found = set(glob.glob(os.path.join(logs, f"worker-*-{job_id}-*"))) if job_id else set()
-    for pid in actor_procs_here(temp_dir, actors, read_procs()):
+    for pid in actor_procs_here(actors, ours(temp_dir) if actors else {}):
         found |= {f for ext in ("out", "err") for f in glob.glob(os.path.join(logs, f"worker-*-{pid}.{ext}"))}
     found = sorted(found, key=os.path.getmtime, reverse=True)[:40]
     out = []
@@ -421,17 +423,17 @@ def cmd_joblogs(temp_dir, job_id, lines="40", actors=""):
 SHELLS = {"bash", "sh", "dash", "zsh", "env", "timeout", "setsid", "nohup"}
 
 
-def node_ids(temp_dir, procs):
-    """Ray node ids of this cluster's processes here (the raylet and its helpers name it on their command line)."""
-    return {m for cmd in ours(temp_dir, procs).values() for m in re.findall(r"--node[_-]id=([0-9a-f]+)", cmd)}
+def node_ids(mine):
+    """Ray node ids of this cluster's processes here (`mine`: ours(); the raylet and its helpers name it on their
+    command line)."""
+    return {m for cmd in mine.values() for m in re.findall(r"--node[_-]id=([0-9a-f]+)", cmd)}
 
 
-def actor_procs_here(temp_dir, actors, procs):
+def actor_procs_here(actors, mine):
     """pid -> command of the job's actors running here: `actors` is "NODE_ID_PREFIX:PID:CLASS,..." from Ray's actor
     table; a pid counts only on its node, in our Ray, under its actor's title (ray::CLASS...), so a pid that a
-    dead actor left and another process took is not taken for it."""
-    here = node_ids(temp_dir, procs) if actors else set()
-    mine = ours(temp_dir, procs) if here else {}
+    dead actor left and another process took is not taken for it. `mine`: ours() here."""
+    here = node_ids(mine) if actors else set()
     out = {}
     for pair in filter(None, actors.split(",")):
         node_id, _, rest = pair.partition(":")
@@ -450,8 +452,8 @@ def job_pids(temp_dir, sid, job_id, actors=""):
     out = []
     procs = read_procs()
     mine = ours(temp_dir, procs)
-    workers = job_procs(temp_dir, job_id, procs) if job_id else {}
-    workers.update(actor_procs_here(temp_dir, actors, procs))
+    workers = job_procs(temp_dir, job_id, procs, mine) if job_id else {}
+    workers.update(actor_procs_here(actors, mine))
     for pid, cmd in sorted({**mine, **workers}.items()):
         env = environ(pid)
         driver = b'"job_submission_id": "' + sid.encode() + b'"' in env.get(b"RAY_JOB_CONFIG_JSON_ENV_VAR", b"")
