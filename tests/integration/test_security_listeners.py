@@ -23,10 +23,10 @@ def test_every_listener_is_pinned_and_code_ports_refuse_without_token(lab, capsy
         client = subprocess.Popen(
             [sys.executable, "-c", f"import ray, sys, time; ray.init('ray://{head.ip}:10001'); "
                                    "print(ray.get(ray.remote(lambda: 'up').remote()), flush=True); time.sleep(120)"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            stdout=subprocess.PIPE, stderr=open(tmp_path / "client.err", "w"), text=True,
             env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(load_cluster(cfg).token_file)})
         try:
-            assert client.stdout.readline().strip() == "up"
+            assert client.stdout.readline().strip() == "up", (tmp_path / "client.err").read_text()[-3000:]
             rc = main(["check", "-c", str(cfg), "--quick", "--json"])
             rep = json.loads(capsys.readouterr().out)
         finally:
