@@ -19,6 +19,8 @@ T0=$(date +%s)
 SITE=/tmp/site
 if [ -d /root/stage/verl/site ]; then SITE=/root/stage/verl/site   # staged verl + vLLM + Ray wheels
 elif [ -f .gpubundle/site.tar.xz ] && [ ! -d /tmp/site ]; then tar xJf .gpubundle/site.tar.xz -C /tmp; fi
+# a machine given back between calls comes back bare: say so at once rather than fail every step on imports
+[ -d "$SITE" ] || { echo "nothing staged at /root/stage/verl/site or $SITE: a fresh machine? stage first" | tee -a "$LOGS/steps.log"; exit 3; }
 export PYTHONPATH=$SITE:$PWD PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RAY_USAGE_STATS_ENABLED=0 VLLM_USE_FLASHINFER_SAMPLER=0   # flashinfer is not staged
@@ -26,7 +28,8 @@ ulimit -n 65536 2>/dev/null || true   # doctor's fix hint for Ray (the machine s
 # The product starts `ray` from beside the node's Python (ray.ray_executable defaults to <python's bin>/ray);
 # the bundle's `ray` lives in /tmp/site/bin, so link it there the way a real install would have it.
 PYBIN=$(dirname "$(python3 -c 'import sys; print(sys.executable)')")
-[ -e "$PYBIN/ray" ] || ln -s $SITE/bin/ray "$PYBIN/ray" 2>/dev/null || echo "cannot link ray into $PYBIN"
+# -f: a link left dangling by an earlier run without the staged site (-e is false for it) is replaced
+[ -e "$PYBIN/ray" ] || ln -sf $SITE/bin/ray "$PYBIN/ray" 2>/dev/null || echo "cannot link ray into $PYBIN"
 N=0
 pack() { tar czf "$OUT/e2e.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null; cp "$LOGS/steps.log" "$OUT/steps.log" 2>/dev/null; }
 # step NAME TIMEOUT_S CMD...   (stdout+stderr -> log; a JSON-ish stdout also kept as NAME.out)

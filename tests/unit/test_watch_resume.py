@@ -205,6 +205,57 @@ def test_recorded_gpu_runs_ended_as_claimed():
     assert refused["rc"] == 1 and refused["states"] == ["FAILED"]
 
 
+def test_recorded_script_run_hung_then_killed_resumed_twice():
+    """A verl script (`submit run.sh --watch`) on the H100: a worker SIGSTOPped after global_step_2 (hang, bundle,
+    resume from 2), then one SIGKILLed after global_step_4 (worker-died, resume from 4), SUCCEEDED with steps 1..6."""
+    import json as _json
+
+    fx = LOGS.parent / "watch_gpu"
+    ev = [_json.loads(x) for x in (fx / "h100_script_hang_kill_events.jsonl").read_text().splitlines()]
+    assert [e["class"] for e in ev if e["class"] != "info"] == ["hang", "hang", "worker-died"]
+    bundle = next(e for e in ev if e["action"] == "bundle collected")
+    assert "stuck: 127.0.0.1 pid 4376 (worker, stopped) ray::WorkerDict" in bundle["evidence"]
+    assert bundle["lines"][0] == 'Thread 4376 (idle): "MainThread"'
+    firsts = [e["evidence"] for e in ev if e["action"].startswith("first step")]
+    assert [f.split(";")[0] for f in firsts] == ["resumed from step 2 (/root/ckpt/watch/script/global_step_2)",
+                                                 "resumed from step 4 (/root/ckpt/watch/script/global_step_4)"]
+    assert ev[-1]["action"] == "done: the run SUCCEEDED" and "2 restart(s)" in ev[-1]["evidence"]
+    figures = _json.loads((fx / "h100_script_hang_kill_figures.json").read_text())
+    assert figures["rc"] == 0 and figures["states"] == ["HANG", "FAILED", "SUCCEEDED"]
+    assert figures["command"][4].endswith("run_tiny_grpo.sh") and "--" not in figures["command"]
+    # the three attempts' logs, as the watcher reads them
+    hung = read_progress((LOGS / "h100_grpo_tiny_script_hung.log").read_text())
+    assert hung.steps == [1, 2] and hung.checkpoint == 2 and hung.resumed_from is None
+    text = (LOGS / "h100_grpo_tiny_script_resumed_killed.log").read_text()
+    r1 = read_progress(text)
+    assert (r1.resumed_from, r1.steps, r1.checkpoint, r1.lost()) == (2, [3, 4], 4, 0)
+    assert resume_verdict(r1, 2)[0] == "resumed"
+    d = diagnose(text.splitlines(), "Job entrypoint command failed with exit code 1", made_progress=True)
+    assert d.cls == "worker-died" and d.retry and "WorkerDict pid 11952" in d.evidence
+    r2 = read_progress((LOGS / "h100_grpo_tiny_script_resumed_end.log").read_text())
+    assert (r2.resumed_from, r2.first_step, r2.steps) == (4, 5, [5, 6])
+
+
+def test_recorded_hang_bundle_names_the_stopped_worker():
+    """The 24 py-spy dumps of the hung verl run, replayed: the SIGSTOPped WorkerDict is named (not the driver, not
+    vLLM), with its main thread's frames only."""
+    import re
+
+    from verl_cluster.watch.bundle import _stuck
+
+    text = (LOGS.parent / "watch_gpu" / "h100_script_hang_stacks.txt").read_text()
+    head = re.compile(r"^== (\S+) pid (\d+) \((\w+), state (\S+), \d+ MiB RSS\) (.*)$", re.M)
+    marks = list(head.finditer(text))
+    dumps = [(m[1], {"pid": int(m[2]), "role": m[3], "state": m[4], "cmd": m[5],
+                     "stack": text[m.end():marks[i + 1].start() if i + 1 < len(marks) else len(text)].strip()})
+             for i, m in enumerate(marks)]
+    assert len(dumps) == 24 and sum(d["state"] == "T" for _, d in dumps) == 1
+    stuck, frames = _stuck(dumps)
+    assert stuck == "127.0.0.1 pid 4376 (worker, stopped) ray::WorkerDict"
+    assert frames == ['Thread 4376 (idle): "MainThread"', "Worker.main_loop (ray/_private/worker.py:1069)",
+                      "<module> (ray/_private/workers/default_worker.py:323)"]
+
+
 def test_follow_returns_on_the_jobs_status_when_the_log_stream_stays_open():
     """A real verl run that SUCCEEDED kept `submit` following for minutes: processes it left behind held the log
     stream open. follow() ends on the job's status, drains for a moment, and prints what the stream had not."""
