@@ -153,10 +153,25 @@ def sampled(samples_path: Path, stamped_path: Path, steps: dict) -> Optional[dic
             logged = next((v for k, v in steps.get(step, {}).items() if k.endswith("perf/cpu_memory_used_gb")), None)
             if before and logged is not None:
                 h = before[-1]
-                at.append({"step": step, "verl_gib": round(logged, 2), "used_available_gib": gib(h["used_available"]),
-                           "used_legacy_gib": gib(h["used_legacy"])})
+                row = {"step": step, "verl_gib": round(logged, 2), "used_available_gib": gib(h["used_available"]),
+                       "used_legacy_gib": gib(h["used_legacy"])}
+                row.update(roles_at(host, t))
+                at.append(row)
         out["at_steps"] = at
     return out
+
+
+def roles_at(host: list[tuple[float, dict]], t: float, within_s: float = 5.0) -> dict:
+    """Each role's PSS and shared memory (pinned buffers) at the sample nearest t that has every role's PSS (the
+    sampler reads PSS every few samples only): what splits the node's RAM into its processes."""
+    full = [(abs(ts - t), h) for ts, h in host if abs(ts - t) <= within_s and h.get("roles")
+            and all(v.get("pss") is not None for v in h["roles"].values())]
+    if not full:
+        return {}
+    roles = min(full, key=lambda x: x[0])[1]["roles"]
+    gib = lambda mib: round(mib * GIB_PER_MIB, 2)  # noqa: E731
+    return {"roles_pss_gib": {r: gib(v["pss"]) for r, v in sorted(roles.items())},
+            "roles_shmem_gib": {r: gib(v["shmem"]) for r, v in sorted(roles.items()) if v.get("shmem", 0) >= 10}}
 
 
 def step_times(stamped_path: Path) -> dict[int, float]:

@@ -1,9 +1,9 @@
 """Step time and host RAM: the model's parts against hand-computed values, and the plan against the recorded verl
 runs on one H100 (tests/fixtures/verl_runs/calibration_runs.json; docs/BENCHMARKS.md "Host memory and step time").
 
-Host RAM: fitted on the two GRPO runs, the PPO run is held out. Step time: every recorded run was used to fit some
-constant (there are three, and each pins a different one), so the test bounds the fit's residuals, it does not
-claim a hold-out."""
+The constants are fitted by scripts/fit_plan_calibration.py on the runs tagged "fit" only; the bounds on those
+are the fit's residuals. The runs tagged "hold-out" were not fitted on: their bounds are what the model achieves
+there, with a margin, and say where it misses the goal (step ±20%, phase ±30%, host ±15%)."""
 
 import importlib.util
 import json
@@ -22,10 +22,18 @@ RUNS = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read
 _spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calib_from_runs.py")
 CALIB = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(CALIB)
-# bounds the recorded runs meet; the goals (step ±20%, phase ±30%, host ±15%) on runs not fitted need more
-# runs (docs/BENCHMARKS.md says which)
-STEP_BOUND, PHASE_BOUND, HOST_BOUND = 0.20, 0.35, 0.15
-SHORT_S, SHORT_BOUND_S = 0.5, 0.3  # phases under half a second: held within 0.3 s, not by their ratio
+_fspec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/fit_plan_calibration.py")
+FIT = importlib.util.module_from_spec(_fspec)
+_fspec.loader.exec_module(FIT)
+TIME_FIT = sorted(n for n, r in RUNS.items() if r["time"] == "fit")
+TIME_HOLD = sorted(n for n, r in RUNS.items() if r["time"] == "hold-out")
+HOST_FIT = sorted(n for n, r in RUNS.items() if r["host"] == "fit")
+HOST_HOLD = sorted(n for n, r in RUNS.items() if r["host"] == "hold-out")
+# the fit's residuals: worst step -21.8% (ppo_0.5b) / +21.2% (fit-grpo15); worst phase over 0.5 s update_weights
+# -56% (grpo_tiny, 0.73 s measured on an older machine vs 0.25-0.33 s since); host within 4%
+FIT_STEP_BOUND, FIT_PHASE_BOUND, FIT_HOST_BOUND = 0.25, 0.60, 0.06
+# phases under half a second: held within 0.5 s, not by their ratio (worst: ref of fit-grpo15, 0.88 vs 0.43 s)
+SHORT_S, SHORT_BOUND_S = 0.5, 0.5
 
 
 @pytest.fixture(autouse=True)
@@ -37,30 +45,75 @@ def replay(name, tmp_path):
     return CALIB.replay(RUNS[name], ROOT / "tests/fixtures/verl_logs", tmp_path)
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_host_ram_within_bound(name, tmp_path):
+def rows_of(name, tmp_path):
     plan, got = replay(name, tmp_path)
-    err = plan.host_steady_gib / got["host_gib"] - 1
-    assert abs(err) <= HOST_BOUND, (name, RUNS[name]["host"], plan.host_steady_gib, got["host_gib"])
+    return pairs(plan.predictions(), got)
 
 
-def test_host_ram_hold_out_is_the_ppo_run(tmp_path):
-    assert [n for n, r in RUNS.items() if r["host"] == "hold-out"] == ["ppo_0.5b"]
-    plan, got = replay("ppo_0.5b", tmp_path)
-    assert abs(plan.host_steady_gib / got["host_gib"] - 1) <= 0.05  # +3.7% when fitted
+def phase_rows(rows):
+    return [r for r in rows if r["what"].startswith("time ") and r["what"] != "time step (s)"]
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_step_time_residuals_within_bounds(name, tmp_path):
+def step_row(rows):
+    return next(r for r in rows if r["what"] == "time step (s)")
+
+
+@pytest.mark.parametrize("name", HOST_FIT)
+def test_host_ram_of_the_fit_runs(name, tmp_path):
     plan, got = replay(name, tmp_path)
-    rows = pairs(plan.predictions(), got)
-    step = next(r for r in rows if r["what"] == "time step (s)")
-    assert abs(step["error"]) <= STEP_BOUND, rows
-    phases = [r for r in rows if r["what"].startswith("time ") and r["what"] != "time step (s)"]
+    assert abs(plan.host_steady_gib / got["host_gib"] - 1) <= FIT_HOST_BOUND, (name, plan.host_steady_gib, got)
+
+
+def test_host_ram_hold_outs(tmp_path):
+    """PPO 0.5B (-3.0%) and GRPO 0.5B padded (-1.9%): not fitted on; held within 5% (the goal is 15%). No offload
+    run is held out yet (the 1.5B offload run of the grid did not run): OFFLOAD_HOST_COPIES rests on one run."""
+    assert HOST_HOLD == ["hold-padded05", "ppo_0.5b"]
+    for name in HOST_HOLD:
+        plan, got = replay(name, tmp_path / name)
+        assert abs(plan.host_steady_gib / got["host_gib"] - 1) <= 0.05, (name, plan.host_steady_gib, got["host_gib"])
+
+
+@pytest.mark.parametrize("name", TIME_FIT)
+def test_step_time_residuals_of_the_fit_runs(name, tmp_path):
+    rows = rows_of(name, tmp_path)
+    assert abs(step_row(rows)["error"]) <= FIT_STEP_BOUND, rows
+    phases = phase_rows(rows)
     assert len(phases) >= 5
     long = [r for r in phases if r["measured"] >= SHORT_S]
-    assert not off(long, PHASE_BOUND), off(long, PHASE_BOUND)
+    assert not off(long, FIT_PHASE_BOUND), off(long, FIT_PHASE_BOUND)
     assert all(abs(r["predicted"] - r["measured"]) <= SHORT_BOUND_S for r in phases if r["measured"] < SHORT_S)
+
+
+def test_step_time_hold_out(tmp_path):
+    """GRPO 0.5B with SDPA and no remove-padding, flash-attn installed (the padded tokens computed, the flash-attn
+    constants): step +6.2%, gen -3.8%, old_log_prob -6.0%, update_actor +12.0%; ref +69% (0.99 s vs 0.59: the model
+    charges the ref its params over PCIe at 20 GB/s and the forward the actor's log-prob costs; measured, the ref
+    is faster than the actor's log-prob): the ±30% phase goal is not met there."""
+    assert TIME_HOLD == ["hold-padded05"]
+    rows = rows_of("hold-padded05", tmp_path)
+    assert abs(step_row(rows)["error"]) <= 0.12, rows
+    by = {r["what"][5:-4]: r for r in phase_rows(rows)}
+    assert set(by) == {"gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights"}
+    for phase in ("gen", "old_log_prob", "update_actor"):
+        assert abs(by[phase]["error"]) <= 0.20, by[phase]
+    assert 0.3 <= by["ref"]["error"] <= 0.9, by["ref"]  # the known miss, bounded both ways
+    for phase in ("adv", "update_weights"):
+        assert abs(by[phase]["predicted"] - by[phase]["measured"]) <= 0.15, by[phase]
+
+
+def test_the_constants_are_the_fit(capsys):
+    """The modules' fitted constants are what scripts/fit_plan_calibration.py gives on the fit runs."""
+    assert FIT.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_the_fit_uses_only_the_fit_runs(tmp_path):
+    """Leaving out the runs held out in both roles changes no constant."""
+    doc = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())
+    before, _, _ = FIT.fit(ROOT / "tests/fixtures/verl_runs/calibration_runs.json")
+    doc["runs"] = {n: r for n, r in doc["runs"].items() if "fit" in (r["time"], r["host"])}
+    (tmp_path / "runs.json").write_text(json.dumps(doc))
+    after, rows, _ = FIT.fit(tmp_path / "runs.json")
+    assert before == after and {r["run"] for r in rows} == set(doc["runs"])
 
 
 def test_the_compute_phases_of_the_largest_run_within_ten_percent(tmp_path):
@@ -74,22 +127,40 @@ def test_the_compute_phases_of_the_largest_run_within_ten_percent(tmp_path):
 # ---- the parts, by hand ----
 
 def test_forward_and_update_flops_by_hand():
-    # 1e9 params, 1e6 tokens: forward 2e15 FLOPs at 989 TFLOPs x 10% share = 20.22 s, + the fixed cost
-    share = st.FORWARD_SHARE["packed"]
-    assert st.forward_s(1e9, 1e6, 989, "packed") == pytest.approx(st.FORWARD_FIXED_S["packed"] + 2e15 / (989e12 * share))
+    # 1e9 params, 1e6 tokens: forward 2e15 FLOPs at 989 TFLOPs x the compute share, + the fixed cost
+    share = st.COMPUTE_SHARE
+    assert st.forward_s(1e9, 1e6, 989, "flash") == pytest.approx(st.FORWARD_FIXED_S["flash"] + 2e15 / (989e12 * share))
     # the update: 6N per token, 8N with recompute
-    base = st.UPDATE_FIXED_S["packed"]
-    no_ckpt = st.update_s(1e9, 1e6, 989, "packed", recompute=False) - base
-    ckpt = st.update_s(1e9, 1e6, 989, "packed", recompute=True) - base
-    assert no_ckpt == pytest.approx(6e15 / (989e12 * st.UPDATE_SHARE["packed"]))
+    base = st.UPDATE_FIXED_S["flash"]
+    no_ckpt = st.update_s(1e9, 1e6, 989, "flash", recompute=False) - base
+    ckpt = st.update_s(1e9, 1e6, 989, "flash", recompute=True) - base
+    assert no_ckpt == pytest.approx(6e15 / (989e12 * st.COMPUTE_SHARE))
     assert ckpt / no_ckpt == pytest.approx(8 / 6)
 
 
+def test_logits_are_read_at_hbm_speed_by_hand():
+    # 1e4 tokens x 151936 vocab over 3350 GB/s = 0.4535 ms per byte per entry; the forward reads LOGIT_FORWARD_BYTES
+    reads = 1e4 * 151936 / 3350e9
+    with_logits = st.forward_s(0, 1e4, 989, "flash", reads) - st.FORWARD_FIXED_S["flash"]
+    assert with_logits == pytest.approx(reads * st.LOGIT_FORWARD_BYTES["flash"])
+    assert reads * 1e3 == pytest.approx(0.4535, abs=1e-4)
+    assert st.update_s(0, 1e4, 989, "no_flash", True, epochs=2, logit_reads=reads) == pytest.approx(
+        st.UPDATE_FIXED_S["no_flash"] + 2 * reads * st.LOGIT_UPDATE_BYTES["no_flash"])
+
+
 def test_decode_step_is_bytes_over_bandwidth():
-    # 14 GB of weights + 2 GB of KV, no sampler, on 3350 GB/s at 70%: 16e9 / 2.345e12 = 6.82 ms + the fixed step
-    got = st.decode_step_s(14e9, 2e9, 0, 152064, 3350)
-    assert got == pytest.approx(st.DECODE_STEP_S + 16e9 / (3350e9 * 0.7))
-    assert (got - st.DECODE_STEP_S) * 1e3 == pytest.approx(6.823, abs=0.001)
+    # 14 GB of weights + 2 GB of KV on 3350 GB/s at 70%: 16e9 / 2.345e12 = 6.82 ms
+    got = st.decode_read_s(14e9, 2e9, 3350)
+    assert got == pytest.approx(16e9 / (3350e9 * 0.7))
+    assert got * 1e3 == pytest.approx(6.823, abs=0.001)
+
+
+def test_terms_add_up_to_the_phases(tmp_path):
+    plan, _ = replay("fit-ppo15", tmp_path)
+    for phase, terms in plan.terms["time"].items():
+        assert st.seconds(terms) == pytest.approx(plan.time["phases_s"][phase], abs=0.006), phase
+    assert st.const("1/COMPUTE_SHARE") == 1 / st.COMPUTE_SHARE and st.const("") == 1.0
+    assert st.const("UPDATE_FIXED_S:no_flash") == st.UPDATE_FIXED_S["no_flash"]
 
 
 def test_fsdp_traffic_by_hand():

@@ -1,13 +1,16 @@
 """Host RAM of one node running verl: what `psutil.virtual_memory().used` (verl's `perf/cpu_memory_used_gb`) shows.
 
-Parts (per node; docs/placement.md, "Host memory", has the sources and the fit):
-- the node's own processes: OS, Ray (GCS, raylet, dashboard), the job driver and verl's TaskRunner — fitted;
-- per GPU: the trainer worker (torch + CUDA + verl + transformers) and vLLM's processes — a prior, not measured
-  apart from the node's part (every recorded run had one GPU);
-- host-resident states (ref params under verl's forced CPUOffload, sleeping rollout weights, offloaded params and
-  Adam states), each held in pinned buffers beside the CPU copies they were built from: bytes x HOST_COPIES, fitted;
+Parts (per node; docs/placement.md, "Host memory", has the sources; the sampler's per-process PSS shows them):
+- the node's own processes: OS, Ray (GCS, raylet, dashboard), the job driver, verl's TaskRunner and the Ray actors
+  verl 0.9 starts whatever the model (8 agent-loop workers, 8 reward-loop workers, the load balancer): each imports
+  torch and transformers, ~17 GiB of PSS on every recorded run, 0.5B to 1.5B;
+- per GPU: the trainer worker (less its pinned buffers) and vLLM's server, engine and worker processes;
+- host-resident states, held in pinned (shared) memory: the ref's params under verl's forced CPUOffload, and the
+  offloaded params and Adam states; the rollout's weights while it sleeps leave no trace on the host (measured);
 - at a checkpoint save, each trainer process's shard of fp32 params + Adam states copied to the CPU (transient);
 - the step's batch (DataProto) in the driver and in Ray's object store (shared memory, counted by the OOM killer).
+The fitted constants come from scripts/fit_plan_calibration.py (the runs tagged host "fit" in
+tests/fixtures/verl_runs/calibration_runs.json).
 """
 
 from __future__ import annotations
@@ -22,43 +25,59 @@ if TYPE_CHECKING:
     from verl_cluster.placement.planner import Candidate
     from verl_cluster.placement.settings import Settings
 
-# Fitted on the two GRPO runs on one H100 (tiny and 0.5B shape; docs/BENCHMARKS.md "Host memory"): node used RAM
-# = NODE + GPU x PER_GPU + HOST_COPIES x host states. The PPO 0.5B run is the hold-out.
-NODE_AND_ONE_GPU_BYTES = 22.6 * GIB  # tiny GRPO run: no host states to speak of
-PER_GPU_PROCESS_BYTES = 7.0 * GIB  # prior: trainer worker ~4 GiB + vLLM worker/engine ~3 GiB RSS (unmeasured split)
-NODE_BYTES = NODE_AND_ONE_GPU_BYTES - PER_GPU_PROCESS_BYTES
-HOST_COPIES = 2.6  # (29.75 - 22.6) GiB / 2.76 GiB of ref params + sleeping weights on the 0.5B GRPO run
+# Per GPU: PSS of the trainer worker less its shared (pinned) memory + vLLM's three processes at verl's step lines,
+# mean over the fit runs that sampled it (fit_plan_calibration.py prints it); the node's part is then fitted.
+PER_GPU_PROCESS_BYTES = 5.39 * GIB
+NODE_BYTES = 18.0 * GIB  # fitted: node used RAM with no GPU processes and no host states
+REF_HOST_COPIES = 2.97  # fitted: host bytes per byte of ref params (fp32 master dtype) on the host
+OFFLOAD_HOST_COPIES = 1.56  # fitted: host bytes per byte of offloaded params + Adam states
 CHECKPOINT_BYTES = 12  # per parameter / N: fp32 params + AdamW's two fp32 states, copied to the CPU to be saved
 BATCH_BYTES_PER_TOKEN = 80  # DataProto: ids, masks, positions (int64), log-probs, values, advantages, rewards
 BATCH_COPIES = 2  # the driver's batch and its copy in the object store while workers read it
+HOST_STATE_FACTOR = {"ref": "REF_HOST_COPIES", "reward": "REF_HOST_COPIES", "actor": "OFFLOAD_HOST_COPIES",
+                     "critic": "OFFLOAD_HOST_COPIES"}  # the rollout's asleep weights: not on the host
+CHECKPOINT_PART = "checkpoint save (fp32 params + Adam to CPU)"
+
+
+def _gpus(c: "Candidate") -> int:
+    if c.strategy == Strategy.SPLIT_NODES:
+        return max((len(p.gpu_indices) for p in c.pools), default=0)
+    return sum(len(p.gpu_indices) for p in c.pools)
+
+
+def _busiest_pools(c: "Candidate") -> list:
+    return [p for p in c.pools if c.strategy != Strategy.SPLIT_NODES or p is c.pools[0]]
+
+
+def host_terms(c: "Candidate") -> dict[str, float]:
+    """The node's steady RAM as fitted constant -> coefficient (bytes, or bytes of states per copy factor)."""
+    out = {"NODE_BYTES": 1.0, "PER_GPU_PROCESS_BYTES": float(_gpus(c)), "REF_HOST_COPIES": 0.0,
+           "OFFLOAD_HOST_COPIES": 0.0}
+    for pool in _busiest_pools(c):
+        for r in pool.roles:
+            if r in HOST_STATE_FACTOR:
+                out[HOST_STATE_FACTOR[r]] += total(c.host.get(r, ())) * len(pool.gpu_indices)
+    return out
 
 
 def host_parts(c: "Candidate", s: "Settings", shape: "ModelShape") -> tuple[Part, ...]:
     """Host RAM of the busiest node (the head: it runs the driver too), by part, at its peak (a checkpoint save)."""
-    gpus = max((len(p.gpu_indices) for p in c.pools), default=0) if c.strategy == Strategy.SPLIT_NODES else \
-        sum(len(p.gpu_indices) for p in c.pools)
-    states = 0.0
+    t = host_terms(c)
     ckpt = 0.0
-    for pool in c.pools:
-        if c.strategy == Strategy.SPLIT_NODES and pool is not c.pools[0]:
-            continue
-        per_gpu = sum(total(c.host.get(r, ())) for r in pool.roles)
-        states += per_gpu * len(pool.gpu_indices)
+    for pool in _busiest_pools(c):
         trained = [shape.params if r == "actor" else shape.value_model_params for r in pool.roles
                    if r in ("actor", "critic")]
         if s.save_freq > 0 and not s.lora_rank:
             ckpt += sum(CHECKPOINT_BYTES * p / pool.size for p in trained) * len(pool.gpu_indices)
     batch = s.sequences * s.seq_len * BATCH_BYTES_PER_TOKEN * BATCH_COPIES
-    parts = [Part("node processes (OS, Ray, driver, TaskRunner)", NODE_BYTES),
-             Part("GPU worker processes (trainer + vLLM)", PER_GPU_PROCESS_BYTES * gpus),
-             Part("host states x copies (ref/offload/sleeping weights)", states * HOST_COPIES),
+    parts = [Part("node processes (OS, Ray, driver, verl's actors)", NODE_BYTES),
+             Part("GPU worker processes (trainer + vLLM)", PER_GPU_PROCESS_BYTES * t["PER_GPU_PROCESS_BYTES"]),
+             Part("ref params on host (pinned)", REF_HOST_COPIES * t["REF_HOST_COPIES"]),
+             Part("offloaded params/Adam (pinned)", OFFLOAD_HOST_COPIES * t["OFFLOAD_HOST_COPIES"]),
              Part("batch (driver + object store)", batch)]
     if ckpt:
         parts.append(Part(CHECKPOINT_PART, ckpt))
-    return tuple(parts)
-
-
-CHECKPOINT_PART = "checkpoint save (fp32 params + Adam to CPU)"
+    return tuple(p for p in parts if p.bytes or p.name.startswith(("node", "GPU")))
 
 
 def steady_bytes(parts: tuple[Part, ...]) -> float:

@@ -13,7 +13,7 @@ from verl_cluster.errors import ConfigError, PlanError
 from verl_cluster.facts.model import NodeFacts
 import verl_cluster.placement.memory as mem
 from verl_cluster.placement.hardware import Hardware, hardware_from_facts
-from verl_cluster.placement.host_memory import host_parts
+from verl_cluster.placement.host_memory import host_parts, host_terms
 from verl_cluster.placement.step_time import step_time
 from verl_cluster.placement.memory import GIB
 from verl_cluster.placement.model_shape import ModelShape, resolve_shape, shape_from_dir
@@ -132,6 +132,8 @@ class Plan:
     time: Optional[dict[str, Any]] = None  # host RAM of the busiest node by part, GiB
     # "" when the memory verdict covers the job; else why it does not (verl's Megatron workers: the model is FSDP's)
     not_covered: str = ""
+    # the fitted constants' coefficients: {"time": {phase: terms}, "host": terms} (scripts/fit_plan_calibration.py)
+    terms: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def host_steady_gib(self) -> float:
@@ -555,7 +557,7 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
     slots.sort(key=lambda x: (x.node, x.gpu))
     r = c.rollout
     host = host_parts(c, s, shape)
-    timed = step_time(c, s, shape, hw, fill).to_dict()
+    st = step_time(c, s, shape, hw, fill)
     return Plan(
         feasible=feasible, strategy=c.strategy, model=shape.name, params=shape.params,
         hardware=_hw_short(hw), capacity_gib=cap / GIB, nnodes=hw.nnodes,
@@ -563,7 +565,7 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
         dtype=c.prec.train_dtype, attn=c.prec.attn, fill=fill, roles=tuple(role_plans), gpus=tuple(slots),
         overrides=build_overrides(c, s), reasons=tuple(reasons), warnings=tuple(warnings),
         problems=tuple(problems), fixes=tuple(fixes), host_gib_per_node=mem.total(host) / GIB,
-        host_parts={p.name: p.gib for p in host}, time=timed,
+        host_parts={p.name: p.gib for p in host}, time=st.to_dict(), terms={"time": st.terms, "host": host_terms(c)},
         rollout_seqs_fit=r.seqs_fit if r else 0,
         host_mem_gib=None if hw.host_mem_bytes is None else hw.host_mem_bytes / GIB,
         rollout_seqs_wanted=wanted_concurrency(s, c.pools[0].size, c.tp),

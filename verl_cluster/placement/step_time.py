@@ -2,9 +2,10 @@
 
 Every phase is a fixed cost plus work over a rate:
 - generate: decode is memory-bound: each decode step reads the weights (÷ TP) and the KV cache of the sequences in
-  flight, over the GPU's HBM bandwidth, plus a per-step cost (scheduling, sampling, launches); continuous batching
-  takes as many steps as the longest response, or the tokens to decode over the sequences the KV cache and
-  max_num_seqs let fly, whichever is more; the prompts' prefill is 2·N·tokens FLOPs;
+  flight over the GPU's HBM bandwidth, plus a per-step cost (scheduling, launches; more without CUDA graphs);
+  continuous batching takes as many steps as the longest response; each generated token costs vLLM's and the
+  agent loop's per-token work (sampling, detokenizing, streaming); the prompts' prefill is 2·N·tokens FLOPs; verl's
+  trainer sees the end at its next poll of the rollout (every 2 s: half a period on average);
 - old log-prob, ref, critic values: a forward, 2·N FLOPs per token computed (every padded token without
   use_remove_padding);
 - actor/critic update: 6·N per token (+2·N recompute with gradient checkpointing) x ppo_epochs;
@@ -13,14 +14,18 @@ Every phase is a fixed cost plus work over a rate:
 - offload: params (and Adam states) over PCIe to the GPU and back each phase;
 - weight sync to the rollout (update_weights): the params in the rollout dtype over HBM and the link;
 - checkpoint save: fp32 params + Adam per GPU to storage, every save_freq steps (shown apart from the step).
-Compute runs at a share of the GPU's peak dense bf16 FLOPs; the shares and fixed costs are fitted on verl 0.9.1 runs
-on one H100 (all were small models, where the fixed costs dominate): they are a calibration, not a law.
+Compute runs at a share of the GPU's peak dense bf16 FLOPs, one share for runs with flash-attn importable and one
+without (verl then computes log-probs without flash-attn's fused cross-entropy: much slower on a 150k vocab).
+Each phase is built as terms (constant name -> coefficient, "" for seconds from bytes and links), so the fixed
+costs, per-step/per-token costs and 1/share are fitted by scripts/fit_plan_calibration.py, a least-squares fit
+on the recorded verl 0.9.1 runs on one H100 (all small models, where the fixed costs dominate): a calibration,
+not a law.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
@@ -53,20 +58,52 @@ UNKNOWN_GPU = GpuSpeed(312, 2039, 20)  # an A100-class card over PCIe
 INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; `check` measures the real figure on a live cluster
 PCIE_GBS = 20.0  # host <-> GPU, pinned buffers, PCIe 4.0 x16 in practice
 
-# Fitted on the recorded H100 runs (docs/BENCHMARKS.md, "Step time"): fixed seconds per phase and compute shares
-# of peak. "padded": no use_remove_padding or no flash-attn (every sequence padded to the maximum, SDPA with a mask);
-# "packed": flash-attn with use_remove_padding.
-FORWARD_FIXED_S = {"padded": 0.8, "packed": 0.25}
-UPDATE_FIXED_S = {"padded": 3.0, "packed": 0.8}
-FORWARD_SHARE = {"padded": 0.044, "packed": 0.07}
-UPDATE_SHARE = {"padded": 0.058, "packed": 0.23}
-DECODE_STEP_S = 0.0075  # per decode step beyond its bytes: vLLM's scheduler, sampling, launches
-HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not measurable on the small runs)
-SAMPLER_BYTES = 40  # per sequence in flight per vocab entry per decode step (fp32 logits, softmax, sampling passes)
-GENERATE_FIXED_S = 0.2
-SYNC_FIXED_S = 0.5  # update_weights: resharding and handing the weights to vLLM
-ADV_S = 0.15  # advantages, rewards (rule-based)
+# Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in
+# tests/fixtures/verl_runs/calibration_runs.json (docs/BENCHMARKS.md, "Step time"). "flash": flash-attn importable;
+# "no_flash": not (two runs only: the GRPO 0.5B and tiny of 2026-11-24/25).
+FORWARD_FIXED_S = {"flash": 0.2, "no_flash": 0.801}
+UPDATE_FIXED_S = {"flash": 0.807, "no_flash": 3.05}
+# Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
+# cannot tell it (FLOPs are under a sixth of any phase; left free the fit drives it to infinity); verl's own
+# perf/mfu/actor reached 0.23 on the 1.5B run with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class
+# models. A 3B/7B run would pin it.
+COMPUTE_SHARE = 0.4
+LOGIT_FORWARD_BYTES = {"flash": 101, "no_flash": 437}  # per token per vocab entry read at HBM speed (the actor's)
+LOGIT_UPDATE_BYTES = {"flash": 47.1, "no_flash": 1300}
+GENERATE_FIXED_S = 0.825  # per generate: request fan-out, vLLM wake-up and sleep
+EAGER_STEP_S = 0.00376  # per decode step with enforce_eager (no CUDA graphs; the tiny run alone); with graphs a
+# step costs its reads only (a per-step constant fitted to 0)
+DECODE_TOKEN_S = 6.72e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
+SYNC_FIXED_S = 0.315  # update_weights: resharding and handing the weights to vLLM
+ADV_S = 0.0852  # advantages, rewards (rule-based)
+# not fitted
+GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
+HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not separable on the small runs)
 SAVE_GBS = 0.55  # checkpoint write rate (fp32 params + Adam per GPU, torch.save to local disk)
+Terms = dict[str, float]  # constant name (NAME or NAME:key, "1/NAME:key" for a share) -> coefficient; "" -> seconds
+
+
+def const(name: str) -> float:
+    """The value a term's coefficient multiplies: "" -> 1, "NAME:key" -> NAME[key], "1/NAME:key" -> 1 / NAME[key]."""
+    if not name:
+        return 1.0
+    inv = name.startswith("1/")
+    base, _, key = (name[2:] if inv else name).partition(":")
+    v = globals()[base]
+    v = v[key] if key else v
+    return 1.0 / v if inv else v
+
+
+def seconds(terms: Terms) -> float:
+    return sum(coef * const(name) for name, coef in terms.items())
+
+
+def add(*parts: Terms) -> Terms:
+    out: Terms = {}
+    for p in parts:
+        for k, v in p.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
 
 
 def gpu_speed(name: str) -> tuple[GpuSpeed, bool]:
@@ -84,6 +121,7 @@ class StepTime:
     save_s: float  # one checkpoint save (0: save_freq off)
     tokens_per_gpu_s: float  # real tokens (prompt + response) per GPU per second
     notes: tuple[str, ...] = ()
+    terms: dict[str, Terms] = field(default_factory=dict)  # phase -> terms (what the fit regresses on)
 
     def to_dict(self) -> dict:
         return {"step_s": round(self.step_s, 2), "phases_s": {k: round(v, 2) for k, v in self.phases.items()},
@@ -91,18 +129,31 @@ class StepTime:
                 "notes": list(self.notes)}
 
 
-def forward_s(params: float, tokens: float, tflops: float, kind: str) -> float:
-    return FORWARD_FIXED_S[kind] + 2.0 * params * tokens / (tflops * 1e12 * FORWARD_SHARE[kind])
+def forward_terms(params: float, tokens: float, tflops: float, kind: str, logit_reads: float = 0.0) -> Terms:
+    """logit_reads: tokens x vocab over the HBM bandwidth (seconds per byte of logits per vocab entry)."""
+    return {f"FORWARD_FIXED_S:{kind}": 1.0, "1/COMPUTE_SHARE": 2.0 * params * tokens / (tflops * 1e12),
+            f"LOGIT_FORWARD_BYTES:{kind}": logit_reads}
 
 
-def update_s(params: float, tokens: float, tflops: float, kind: str, recompute: bool, epochs: int = 1) -> float:
+def update_terms(params: float, tokens: float, tflops: float, kind: str, recompute: bool, epochs: int = 1,
+                 logit_reads: float = 0.0) -> Terms:
     flops = (6.0 + (2.0 if recompute else 0.0)) * params * tokens * epochs
-    return UPDATE_FIXED_S[kind] + flops / (tflops * 1e12 * UPDATE_SHARE[kind])
+    return {f"UPDATE_FIXED_S:{kind}": 1.0, "1/COMPUTE_SHARE": flops / (tflops * 1e12),
+            f"LOGIT_UPDATE_BYTES:{kind}": logit_reads * epochs}
 
 
-def decode_step_s(weight_bytes: float, kv_bytes: float, seqs: float, vocab: int, hbm_gbs: float) -> float:
-    read = weight_bytes + kv_bytes + seqs * vocab * SAMPLER_BYTES
-    return DECODE_STEP_S + read / (hbm_gbs * 1e9 * HBM_SHARE)
+def forward_s(params: float, tokens: float, tflops: float, kind: str, logit_reads: float = 0.0) -> float:
+    return seconds(forward_terms(params, tokens, tflops, kind, logit_reads))
+
+
+def update_s(params: float, tokens: float, tflops: float, kind: str, recompute: bool, epochs: int = 1,
+             logit_reads: float = 0.0) -> float:
+    return seconds(update_terms(params, tokens, tflops, kind, recompute, epochs, logit_reads))
+
+
+def decode_read_s(weight_bytes: float, kv_bytes: float, hbm_gbs: float) -> float:
+    """One decode step's reads (weights and the KV cache in flight) over the HBM bandwidth reached."""
+    return (weight_bytes + kv_bytes) / (hbm_gbs * 1e9 * HBM_SHARE)
 
 
 def fsdp_comm_s(params: float, c: int, n: int, micros: int, bus_gbs: float, recompute: bool = True) -> float:
@@ -127,27 +178,29 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     main = c.pools[0]
     n = main.size
     packed = c.prec.remove_padding and s.remove_padding_actor and c.prec.attn.startswith("flash")
-    kind = "packed" if packed else "padded"
-    per_seq = s.seq_len if kind == "padded" else s.seq_len * fill
+    kind = "no_flash" if hw.flash_attn is False else "flash"
+    per_seq = s.seq_len * fill if packed else s.seq_len
     real_per_seq = s.seq_len * fill
     seqs_gpu = s.sequences / n
     tokens_gpu = seqs_gpu * per_seq
     cb = c.prec.c
-    phases: dict[str, float] = {}
+    terms: dict[str, Terms] = {}
     # generate
     replicas = max(1, n // c.tp)
     seqs_rep = s.sequences / replicas
     fit = c.rollout.seqs_fit if c.rollout is not None else s.max_num_seqs
     inflight = max(1, min(s.max_num_seqs, fit if fit >= 1 else 1, math.ceil(seqs_rep)))
     # continuous batching: as long as the longest response, or the tokens to decode over the sequences in flight
-    steps = max(s.response_len, seqs_rep * s.response_len * fill / inflight)
+    generated = seqs_rep * s.response_len * fill
+    steps = max(s.response_len, generated / inflight)
     kv_tok = shape.kv_bytes_per_token(cb, c.tp)
     ctx = s.prompt_len * fill + s.response_len * fill / 2  # mean context while decoding
-    step = decode_step_s(shape.params * cb / c.tp, inflight * ctx * kv_tok, inflight, shape.vocab, sp.hbm_gbs)
+    read = decode_read_s(shape.params * cb / c.tp, inflight * ctx * kv_tok, sp.hbm_gbs)
     if c.tp > 1:  # two all-reduces of the hidden state per layer per step, latency-bound
-        step += 2 * shape.layers * 15e-6
-    prefill = 2.0 * shape.params * seqs_rep * s.prompt_len * fill / c.tp / (sp.tflops * 1e12 * FORWARD_SHARE["packed"])
-    phases["gen"] = GENERATE_FIXED_S + steps * step + prefill
+        read += 2 * shape.layers * 15e-6
+    terms["gen"] = {"GENERATE_FIXED_S": 1.0, "EAGER_STEP_S": steps if s.enforce_eager else 0.0,
+                    "DECODE_TOKEN_S": generated, "1/COMPUTE_SHARE": 2.0 * shape.params * seqs_rep * s.prompt_len
+                    * fill / c.tp / (sp.tflops * 1e12), "": steps * read + GEN_POLL_S / 2}
     bus = link_gbs(hw, n, sp)
     pcie = PCIE_GBS * 1e9
     from verl_cluster.placement.planner import OFFLOAD_LEVELS, Phase
@@ -162,30 +215,38 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         moved = (m * params / n if param_off else 0.0) + (8.0 * params / n if opt_off and updates else 0.0)
         return 2.0 * moved / pcie
 
+    def comm_s(params: float, phase: Phase, recompute: bool, forward: bool) -> float:
+        """FSDP traffic of a phase: a forward moves a third of an update's (one gather, no reduce-scatter)."""
+        got = fsdp_comm_s(params, cb, n, micros(phase), bus, recompute)
+        return got / 3 if forward else got
+
     actor_p = shape.params
     m_a = s.master_dtype_bytes_actor
-    phases["old_log_prob"] = (forward_s(actor_p, tokens_gpu, sp.tflops, kind)
-                              + fsdp_comm_s(actor_p, cb, n, micros(Phase.ACTOR_LOG_PROB), bus, recompute=False) / 3
-                              + offload_s(actor_p, m_a, False))
-    if s.ref and not s.lora_rank:
-        phases["ref"] = (forward_s(actor_p, tokens_gpu, sp.tflops, kind) + m_a * actor_p / n / pcie
-                         + fsdp_comm_s(actor_p, cb, n, micros(Phase.REF_LOG_PROB), bus, recompute=False) / 3)
+    # the actor's logits (tokens x vocab, fp32): log-softmax, entropy and their backward read them several times
+    logits = tokens_gpu * shape.vocab / (sp.hbm_gbs * 1e9)
+    fwd = forward_terms(actor_p, tokens_gpu, sp.tflops, kind, logits)
+    terms["old_log_prob"] = add(fwd, {"": comm_s(actor_p, Phase.ACTOR_LOG_PROB, False, True)
+                                      + offload_s(actor_p, m_a, False)})
+    if s.ref and not s.lora_rank:  # verl's ref lives on the host: its params come over PCIe each forward
+        terms["ref"] = add(fwd, {"": m_a * actor_p / n / pcie + comm_s(actor_p, Phase.REF_LOG_PROB, False, True)})
     elif s.ref:
-        phases["ref"] = forward_s(actor_p, tokens_gpu, sp.tflops, kind)
+        terms["ref"] = dict(fwd)
     if s.critic:
-        cp = shape.value_model_params
-        phases["values"] = forward_s(cp, tokens_gpu, sp.tflops, kind) + offload_s(cp, s.master_dtype_bytes_critic, False)
-        phases["update_critic"] = (update_s(cp, tokens_gpu, sp.tflops, kind, s.grad_ckpt_critic)
-                                   + fsdp_comm_s(cp, cb, n, micros(Phase.CRITIC_UPDATE), bus, s.grad_ckpt_critic)
-                                   + offload_s(cp, s.master_dtype_bytes_critic, True))
-    phases["adv"] = ADV_S
-    phases["update_actor"] = (update_s(actor_p, tokens_gpu, sp.tflops, kind, s.grad_ckpt_actor)
-                              + fsdp_comm_s(actor_p, cb, n, micros(Phase.ACTOR_UPDATE), bus, s.grad_ckpt_actor)
-                              + offload_s(actor_p, m_a, True))
-    phases["update_weights"] = (SYNC_FIXED_S + cb * actor_p / (sp.hbm_gbs * 1e9 * HBM_SHARE)
-                                + (cb * actor_p * (n - 1) / n / (bus * 1e9) if n > 1 else 0.0))
+        cp, m_c = shape.value_model_params, s.master_dtype_bytes_critic
+        terms["values"] = add(forward_terms(cp, tokens_gpu, sp.tflops, kind), {"": offload_s(cp, m_c, False)})
+        terms["update_critic"] = add(update_terms(cp, tokens_gpu, sp.tflops, kind, s.grad_ckpt_critic),
+                                     {"": comm_s(cp, Phase.CRITIC_UPDATE, s.grad_ckpt_critic, False)
+                                      + offload_s(cp, m_c, True)})
+    terms["adv"] = {"ADV_S": 1.0}
+    terms["update_actor"] = add(update_terms(actor_p, tokens_gpu, sp.tflops, kind, s.grad_ckpt_actor,
+                                             logit_reads=logits),
+                                {"": comm_s(actor_p, Phase.ACTOR_UPDATE, s.grad_ckpt_actor, False)
+                                 + offload_s(actor_p, m_a, True)})
+    terms["update_weights"] = {"SYNC_FIXED_S": 1.0, "": cb * actor_p / (sp.hbm_gbs * 1e9 * HBM_SHARE)
+                               + (cb * actor_p * (n - 1) / n / (bus * 1e9) if n > 1 else 0.0)}
+    phases = {k: seconds(v) for k, v in terms.items()}
     trained = actor_p + (shape.value_model_params if s.critic else 0)
     save = 12.0 * trained / n / (SAVE_GBS * 1e9) if s.save_freq > 0 else 0.0
     total = sum(phases.values())
     tps = s.sequences * real_per_seq / n / total if total > 0 else 0.0
-    return StepTime(phases, total, save, tps, tuple(notes))
+    return StepTime(phases, total, save, tps, tuple(notes), terms)

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Fit the planner's step-time and host-RAM constants (placement/step_time.py, placement/host_memory.py) on the
+recorded verl runs in tests/fixtures/verl_runs/calibration_runs.json, and show them against every run.
+
+    python3 scripts/fit_plan_calibration.py [--runs-file FILE] [--check] [--json]
+
+Each run is replayed as tests/unit/test_plan_time_host.py does (scripts/calib_from_runs.py replay: the job as it
+ran, the recorded H100 facts, the run's own lengths). The plan carries each phase as terms (Plan.terms: fitted
+constant -> coefficient, plus seconds no constant scales: bytes over PCIe, HBM and links, verl's poll of the
+rollout), so the fit is linear:
+- step time: one least-squares fit over every phase of every run tagged time "fit" (verl's timing_s/* means over
+  the steps after the first), each row divided by its measured seconds (relative errors count alike), constants
+  kept non-negative; COMPUTE_SHARE is held at the module's value (the runs cannot tell it: step_time.py says why);
+- host RAM: PER_GPU_PROCESS_BYTES is measured, not fitted: the sampler's PSS at verl's step lines of the trainer
+  worker (less its shared memory: the pinned states fitted below) and of vLLM's server, engine and worker, mean
+  over the fit runs that have it; NODE_BYTES, REF_HOST_COPIES and OFFLOAD_HOST_COPIES are then fitted (least
+  squares, relative) on verl's largest logged node RAM of the runs tagged host "fit".
+Prints the constants as they are written in the modules (3 significant digits), then predicted vs measured for
+every run, fit and hold-out. --check exits 1 when a module's constant differs from the fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from verl_cluster.placement import host_memory, step_time  # noqa: E402
+from verl_cluster.placement.memory import GIB  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calib_from_runs.py")
+CALIB = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(CALIB)
+LOGS = ROOT / "tests/fixtures/verl_logs"
+HELD = ("COMPUTE_SHARE",)  # priors the runs cannot tell (step_time.py says why): kept at the module's value
+GPU_ROLES = ("worker_dict", "vllm_worker", "vllm_engine", "vllm_server")  # the sampler's roles of one GPU's processes
+
+
+def sig3(x: float) -> float:
+    return float(f"{x:.3g}")
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0: drop the most negative unknown and solve again until none is negative."""
+    free = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while free:
+        sol, *_ = np.linalg.lstsq(a[:, free], b, rcond=None)
+        if (sol >= 0).all():
+            x[:] = 0
+            x[free] = sol
+            return x
+        free.pop(int(np.argmin(sol)))
+    return x
+
+
+def replays(runs: dict) -> dict:
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, entry in runs.items():
+            plan, got = CALIB.replay(entry, LOGS, Path(tmp) / name)
+            out[name] = (entry, plan, got)
+    return out
+
+
+def fit_time(done: dict) -> dict[str, float]:
+    rows, target = [], []
+    for entry, plan, got in done.values():
+        if entry["time"] != "fit":
+            continue
+        for phase, terms in plan.terms["time"].items():
+            m = got["phases_s"].get(phase)
+            if m:
+                known = sum(c * step_time.const(k) for k, c in terms.items() if not k or k.lstrip("1/") in HELD)
+                rows.append({k: v / m for k, v in terms.items() if k and k.lstrip("1/") not in HELD})
+                target.append((m - known) / m)
+    names = sorted({k for r in rows for k, v in r.items() if v})
+    x = nnls(np.array([[r.get(k, 0.0) for k in names] for r in rows]), np.array(target))
+    return dict(zip(names, x))
+
+
+def per_gpu_pss(done: dict) -> tuple[float, int]:
+    vals = []
+    for entry, _, _ in done.values():
+        if entry["host"] != "fit":
+            continue
+        for at in (entry.get("sampled") or {}).get("at_steps", []):
+            pss, shm = at.get("roles_pss_gib"), at.get("roles_shmem_gib", {})
+            # a sample taken after the job ended (the node's RAM far below what verl logged) says nothing
+            alive = abs(at["used_available_gib"] / at["verl_gib"] - 1) < 0.1
+            if pss and alive and at["step"] not in entry["first_steps"]:
+                vals.append(sum(pss.get(r, 0.0) for r in GPU_ROLES) - shm.get("worker_dict", 0.0))
+    return (sum(vals) / len(vals), len(vals)) if vals else (0.0, 0)
+
+
+def fit_host(done: dict, per_gpu_gib: float) -> dict[str, float]:
+    names = ("NODE_BYTES", "REF_HOST_COPIES", "OFFLOAD_HOST_COPIES")
+    rows, target = [], []
+    for entry, plan, got in done.values():
+        if entry["host"] != "fit" or "host_gib" not in got:
+            continue
+        t = plan.terms["host"]
+        m = got["host_gib"] * GIB
+        batch = plan.host_parts.get("batch (driver + object store)", 0.0) * GIB
+        rows.append([t[k] / m for k in names])
+        target.append((m - batch - per_gpu_gib * GIB * t["PER_GPU_PROCESS_BYTES"]) / m)
+    x = nnls(np.array(rows), np.array(target))
+    return dict(zip(names, x))
+
+
+def constants(time_x: dict, host_x: dict, per_gpu_gib: float) -> dict[str, float]:
+    """Module constant (NAME or NAME:key) -> value as written in the modules."""
+    out = {}
+    for k, v in time_x.items():
+        if k.startswith("1/"):
+            out[k[2:]] = sig3(1.0 / v) if v > 0 else float("inf")
+        else:
+            out[k] = sig3(v)
+    out.update({k: getattr(step_time, k) for k in HELD})
+    out["PER_GPU_PROCESS_BYTES"] = sig3(per_gpu_gib)  # GiB
+    out["NODE_BYTES"] = sig3(host_x["NODE_BYTES"] / GIB)  # GiB
+    out["REF_HOST_COPIES"] = sig3(host_x["REF_HOST_COPIES"])
+    out["OFFLOAD_HOST_COPIES"] = sig3(host_x["OFFLOAD_HOST_COPIES"])
+    return out
+
+
+def module_value(name: str) -> float:
+    base, _, key = name.partition(":")
+    mod = host_memory if base in vars(host_memory) else step_time
+    v = getattr(mod, base)
+    v = v[key] if key else v
+    return v / GIB if base in ("PER_GPU_PROCESS_BYTES", "NODE_BYTES") else v
+
+
+def value_of(name: str, consts: dict) -> float:
+    """A term's multiplier from the fitted constants (not the modules'): "" -> 1, "1/NAME:key" -> 1 / value."""
+    if not name:
+        return 1.0
+    if name.startswith("1/"):
+        return 1.0 / consts[name[2:]]
+    return consts[name] * (GIB if name in ("PER_GPU_PROCESS_BYTES", "NODE_BYTES") else 1.0)
+
+
+def table(done: dict, consts: dict) -> list[dict]:
+    """Predicted (the fitted constants) vs measured for every run: phases, step, host RAM."""
+    out = []
+    for name, (entry, plan, got) in done.items():
+        phases = {ph: sum(c * value_of(k, consts) for k, c in terms.items())
+                  for ph, terms in plan.terms["time"].items()}
+        rows = [(f"{ph}", phases[ph], got["phases_s"][ph]) for ph in phases if got["phases_s"].get(ph)]
+        rows.append(("step", sum(phases.values()), got["step_s"]))
+        if "host_gib" in got:
+            t = plan.terms["host"]
+            host = (sum(c * value_of(k, consts) for k, c in t.items())
+                    + plan.host_parts.get("batch (driver + object store)", 0.0) * GIB) / GIB
+            rows.append(("host RAM (GiB)", host, got["host_gib"]))
+        out.append({"run": name, "time": entry["time"], "host": entry["host"],
+                    "rows": [{"what": w, "predicted": round(p, 2), "measured": round(m, 2),
+                              "error": round(p / m - 1, 3)} for w, p, m in rows]})
+    return out
+
+
+def fit(runs_file: Path) -> tuple[dict, list[dict], dict]:
+    runs = json.loads(runs_file.read_text())["runs"]
+    done = replays(runs)
+    per_gpu, n = per_gpu_pss(done)
+    consts = constants(fit_time(done), fit_host(done, per_gpu), per_gpu)
+    return consts, table(done, consts), {"per_gpu_pss_samples": n}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs-file", type=Path, default=CALIB.RUNS_FILE)
+    ap.add_argument("--check", action="store_true", help="exit 1 when the modules' constants differ from the fit")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    consts, rows, info = fit(a.runs_file)
+    differ = {k: (module_value(k), v) for k, v in consts.items() if not np.isclose(module_value(k), v, rtol=1e-6)}
+    if a.json:
+        print(json.dumps({"constants": consts, "runs": rows, **info, "differ": differ}, indent=1))
+    else:
+        for k, v in consts.items():
+            mark = "" if k not in differ else f"   (module has {differ[k][0]:.4g})"
+            print(f"{k:<28} {v:g}{' GiB' if k in ('PER_GPU_PROCESS_BYTES', 'NODE_BYTES') else ''}{mark}")
+        print(f"(per-GPU processes: PSS at {info['per_gpu_pss_samples']} sampled steps)")
+        for r in rows:
+            print(f"{r['run']} (time {r['time']}, host {r['host']})")
+            for x in r["rows"]:
+                print(f"  {x['what']:<16} predicted {x['predicted']:>7} measured {x['measured']:>7} {x['error']:+.1%}")
+    return 1 if a.check and differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
