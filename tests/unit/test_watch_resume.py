@@ -203,6 +203,13 @@ def test_recorded_gpu_runs_ended_as_claimed():
     assert figures["rc"] == 0 and figures["states"] == ["FAILED", "SUCCEEDED"] and figures["command"][6] == "--"
     refused = _json.loads((fx / "h100_refused_figures.json").read_text())
     assert refused["rc"] == 1 and refused["states"] == ["FAILED"]
+    # the same kill under a job YAML (on an H200): one restart, resumed from step 2, SUCCEEDED
+    yaml_kill = [_json.loads(x) for x in (fx / "h200_yaml_kill_events.jsonl").read_text().splitlines()]
+    assert [e["class"] for e in yaml_kill if e["class"] != "info"] == ["worker-died"]
+    assert yaml_kill[-1]["action"] == "done: the run SUCCEEDED" and "1 restart(s)" in yaml_kill[-1]["evidence"]
+    figures = _json.loads((fx / "h200_yaml_kill_figures.json").read_text())
+    assert figures["rc"] == 0 and figures["states"] == ["FAILED", "SUCCEEDED"]
+    assert figures["command"][4] == "launch/gsm8k_grpo.yaml" and figures["resumes"][0].startswith("resumed from step 2")
 
 
 def test_recorded_script_run_hung_then_killed_resumed_twice():
