@@ -17,7 +17,7 @@ from verl_cluster.placement.settings import read_settings
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = (ROOT / "scripts/gpu_e2e.sh").read_text()
 H100 = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h100x1.json").read_text())
-START_UP_S = 290  # submit to the first step on the H100 (docs/BENCHMARKS.md, the PPO session)
+START_UP_S = 220  # submit to the first step's start on the H100 (the grid's batch A: 225-276 s to step 1's end)
 FILL = 0.4  # the recorded random-init runs' sequences were ~40% of prompt + response
 
 
