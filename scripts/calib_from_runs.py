@@ -162,9 +162,10 @@ def sampled(samples_path: Path, stamped_path: Path, steps: dict) -> Optional[dic
 
 
 def roles_at(host: list[tuple[float, dict]], t: float, within_s: float = 5.0) -> dict:
-    """Each role's PSS and shared memory (pinned buffers) at the sample nearest t that has every role's PSS (the
-    sampler reads PSS every few samples only): what splits the node's RAM into its processes."""
-    full = [(abs(ts - t), h) for ts, h in host if abs(ts - t) <= within_s and h.get("roles")
+    """Each role's PSS and shared memory (pinned buffers) at the last sample up to t (within within_s) that has
+    every role's PSS (the sampler reads PSS every few samples only; after the last step line the job's processes
+    exit): what splits the node's RAM into its processes."""
+    full = [(t - ts, h) for ts, h in host if 0 <= t - ts <= within_s and h.get("roles")
             and all(v.get("pss") is not None for v in h["roles"].values())]
     if not full:
         return {}

@@ -96,7 +96,7 @@ def per_gpu_pss(done: dict) -> tuple[float, int]:
             pss, shm = at.get("roles_pss_gib"), at.get("roles_shmem_gib", {})
             # a sample taken after the job ended (the node's RAM far below what verl logged) says nothing
             alive = abs(at["used_available_gib"] / at["verl_gib"] - 1) < 0.1
-            if pss and alive and at["step"] not in entry["first_steps"]:
+            if pss and "worker_dict" in pss and alive and at["step"] not in entry["first_steps"]:
                 vals.append(sum(pss.get(r, 0.0) for r in GPU_ROLES) - shm.get("worker_dict", 0.0))
     return (sum(vals) / len(vals), len(vals)) if vals else (0.0, 0)
 

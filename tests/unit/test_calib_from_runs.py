@@ -143,11 +143,12 @@ def test_a_pinned_attention_takes_flash_attn_from_the_install_step(tmp_path):
     assert C.flash_attn_of(plan, pinned, steps, "no") is False
 
 
-def test_roles_at_a_step_take_the_nearest_sample_with_every_pss():
+def test_roles_at_a_step_take_the_last_sample_before_it_with_every_pss():
     role = lambda rss, pss, shmem=0: {"n": 1, "rss": rss, "anon": rss, "shmem": shmem, "pss": pss}  # noqa: E731
     host = [(10.0, {"roles": {"worker_dict": role(9000, 8000, 5120), "driver": role(900, 540)}}),
             (11.0, {"roles": {"worker_dict": role(9100, None, 5120), "driver": role(900, 540)}}),  # no PSS read
             (20.0, {"roles": {"worker_dict": role(100, 50), "driver": role(900, 540)}})]
     got = C.roles_at(host, 11.5)
     assert got == {"roles_pss_gib": {"driver": 0.53, "worker_dict": 7.81}, "roles_shmem_gib": {"worker_dict": 5.0}}
+    assert C.roles_at(host, 9.5) == {}  # only samples up to the step line: the one after may be the job exiting
     assert C.roles_at(host, 30.0) == {}  # nothing with every PSS within 5 s
