@@ -29,11 +29,11 @@ TIME_FIT = sorted(n for n, r in RUNS.items() if r["time"] == "fit")
 TIME_HOLD = sorted(n for n, r in RUNS.items() if r["time"] == "hold-out")
 HOST_FIT = sorted(n for n, r in RUNS.items() if r["host"] == "fit")
 HOST_HOLD = sorted(n for n, r in RUNS.items() if r["host"] == "hold-out")
-# the fit's residuals: worst step -21.8% (ppo_0.5b) / +21.2% (fit-grpo15); worst phase over 0.5 s update_weights
+# the fit's residuals: worst step -20.6% (ppo_0.5b) / +19.1% (fit-grpo15); worst phase over 0.5 s update_weights
 # -56% (grpo_tiny, 0.73 s measured on an older machine vs 0.25-0.33 s since); host within 4%
 FIT_STEP_BOUND, FIT_PHASE_BOUND, FIT_HOST_BOUND = 0.25, 0.60, 0.06
-# phases under half a second: held within 0.5 s, not by their ratio (worst: ref of fit-grpo15, 0.88 vs 0.43 s)
-SHORT_S, SHORT_BOUND_S = 0.5, 0.5
+# phases under half a second: held within 0.3 s, not by their ratio (worst: ref of fit-grpo15, 0.66 vs 0.43 s)
+SHORT_S, SHORT_BOUND_S = 0.5, 0.3
 
 
 @pytest.fixture(autouse=True)
@@ -86,9 +86,9 @@ def test_step_time_residuals_of_the_fit_runs(name, tmp_path):
 
 def test_step_time_hold_out(tmp_path):
     """GRPO 0.5B with SDPA and no remove-padding, flash-attn installed (the padded tokens computed, the flash-attn
-    constants): step +6.2%, gen -3.8%, old_log_prob -6.0%, update_actor +12.0%; ref +69% (0.99 s vs 0.59: the model
-    charges the ref its params over PCIe at 20 GB/s and the forward the actor's log-prob costs; measured, the ref
-    is faster than the actor's log-prob): the ±30% phase goal is not met there."""
+    constants): step +2.5%, gen -3.7%, old_log_prob -13.2%, update_actor +12.0%; ref +31.2% (0.77 s vs 0.59: the
+    exposed part of its 4 micro batches' param uploads at 20 GB/s, 0.15 s, is most of it): just over the ±30%
+    phase goal, held within 40%."""
     assert TIME_HOLD == ["hold-padded05"]
     rows = rows_of("hold-padded05", tmp_path)
     assert abs(step_row(rows)["error"]) <= 0.12, rows
@@ -96,7 +96,7 @@ def test_step_time_hold_out(tmp_path):
     assert set(by) == {"gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights"}
     for phase in ("gen", "old_log_prob", "update_actor"):
         assert abs(by[phase]["error"]) <= 0.20, by[phase]
-    assert 0.3 <= by["ref"]["error"] <= 0.9, by["ref"]  # the known miss, bounded both ways
+    assert abs(by["ref"]["error"]) <= 0.40, by["ref"]
     for phase in ("adv", "update_weights"):
         assert abs(by[phase]["predicted"] - by[phase]["measured"]) <= 0.15, by[phase]
 
@@ -146,6 +146,33 @@ def test_logits_are_read_at_hbm_speed_by_hand():
     assert reads * 1e3 == pytest.approx(0.4535, abs=1e-4)
     assert st.update_s(0, 1e4, 989, "no_flash", True, epochs=2, logit_reads=reads) == pytest.approx(
         st.UPDATE_FIXED_S["no_flash"] + 2 * reads * st.LOGIT_UPDATE_BYTES["no_flash"])
+
+
+def test_ref_params_uploaded_per_micro_batch_by_hand():
+    # 1.5e9 fp32 params, 2 micro batches over 20 GB/s: 2 * 4 * 1.5e9 / 20e9 = 0.6 s, less the 0.1 s of compute they
+    # overlap; 4 GPUs copy a quarter each (0.15 s); a forward longer than the copy hides it
+    assert st.REF_PARAM_BYTES == 4 and st.PCIE_GBS == 20
+    assert st.ref_upload_s(1.5e9, 2, 1, 0.1) == pytest.approx(0.5)
+    assert st.ref_upload_s(1.5e9, 2, 4, 0.1) == pytest.approx(0.05)
+    assert st.ref_upload_s(1.5e9, 2, 1, 1.0) == 0.0
+
+
+def test_entropy_in_the_actors_log_prob_only(tmp_path):
+    # fit-grpo15 (packed, one GPU): 30250.5 tokens x 151936 vocab / 3350 GB/s = 1.3720 ms per byte per entry, in the
+    # actor's log-prob and not the ref; the ref's upload: 4 B x 1543714304 params / 20 GB/s = 0.3087 s less the
+    # forward's 2 * 1543714304 * 30250.5 FLOPs at 0.4 x 989 TFLOPs = 0.2361 s -> 0.0726 s
+    plan, _ = replay("fit-grpo15", tmp_path)
+    old, ref = plan.terms["time"]["old_log_prob"], plan.terms["time"]["ref"]
+    assert old["ENTROPY_BYTES"] * 1e3 == pytest.approx(30250.5 * 151936 / 3350e9 * 1e3, rel=1e-3)
+    assert old["ENTROPY_BYTES"] * 1e3 == pytest.approx(1.3720, abs=2e-3)
+    assert "ENTROPY_BYTES" not in ref
+    assert {k: v for k, v in old.items() if k not in ("ENTROPY_BYTES", "")} == {k: v for k, v in ref.items() if k}
+    assert ref[""] == pytest.approx(4 * 1543714304 / 20e9 - 2 * 1543714304 * 30250.5 / (0.4 * 989e12), rel=1e-3)
+    assert ref[""] == pytest.approx(0.0726, abs=1e-3)
+    # without remove-padding the log-probs take the real tokens, the entropy every position computed
+    plan, _ = replay("hold-padded05", tmp_path / "padded")
+    old = plan.terms["time"]["old_log_prob"]
+    assert old["ENTROPY_BYTES"] > 2 * old["LOGIT_FORWARD_BYTES:flash"] > 0
 
 
 def test_decode_step_is_bytes_over_bandwidth():

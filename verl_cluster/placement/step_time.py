@@ -7,7 +7,11 @@ Every phase is a fixed cost plus work over a rate:
   agent loop's per-token work (sampling, detokenizing, streaming); the prompts' prefill is 2·N·tokens FLOPs; verl's
   trainer sees the end at its next poll of the rollout (every 2 s: half a period on average);
 - old log-prob, ref, critic values: a forward, 2·N FLOPs per token computed (every padded token without
-  use_remove_padding);
+  use_remove_padding), and the log-probs' logits over the real tokens; the actor's log-prob also computes the
+  entropy over every logit computed (verl asks it there, not of the ref);
+- the ref (verl's forward-only engine forces CPUOffload): its fp32 params stay pinned on the host and every micro
+  batch's forward copies them to the GPU (never back), on FSDP's unshard stream beside the compute: only what the
+  copy takes beyond the forward's FLOPs shows;
 - actor/critic update: 6·N per token (+2·N recompute with gradient checkpointing) x ppo_epochs;
 - FSDP (more than one GPU): per micro batch an all-gather of the params for the forward and one for the backward and
   an fp32 reduce-scatter of the grads, (N-1)/N of the bytes over the link's bus bandwidth;
@@ -61,14 +65,16 @@ PCIE_GBS = 20.0  # host <-> GPU, pinned buffers, PCIe 4.0 x16 in practice
 # Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in
 # tests/fixtures/verl_runs/calibration_runs.json (docs/BENCHMARKS.md, "Step time"). "flash": flash-attn importable;
 # "no_flash": not (two runs only: the GRPO 0.5B and tiny of 2026-11-24/25).
-FORWARD_FIXED_S = {"flash": 0.2, "no_flash": 0.801}
+FORWARD_FIXED_S = {"flash": 0.218, "no_flash": 0.803}
 UPDATE_FIXED_S = {"flash": 0.807, "no_flash": 3.05}
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it (FLOPs are under a sixth of any phase; left free the fit drives it to infinity); verl's own
 # perf/mfu/actor reached 0.23 on the 1.5B run with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class
 # models. A 3B/7B run would pin it.
 COMPUTE_SHARE = 0.4
-LOGIT_FORWARD_BYTES = {"flash": 101, "no_flash": 437}  # per token per vocab entry read at HBM speed (the actor's)
+# per real token per vocab entry, at HBM speed: the log-probs (without flash-attn verl's log-softmax loops per token)
+LOGIT_FORWARD_BYTES = {"flash": 100, "no_flash": 1180}
+ENTROPY_BYTES = 47.8  # per token per vocab entry computed: the entropy, in the actor's log-prob only
 LOGIT_UPDATE_BYTES = {"flash": 47.1, "no_flash": 1300}
 GENERATE_FIXED_S = 0.825  # per generate: request fan-out, vLLM wake-up and sleep
 EAGER_STEP_S = 0.00376  # per decode step with enforce_eager (no CUDA graphs; the tiny run alone); with graphs a
@@ -79,6 +85,7 @@ ADV_S = 0.0852  # advantages, rewards (rule-based)
 # not fitted
 GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
 HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not separable on the small runs)
+REF_PARAM_BYTES = 4  # verl's ref model_dtype (fp32 by default), what its forced CPUOffload keeps on the host
 SAVE_GBS = 0.55  # checkpoint write rate (fp32 params + Adam per GPU, torch.save to local disk)
 Terms = dict[str, float]  # constant name (NAME or NAME:key, "1/NAME:key" for a share) -> coefficient; "" -> seconds
 
@@ -156,6 +163,13 @@ def decode_read_s(weight_bytes: float, kv_bytes: float, hbm_gbs: float) -> float
     return (weight_bytes + kv_bytes) / (hbm_gbs * 1e9 * HBM_SHARE)
 
 
+def ref_upload_s(params: float, micros: int, n: int, compute_s: float) -> float:
+    """The ref's params copied host -> GPU once per micro batch (each GPU its 1/n shard), less the forward's compute
+    they overlap with."""
+    up = micros * REF_PARAM_BYTES * params / n / (PCIE_GBS * 1e9)
+    return max(0.0, up - compute_s)
+
+
 def fsdp_comm_s(params: float, c: int, n: int, micros: int, bus_gbs: float, recompute: bool = True) -> float:
     """Per update: per micro batch the params gathered for forward and backward, fp32 grads reduce-scattered."""
     if n <= 1:
@@ -222,14 +236,17 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
 
     actor_p = shape.params
     m_a = s.master_dtype_bytes_actor
-    # the actor's logits (tokens x vocab, fp32): log-softmax, entropy and their backward read them several times
+    # the actor's logits (tokens x vocab): log-softmax, entropy and their backward read them several times; without
+    # use_remove_padding verl takes the log-probs of the real tokens only, the entropy of every position computed
     logits = tokens_gpu * shape.vocab / (sp.hbm_gbs * 1e9)
-    fwd = forward_terms(actor_p, tokens_gpu, sp.tflops, kind, logits)
-    terms["old_log_prob"] = add(fwd, {"": comm_s(actor_p, Phase.ACTOR_LOG_PROB, False, True)
+    real_logits = seqs_gpu * real_per_seq * shape.vocab / (sp.hbm_gbs * 1e9)
+    fwd = forward_terms(actor_p, tokens_gpu, sp.tflops, kind, real_logits)
+    terms["old_log_prob"] = add(fwd, {"ENTROPY_BYTES": logits, "": comm_s(actor_p, Phase.ACTOR_LOG_PROB, False, True)
                                       + offload_s(actor_p, m_a, False)})
-    if s.ref and not s.lora_rank:  # verl's ref lives on the host: its params come over PCIe each forward
-        terms["ref"] = add(fwd, {"": m_a * actor_p / n / pcie + comm_s(actor_p, Phase.REF_LOG_PROB, False, True)})
-    elif s.ref:
+    if s.ref and not s.lora_rank:
+        up = ref_upload_s(actor_p, micros(Phase.REF_LOG_PROB), n, fwd["1/COMPUTE_SHARE"] / COMPUTE_SHARE)
+        terms["ref"] = add(fwd, {"": up + comm_s(actor_p, Phase.REF_LOG_PROB, False, True)})
+    elif s.ref:  # LoRA: the actor with its adapters off, no entropy, nothing on the host
         terms["ref"] = dict(fwd)
     if s.critic:
         cp, m_c = shape.value_model_params, s.master_dtype_bytes_critic
