@@ -325,9 +325,9 @@ class Evaluator:
                     gpu, host = (), (Part("params", shape.params * s.master_dtype_bytes_actor / n),)
                 elif role == "reward":  # same for the FSDP reward model (bf16 weights)
                     gpu, host = (), (Part("params", self.rm_shape.value_model_params * 2 / n),)
-                else:  # rollout sleeps between generations: weights and KV cache released, a residue stays
-                    gpu = (Part("vLLM asleep", mem.VLLM_ASLEEP_BYTES),)
-                    host = (Part("weights (asleep)", shape.params * prec.c / tp),)
+                else:  # rollout sleeps between generations: weights and KV cache released, a residue stays;
+                    # nothing of it stays on the host (the H100 runs' sampled RSS and Shmem of vLLM's processes)
+                    gpu, host = (Part("vLLM asleep", mem.VLLM_ASLEEP_BYTES),), ()
                 c.resident[role] = gpu
                 c.host[role] = host
         for pool in pools:
