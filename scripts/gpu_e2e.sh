@@ -208,31 +208,32 @@ if named watch-script; then
 fi
 # ---- calibration grid: the planner's host RAM and step time against real verl runs, one H100 ----
 # bash scripts/gpu_e2e.sh fa griddata up-only grid-a   (then grid-b on another machine; docs/BENCHMARKS.md says how)
-# Every run: random-init Qwen2.5 shape, synthetic GSM8K, 3 steps (step 1 is left out of timing), no validation,
+# Every run: random-init Qwen2.5 shape, synthetic GSM8K, 5 steps (step 1 is left out of timing; batch A had 3, and
+# step 2 was still warming up by up to 0.65 s a phase), no validation,
 # planned first, NVML + host RAM per process role sampled (scripts/gpu_mem_sampler.py), log kept; then
 # `python3 scripts/calib_from_runs.py $LOGS NAME` turns it into a calibration fixture. flash-attn (step `fa`, head
 # dims 32/64/128) is installed on both batches, so the plan picks packed flash-attn unless a run pins otherwise.
-# Expected seconds: measured on the H100 for batch A and hold-padded05 (2026-11-25: submit to exit 245-297 s, of
-# which submit to step 1's end 225-276 s; each step after it 5-15 s; flash-attn 15-26 s and the 1.5B + 0.5B models
-# 29 s), plus ~35 s; the 3B and the runs not yet made are estimated from them. A batch is ~22 min of runs + ~3 min
-# of staging/models/up, so one 30-minute machine holds it; a run that would not finish inside BUDGET_S is skipped
-# (named in steps.log): run the skipped ones with the next batch.
+# Expected seconds: measured on the H100 for batch A and hold-padded05 (2026-11-25, 3 steps: submit to exit
+# 245-297 s, of which submit to step 1's end 225-276 s; each step after it 5-15 s; flash-attn 15-26 s, the 1.5B +
+# 0.5B models 29 s), plus ~35 s, plus ~25 s for the two steps added since; the 3B estimated from them. Batch B's
+# three runs not yet made are ~19 min + ~3 min of staging/models/up: one 30-minute machine holds them (hold-padded05,
+# last, ran already). A run that would not finish inside BUDGET_S is skipped (named in steps.log).
 # A: fit (with the recorded GRPO 0.5B, GRPO tiny and PPO 0.5B runs)  |  B: hold-out (3B, offload, PPO, padded)
 FIT=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" env.VLLM_LOGGING_LEVEL=INFO
-     env.VLLM_USE_FLASHINFER_SAMPLER=0 trainer.total_training_steps=3 trainer.test_freq=-1 trainer.val_before_train=false)
+     env.VLLM_USE_FLASHINFER_SAMPLER=0 trainer.total_training_steps=5 trainer.test_freq=-1 trainer.val_before_train=false)
 GRPO=launch/gsm8k_grpo.yaml PPO=launch/gsm8k.yaml
 OFFLOAD="actor_rollout_ref.actor.fsdp_config.param_offload=true actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"
 declare -A G_SHAPE G_JOB G_ARGS G_EXPECT_S
 grid_run() { G_SHAPE[$1]=$2; G_JOB[$1]=$3; G_EXPECT_S[$1]=$4; G_ARGS[$1]=$5; }
 #        name           shape         job    ~s   batch x n, lengths, what varies
-grid_run fit-grpo15     qwen2.5-1.5b  $GRPO  330  "data.train_batch_size=16 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.save_freq=-1"
-grid_run fit-ppo15      qwen2.5-1.5b  $PPO   300  "data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.rollout.gpu_memory_utilization=0.35 trainer.save_freq=-1"
-grid_run fit-offload05  qwen2.5-0.5b  $GRPO  310  "data.train_batch_size=32 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=16 $OFFLOAD trainer.save_freq=-1"
-grid_run fit-n8long05   qwen2.5-0.5b  $GRPO  330  "data.train_batch_size=16 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=8 data.max_response_length=2048 trainer.save_freq=-1"
-grid_run hold-grpo3     qwen2.5-3b    $GRPO  370  "data.train_batch_size=8 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.rollout.gpu_memory_utilization=0.35 trainer.save_freq=-1"
-grid_run hold-offload15 qwen2.5-1.5b  $GRPO  330  "data.train_batch_size=8 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=512 $OFFLOAD trainer.save_freq=-1"
-grid_run hold-ppo05     qwen2.5-0.5b  $PPO   340  "data.train_batch_size=128 actor_rollout_ref.actor.ppo_mini_batch_size=64 data.max_response_length=1024 trainer.save_freq=3"
-grid_run hold-padded05  qwen2.5-0.5b  $GRPO  290  "data.train_batch_size=16 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.model.use_remove_padding=false +actor_rollout_ref.model.override_config.attn_implementation=sdpa trainer.save_freq=-1"
+grid_run fit-grpo15     qwen2.5-1.5b  $GRPO  350  "data.train_batch_size=16 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.save_freq=-1"
+grid_run fit-ppo15      qwen2.5-1.5b  $PPO   320  "data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.rollout.gpu_memory_utilization=0.35 trainer.save_freq=-1"
+grid_run fit-offload05  qwen2.5-0.5b  $GRPO  330  "data.train_batch_size=32 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=16 $OFFLOAD trainer.save_freq=-1"
+grid_run fit-n8long05   qwen2.5-0.5b  $GRPO  360  "data.train_batch_size=16 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=8 data.max_response_length=2048 trainer.save_freq=-1"
+grid_run hold-grpo3     qwen2.5-3b    $GRPO  410  "data.train_batch_size=8 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.rollout.gpu_memory_utilization=0.35 trainer.save_freq=-1"
+grid_run hold-offload15 qwen2.5-1.5b  $GRPO  360  "data.train_batch_size=8 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=512 $OFFLOAD trainer.save_freq=-1"
+grid_run hold-ppo05     qwen2.5-0.5b  $PPO   380  "data.train_batch_size=128 actor_rollout_ref.actor.ppo_mini_batch_size=64 data.max_response_length=1024 trainer.save_freq=3"
+grid_run hold-padded05  qwen2.5-0.5b  $GRPO  310  "data.train_batch_size=16 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.model.use_remove_padding=false +actor_rollout_ref.model.override_config.attn_implementation=sdpa trainer.save_freq=-1"
 grid_named() { local s; for s in "${STEPS[@]}"; do [ -n "${G_SHAPE[$s]:-}" ] && echo "$s"; done; }
 if named griddata; then   # the shapes the named runs use (written side by side), the data, and the staged
   # packages' bytecode (installed --no-compile: otherwise the first run's every process compiles what it imports)
