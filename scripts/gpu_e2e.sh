@@ -6,7 +6,7 @@
 #   bash scripts/gpu_e2e.sh fa verlenv verldata up ppo grpo ppo05 reject down  # verl for real (see below)
 #   bash scripts/gpu_e2e.sh fa verlenv verldata up ppo2 ppo052 down            # on 2 GPUs
 #   bash scripts/gpu_e2e.sh verldata up watch-kill watch-hang watch-refused watch-argv watch-script  # --watch
-#   bash scripts/gpu_e2e.sh fa griddata up-only grid-a      # the planner's calibration grid (grid-b: the hold-out)
+#   bash scripts/gpu_e2e.sh fa griddata up-only pcie grid-a # the planner's calibration grid (grid-b: the hold-out)
 # Every step logs to $LOGS/<n>-<name>.log (time, exit code in $LOGS/steps.log) and failures do not stop the run;
 # after each step $OUT/e2e.tgz is refreshed, so whatever ran comes back even when the call is cut short.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...): the host's GPUs are shared.
@@ -242,6 +242,8 @@ if named griddata; then   # the shapes the named runs use (written side by side)
   [ -f $DATA/train.parquet ] || step data 120 python3 scripts/prepare_gsm8k.py --synthetic 2000 --test-rows 64 -o $DATA
 fi
 named up-only && step up 180 $VC up cluster_configs/local.yaml
+# host <-> GPU copy rate (the step-time model's PCIE_GBS: the ref's per-micro-batch upload, offload traffic)
+named pcie && step pcie 90 python3 scripts/gpu_pcie_copy.py
 for name in $(grid_named); do
   left=$(( BUDGET_S - ($(date +%s) - T0) ))
   if [ "$left" -lt "${G_EXPECT_S[$name]}" ]; then
