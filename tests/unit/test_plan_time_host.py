@@ -243,3 +243,15 @@ def test_plan_json_carries_time_and_host_parts(capsys):
     assert t["step_s"] == pytest.approx(sum(t["phases_s"].values()), abs=0.05)
     assert {"gen", "old_log_prob", "ref", "update_actor", "update_weights"} <= set(t["phases_s"])
     assert doc["host_parts_gib"] and doc["host_gib_per_node"] >= doc["host_steady_gib_per_node"]
+
+
+def test_a_setting_that_does_not_fit_shows_no_step_time(capsys):
+    """1.5B on one 24 GiB GPU: the setting as written leaves vLLM no KV cache, and its "time" (thousands of seconds)
+    is no prediction; the feasible options carry theirs."""
+    from verl_cluster.cli import main
+
+    args = ["plan", str(ROOT / "launch/gsm8k_grpo.yaml"), "--gpus", "1x1xRTX4090-24GB", "model.catalog=qwen2.5-1.5b"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "step time: not predicted for a setting that does not fit (each feasible plan above shows its own)" in out
+    assert "step time (predicted" not in out and "s/step" in out  # the options' own times

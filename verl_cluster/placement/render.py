@@ -105,6 +105,10 @@ def _time(plan: Plan, con: Console) -> None:
     t = plan.time
     if not t:
         return
+    if not plan.feasible:  # a setting that does not fit (a rollout with no KV cache) has no meaningful step time
+        more = " (each feasible plan above shows its own)" if plan.options else ""
+        con.print(f"step time: not predicted for a setting that does not fit{more}")
+        return
     phases = ", ".join(f"{k} {v:.1f}" for k, v in t["phases_s"].items())
     save = f"; checkpoint save {t['save_checkpoint_s']:.1f} s each" if t["save_checkpoint_s"] else ""
     con.print(f"step time (predicted, fill {plan.fill:.2g}): {t['step_s']:.1f} s — {escape(phases)}{save}; "
