@@ -95,6 +95,22 @@ def test_shutdown_noise_after_the_real_traceback_is_skipped():
     assert "atexit" in classify(only_noise).line
 
 
+def test_the_data_loaders_exit_traceback_is_noise():
+    """verl 0.9.1's TaskRunner prints this when the job ends, SUCCEEDED or not (every H100 run of the grid): a
+    failed run's own error before it is the one reported."""
+    end = (LOGS / "h100_fit-grpo15.log").read_text().splitlines()
+    teardown = [x for x in end if "DataLoader worker" in x]
+    assert teardown, "the recorded run's teardown line"
+    real = ["(TaskRunnerV1 pid=4380) Traceback (most recent call last):",
+            '(TaskRunnerV1 pid=4380)   File "my_reward.py", line 3, in score',
+            "(TaskRunnerV1 pid=4380) KeyError: 'ground_truth'"]
+    after = ["(TaskRunnerV1 pid=4380) Traceback (most recent call last):",
+             '(TaskRunnerV1 pid=4380)   File "ray/_private/workers/default_worker.py", line 323, in <module>',
+             *teardown]
+    f = classify(real + after)
+    assert f.kind == "user-code" and f.line.endswith("KeyError: 'ground_truth'")
+
+
 # ---- real logs: verl 0.9.1 + vLLM 0.24 under `submit` on an H100 (tests/fixtures/verl_logs, docs/BENCHMARKS.md) ----
 LOGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "verl_logs"
 

@@ -116,8 +116,10 @@ def traceback_block(lines: list[str], evidence: str, limit: int = 20, tail: Opti
 
 
 # what Python and Ray print while the interpreter exits after the job's own exception
+# the last is verl 0.9.1's TaskRunner when the job ends: its data loader's workers are killed (in every run, SUCCEEDED too)
 _SHUTDOWN_NOISE = re.compile(r"can't register atexit after shutdown|after interpreter shutdown|"
-                             r"sys\.meta_path is None|Python is likely shutting down")
+                             r"sys\.meta_path is None|Python is likely shutting down|"
+                             r"DataLoader worker \(pid \d+\) is killed by signal: Killed")
 
 
 def _error_line(block: list[str]) -> str:
