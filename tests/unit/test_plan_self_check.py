@@ -20,6 +20,23 @@ def test_predictions_round_trip_through_the_job_metadata():
     assert plan_predictions("not json") is None and plan_predictions(None) is None
 
 
+
+def test_metadata_over_its_limit_stays_json_and_keeps_what_matters_most():
+    """A long note and the phases by fill past the limit: the phases by fill go first, then the note is cut;
+    the text is never cut mid-JSON (that kept no predictions at all)."""
+    import json
+
+    by_fill = {**PREDICTED, "fill": 1.0, "tokens_full": 98304,
+               "by_fill": [[f, dict(PREDICTED["phases_s"])] for f in (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)]}
+    info = PlanInfo({"trainer.nnodes": 1}, True, {}, "why " * 400, predicted=by_fill)
+    text = plan_metadata(info, limit=1500)
+    assert len(text) <= 1500 and json.loads(text)["note"].startswith("why why")
+    kept = plan_predictions(text)
+    assert "by_fill" not in kept and kept["phases_s"] == PREDICTED["phases_s"]
+    assert "by_fill" in info.predicted  # the caller's plan is left whole
+    assert plan_predictions(plan_metadata(info)) == by_fill  # under the usual limit everything is kept
+
+
 def test_follow_pairs_predicted_and_measured_after_the_first_step():
     p = VerlProgress(predicted=PREDICTED)
     first = LOG.split("\n")
@@ -40,3 +57,25 @@ def test_no_predictions_no_pairs():
     p.feed(LOG)
     s = p.summary()
     assert "vs_plan" not in s and not any("vs plan" in x for x in describe(s))
+
+
+def test_follow_says_time_is_held_at_the_runs_lengths():
+    """A plan made at the worst case, kept with its phases by fill: the summary's lines say the fill the run had
+    and hold the time there (the grid's 1.5B GRPO run: +130% against the worst case, +19% at its lengths)."""
+    import json
+
+    runs = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())["runs"]
+    log = (ROOT / "tests/fixtures/verl_logs" / runs["fit-grpo15"]["logs"][0]).read_text()
+    phases = {"gen": 9.0, "old_log_prob": 1.5, "ref": 1.5, "adv": 0.1, "update_actor": 3.5, "update_weights": 0.3}
+    half = {k: v / 2 for k, v in phases.items()}
+    predicted = {"phases_s": phases, "step_s": sum(phases.values()), "fill": 1.0, "tokens_full": 16 * 4 * 1536,
+                 "by_fill": [[0.05, {k: v / 20 for k, v in phases.items()}], [0.5, half], [1.0, phases]]}
+    p = VerlProgress(predicted=predicted)
+    p.feed(log)
+    rows = {r["what"]: r for r in p.summary()["vs_plan"]}
+    fill = rows["time gen (s)"]["at_fill"]
+    assert 0.25 < fill < 0.4  # 26-33k tokens a step of 98k at the worst case
+    w = (fill - 0.05) / 0.45
+    assert rows["time gen (s)"]["predicted"] == round(9.0 / 20 + w * (4.5 - 9.0 / 20), 2)
+    lines = describe(p.summary())
+    assert any(x.startswith(f"verl vs plan (time at the run's lengths, fill {fill:.2g}): ") for x in lines)

@@ -255,3 +255,30 @@ def test_a_setting_that_does_not_fit_shows_no_step_time(capsys):
     out = capsys.readouterr().out
     assert "step time: not predicted for a setting that does not fit (each feasible plan above shows its own)" in out
     assert "step time (predicted" not in out and "s/step" in out  # the options' own times
+
+
+@pytest.mark.parametrize("name", ["fit-grpo15", "hold-padded05"])
+def test_a_run_is_held_against_the_plan_at_its_own_lengths(name, tmp_path):
+    """submit plans at the worst case (every response max_response_length long) and the run's responses were
+    shorter: the plan it kept is read at the fill the run had (verl's perf/total_num_tokens), so the self-check
+    says what the replay at the run's lengths says, not the worst case's step time."""
+    from dataclasses import replace
+
+    from verl_cluster.facts.model import NodeFacts, from_json
+    from verl_cluster.placement.check_run import at_run_lengths
+
+    entry = RUNS[name]
+    replayed, got = replay(name, tmp_path)
+    facts = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h100x1.json").read_text())
+    if not entry["flash_attn"]:
+        facts = replace(facts, versions={k: v for k, v in facts.versions.items() if k != "flash_attn"})
+    worst = plan_job(load_job(ROOT / entry["job"], list(entry["args"])), [facts])  # fill 1, as submit plans it
+    kept = json.loads(json.dumps(worst.predictions()))  # as the job's metadata keeps it
+    assert kept["fill"] == 1.0 and kept["by_fill"][-1][0] == 1.0
+    phases, fill = at_run_lengths(kept, got)
+    assert 0.2 < fill < 0.6  # random-init models stop early: far from the worst case
+    at_lengths, as_planned = step_row(pairs(kept, got)), kept["step_s"] / got["step_s"] - 1
+    assert as_planned > 0.5  # held against the worst case, every run looked far off
+    assert at_lengths["error"] == pytest.approx(step_row(rows_of(name, tmp_path))["error"], abs=0.08)
+    assert abs(at_lengths["error"]) < FIT_STEP_BOUND
+    assert set(phases) == set(kept["phases_s"])

@@ -248,7 +248,9 @@ def vs_plan_lines(rows: list[dict[str, Any]]) -> list[str]:
 
     if not rows:
         return []
-    out = ["verl vs plan: " + ", ".join(f"{r['what']} {r['predicted']:g} predicted / {r['measured']:g} measured "
+    fill = next((r["at_fill"] for r in rows if r.get("at_fill")), None)
+    at = f" (time at the run's lengths, fill {fill:.2g})" if fill else ""
+    out = [f"verl vs plan{at}: " + ", ".join(f"{r['what']} {r['predicted']:g} predicted / {r['measured']:g} measured "
                                         f"({r['error']:+.0%})" for r in rows)]
     out += [f"warning: {r['what']} is {r['error']:+.0%} off the plan (more than {WARN_OFF_BY:.0%}): "
             "the plan's model does not hold for this run" for r in off(rows)]

@@ -6,12 +6,13 @@ import math
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ConfigError, PlanError
 from verl_cluster.facts.model import NodeFacts
 import verl_cluster.placement.memory as mem
+from verl_cluster.placement.check_run import BY_FILL
 from verl_cluster.placement.hardware import Hardware, hardware_from_facts
 from verl_cluster.placement.host_memory import host_parts, host_terms
 from verl_cluster.placement.step_time import step_time
@@ -134,6 +135,10 @@ class Plan:
     not_covered: str = ""
     # the fitted constants' coefficients: {"time": {phase: terms}, "host": terms} (scripts/fit_plan_calibration.py)
     terms: dict[str, Any] = field(default_factory=dict, repr=False)
+    # tokens a step holds at fill 1 (sequences x (prompt + response)) and this plan's step time at another fill: a
+    # run is held against the plan at the lengths it really had, not those planned (the worst case, by default)
+    tokens_full: int = 0
+    time_at: Optional[Callable[[float], dict[str, Any]]] = field(default=None, repr=False, compare=False)
 
     @property
     def host_steady_gib(self) -> float:
@@ -146,8 +151,15 @@ class Plan:
         """What a run of this plan can be held against (placement/check_run.py): seconds per phase and step, one
         checkpoint save, host RAM per node between saves."""
         t = self.time or {}
-        return {"phases_s": dict(t.get("phases_s") or {}), "step_s": t.get("step_s"),
-                "save_checkpoint_s": t.get("save_checkpoint_s"), "host_gib": round(self.host_steady_gib, 2)}
+        out = {"phases_s": dict(t.get("phases_s") or {}), "step_s": t.get("step_s"),
+               "save_checkpoint_s": t.get("save_checkpoint_s"), "host_gib": round(self.host_steady_gib, 2)}
+        if self.time_at is not None and self.tokens_full:
+            out["fill"], out["tokens_full"] = round(self.fill, 4), self.tokens_full
+            out["by_fill"] = []
+            for f in BY_FILL:
+                x = self.time_at(f)
+                out["by_fill"].append([f, {k: round(v, 3) for k, v in x["phases_s"].items()}])
+        return out
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -566,6 +578,7 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
         overrides=build_overrides(c, s), reasons=tuple(reasons), warnings=tuple(warnings),
         problems=tuple(problems), fixes=tuple(fixes), host_gib_per_node=mem.total(host) / GIB,
         host_parts={p.name: p.gib for p in host}, time=st.to_dict(), terms={"time": st.terms, "host": host_terms(c)},
+        tokens_full=s.sequences * s.seq_len, time_at=lambda f: step_time(c, s, shape, hw, f).to_dict(),
         rollout_seqs_fit=r.seqs_fit if r else 0,
         host_mem_gib=None if hw.host_mem_bytes is None else hw.host_mem_bytes / GIB,
         rollout_seqs_wanted=wanted_concurrency(s, c.pools[0].size, c.tp),
