@@ -100,9 +100,33 @@ def test_a_watched_attempt_keeps_the_lengths_verl_logged(tmp_path, monkeypatch):
 
     w, st = _watcher(tmp_path, monkeypatch, [])
     job_records.record("r-r1", st.cluster_file, "local", "gsm8k-grpo")
-    w._remember_lengths("r-r1", RESUMED)
+    w._after_attempt("r-r1", RESUMED, "")
     kept = length_store.lookup("gsm8k-grpo")
     assert kept and kept["response_length_mean"] > 0 and kept["prompt_length_mean"] > 60
+
+
+def test_a_watched_attempt_is_held_against_its_plan(tmp_path, monkeypatch):
+    """As `submit`'s follow does: the plan's predictions kept in the job's metadata against what verl logged,
+    one event with the pairs and a warning line for each figure off by more than 25%."""
+    import json
+
+    from verl_cluster.launch.integrations import PlanInfo, plan_metadata
+
+    w, st = _watcher(tmp_path, monkeypatch, [])
+    measured = {"gen": 4.05, "old_log_prob": 0.76, "ref": 0.43, "update_actor": 1.48}  # the 1.5B GRPO run's means
+    runs_ = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())["runs"]
+    log = (LOGS / runs_["fit-grpo15"]["logs"][0]).read_text()
+    predicted = {"phases_s": {**measured, "gen": 8.1}, "step_s": 10.8}  # gen twice what it was, the rest right
+    meta = plan_metadata(PlanInfo({}, True, {}, "planned", predicted=predicted))
+    w._after_attempt("r", log, meta)
+    ev = [json.loads(x) for x in (st.dir / "events.jsonl").read_text().splitlines()]
+    vs = [e for e in ev if e["action"] == "verl vs plan"]
+    assert len(vs) == 1 and "time gen (s) 8.1 predicted / 4.05 measured (+100%)" in vs[0]["evidence"]
+    assert vs[0]["lines"][0] == ("warning: time gen (s) is +100% off the plan (more than 25%): the plan's model "
+                                 "does not hold for this run")
+    assert [x.split(" is ")[0] for x in vs[0]["lines"]] == ["warning: time gen (s)", "warning: time step (s)"]
+    w._after_attempt("r", log, "")  # a job submitted without a plan: nothing to hold it against
+    assert len((st.dir / "events.jsonl").read_text().splitlines()) == len(ev)
 
 
 def test_fewer_nodes_reshards_the_checkpoint_or_is_refused_with_the_reason(tmp_path, monkeypatch):

@@ -116,18 +116,23 @@ class Watcher:
                 self._room_after_oom(spec)
             self.resubmit(spec, wait)
 
-    def _remember_lengths(self, sid: str, text: str) -> None:
-        """The sequence lengths verl logged, kept for the next plan of this job (as `submit`'s follow does)."""
+    def _after_attempt(self, sid: str, text: str, plan_metadata: str) -> None:
+        """The sequence lengths verl logged, kept for the next plan of this job, and the attempt held against the
+        plan it was submitted with (as `submit`'s follow does both)."""
+        from verl_cluster.launch.integrations import plan_predictions
         from verl_cluster.launch.length_store import remember_run
-        from verl_cluster.launch.verl_log import VerlProgress
+        from verl_cluster.launch.verl_log import VerlProgress, vs_plan_lines
 
-        progress = VerlProgress()
+        progress = VerlProgress(predicted=plan_predictions(plan_metadata))
         progress.feed(text)
         progress.flush()
         try:
             remember_run(sid, progress)
         except OSError:
             pass  # best effort: a read-only home costs the next plan its measured lengths only
+        lines = vs_plan_lines(progress.vs_plan()) if progress.predicted else []
+        if lines:
+            self.emit(Note.INFO, "verl vs plan", lines[0], lines=lines[1:], sid=sid)
 
     def _record(self, out: Outcome) -> None:
         a = self.st.attempts[-1]
@@ -197,7 +202,7 @@ class Watcher:
                     said_first = True
                     self._say_resumed(progress)
             if row.status in ray_jobs.TERMINAL:
-                self._remember_lengths(sid, text)
+                self._after_attempt(sid, text, row.plan)
                 out = self._ended(row, text.splitlines()[-2000:], expected, (started, gpus), progress.flush())
                 out.ray_job_id = ray_job_id
                 return out
