@@ -49,8 +49,6 @@ def at_run_lengths(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> tupl
     table, full, toks = predicted.get("by_fill"), predicted.get("tokens_full"), got.get("tokens_per_step")
     if not table or not full or not toks:
         return dict(predicted.get("phases_s") or {}), None
-    if abs(toks / full - predicted.get("fill", 0)) < 0.005:  # planned at the run's lengths already
-        return dict(predicted.get("phases_s") or {}), toks / full
     fill = min(max(toks / full, table[0][0]), table[-1][0])
     hi = next(i for i, (f, _) in enumerate(table) if f >= fill)
     (f0, a), (f1, b) = table[max(hi - 1, 0)], table[hi]
@@ -65,7 +63,7 @@ def pairs(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> list[dict[str
     phases, fill = at_run_lengths(predicted, got)
     for name, v in phases.items():
         rows.append((f"time {name} (s)", v, (got.get("phases_s") or {}).get(name)))
-    step = sum(phases.values()) if predicted.get("by_fill") and phases else predicted.get("step_s")
+    step = sum(phases.values()) if fill is not None and phases else predicted.get("step_s")
     rows.append(("time step (s)", step, got.get("step_s") if got.get("phases_s") else None))
     rows.append(("save_checkpoint (s)", predicted.get("save_checkpoint_s") or None, got.get("save_checkpoint_s")))
     rows.append(("host RAM per node (GiB)", predicted.get("host_gib"), got.get("host_gib")))

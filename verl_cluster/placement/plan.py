@@ -155,8 +155,8 @@ class Plan:
                "save_checkpoint_s": t.get("save_checkpoint_s"), "host_gib": round(self.host_steady_gib, 2)}
         if self.time_at is not None and self.tokens_full:
             out["fill"], out["tokens_full"] = round(self.fill, 4), self.tokens_full
-            out["by_fill"] = []
-            for f in BY_FILL:
+            out["by_fill"] = []  # the planned fill among them: a run at the lengths planned reads the plan itself
+            for f in sorted({*BY_FILL, out["fill"]}):
                 x = self.time_at(f)
                 out["by_fill"].append([f, {k: round(v, 3) for k, v in x["phases_s"].items()}])
         return out
