@@ -129,11 +129,11 @@ def test_the_compute_phases_of_the_largest_run_within_ten_percent(tmp_path):
 def test_forward_and_update_flops_by_hand():
     # 1e9 params, 1e6 tokens: forward 2e15 FLOPs at 989 TFLOPs x the compute share, + the fixed cost
     share = st.COMPUTE_SHARE
-    assert st.forward_s(1e9, 1e6, 989, "flash") == pytest.approx(st.FORWARD_FIXED_S["flash"] + 2e15 / (989e12 * share))
+    assert st.seconds(st.forward_terms(1e9, 1e6, 989, "flash")) == pytest.approx(st.FORWARD_FIXED_S["flash"] + 2e15 / (989e12 * share))
     # the update: 6N per token, 8N with recompute
     base = st.UPDATE_FIXED_S["flash"]
-    no_ckpt = st.update_s(1e9, 1e6, 989, "flash", recompute=False) - base
-    ckpt = st.update_s(1e9, 1e6, 989, "flash", recompute=True) - base
+    no_ckpt = st.seconds(st.update_terms(1e9, 1e6, 989, "flash", recompute=False)) - base
+    ckpt = st.seconds(st.update_terms(1e9, 1e6, 989, "flash", recompute=True)) - base
     assert no_ckpt == pytest.approx(6e15 / (989e12 * st.COMPUTE_SHARE))
     assert ckpt / no_ckpt == pytest.approx(8 / 6)
 
@@ -141,10 +141,10 @@ def test_forward_and_update_flops_by_hand():
 def test_logits_are_read_at_hbm_speed_by_hand():
     # 1e4 tokens x 151936 vocab over 3350 GB/s = 0.4535 ms per byte per entry; the forward reads LOGIT_FORWARD_BYTES
     reads = 1e4 * 151936 / 3350e9
-    with_logits = st.forward_s(0, 1e4, 989, "flash", reads) - st.FORWARD_FIXED_S["flash"]
+    with_logits = st.seconds(st.forward_terms(0, 1e4, 989, "flash", reads)) - st.FORWARD_FIXED_S["flash"]
     assert with_logits == pytest.approx(reads * st.LOGIT_FORWARD_BYTES["flash"])
     assert reads * 1e3 == pytest.approx(0.4535, abs=1e-4)
-    assert st.update_s(0, 1e4, 989, "no_flash", True, epochs=2, logit_reads=reads) == pytest.approx(
+    assert st.seconds(st.update_terms(0, 1e4, 989, "no_flash", True, epochs=2, logit_reads=reads)) == pytest.approx(
         st.UPDATE_FIXED_S["no_flash"] + 2 * reads * st.LOGIT_UPDATE_BYTES["no_flash"])
 
 

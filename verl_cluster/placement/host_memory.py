@@ -71,13 +71,13 @@ def host_parts(c: "Candidate", s: "Settings", shape: "ModelShape") -> tuple[Part
             ckpt += sum(CHECKPOINT_BYTES * p / pool.size for p in trained) * len(pool.gpu_indices)
     batch = s.sequences * s.seq_len * BATCH_BYTES_PER_TOKEN * BATCH_COPIES
     parts = [Part("node processes (OS, Ray, driver, verl's actors)", NODE_BYTES),
-             Part("GPU worker processes (trainer + vLLM)", PER_GPU_PROCESS_BYTES * t["PER_GPU_PROCESS_BYTES"]),
-             Part("ref params on host (pinned)", REF_HOST_COPIES * t["REF_HOST_COPIES"]),
-             Part("offloaded params/Adam (pinned)", OFFLOAD_HOST_COPIES * t["OFFLOAD_HOST_COPIES"]),
-             Part("batch (driver + object store)", batch)]
-    if ckpt:
-        parts.append(Part(CHECKPOINT_PART, ckpt))
-    return tuple(p for p in parts if p.bytes or p.name.startswith(("node", "GPU")))
+             Part("GPU worker processes (trainer + vLLM)", PER_GPU_PROCESS_BYTES * t["PER_GPU_PROCESS_BYTES"])]
+    for name, b in (("ref params on host (pinned)", REF_HOST_COPIES * t["REF_HOST_COPIES"]),
+                    ("offloaded params/Adam (pinned)", OFFLOAD_HOST_COPIES * t["OFFLOAD_HOST_COPIES"]),
+                    ("batch (driver + object store)", batch), (CHECKPOINT_PART, ckpt)):
+        if b:  # shown only when the job has it
+            parts.append(Part(name, b))
+    return tuple(parts)
 
 
 def steady_bytes(parts: tuple[Part, ...]) -> float:

@@ -18,8 +18,9 @@ Every phase is a fixed cost plus work over a rate:
 - offload: params (and Adam states) over PCIe to the GPU and back each phase;
 - weight sync to the rollout (update_weights): the params in the rollout dtype over HBM and the link;
 - checkpoint save: fp32 params + Adam per GPU to storage, every save_freq steps (shown apart from the step).
-Compute runs at a share of the GPU's peak dense bf16 FLOPs, one share for runs with flash-attn importable and one
-without (verl then computes log-probs without flash-attn's fused cross-entropy: much slower on a 150k vocab).
+Compute runs at one share of the GPU's peak dense bf16 FLOPs (held, not fitted); the fixed costs and the logits'
+bytes differ with flash-attn importable or not (verl then computes log-probs without flash-attn's fused
+cross-entropy: much slower on a 150k vocab).
 Each phase is built as terms (constant name -> coefficient, "" for seconds from bytes and links), so the fixed
 costs, per-step/per-token costs and 1/share are fitted by scripts/fit_plan_calibration.py, a least-squares fit
 on the recorded verl 0.9.1 runs on one H100 (all small models, where the fixed costs dominate): a calibration,
@@ -147,15 +148,6 @@ def update_terms(params: float, tokens: float, tflops: float, kind: str, recompu
     flops = (6.0 + (2.0 if recompute else 0.0)) * params * tokens * epochs
     return {f"UPDATE_FIXED_S:{kind}": 1.0, "1/COMPUTE_SHARE": flops / (tflops * 1e12),
             f"LOGIT_UPDATE_BYTES:{kind}": logit_reads * epochs}
-
-
-def forward_s(params: float, tokens: float, tflops: float, kind: str, logit_reads: float = 0.0) -> float:
-    return seconds(forward_terms(params, tokens, tflops, kind, logit_reads))
-
-
-def update_s(params: float, tokens: float, tflops: float, kind: str, recompute: bool, epochs: int = 1,
-             logit_reads: float = 0.0) -> float:
-    return seconds(update_terms(params, tokens, tflops, kind, recompute, epochs, logit_reads))
 
 
 def decode_read_s(weight_bytes: float, kv_bytes: float, hbm_gbs: float) -> float:
