@@ -45,44 +45,50 @@ class GpuSpeed:
     tflops: float  # dense bf16 (fp16 where no bf16), vendor figure
     hbm_gbs: float  # memory bandwidth, GB/s
     link_gbs: float  # NCCL bus bandwidth between GPUs of one node, GB/s (NVLink boards; PCIe cards ~20)
+    pcie_gbs: float = 25.0  # host <-> GPU copies from pinned buffers, GB/s: what PCIe 4.0 x16 reaches
 
 
 # Vendor datasheet figures; link: NVLink boards at what NCCL reaches (328 GB/s all_reduce busbw measured on 2x H200,
-# DESIGN.md), PCIe cards at a PCIe 4.0 x16 figure. Matched by the first name fragment found in the GPU's name.
+# DESIGN.md), PCIe cards at a PCIe 4.0 x16 figure; host <-> GPU: PCIe 5.0 hosts (Hopper, Blackwell) at the 55.1 GB/s
+# a pinned 2 GiB copy reached on the H100 host (scripts/gpu_pcie_copy.py, docs/BENCHMARKS.md), PCIe 3.0 cards ~12.
+# Matched by the first name fragment found in the GPU's name.
 GPU_SPEEDS: tuple[tuple[str, GpuSpeed], ...] = (
-    ("GB200", GpuSpeed(2500, 8000, 700)), ("B200", GpuSpeed(2250, 8000, 700)),
-    ("H200", GpuSpeed(989, 4800, 330)), ("H100 NVL", GpuSpeed(835, 3900, 300)),
-    ("H100 PCIe", GpuSpeed(756, 2000, 20)), ("H100", GpuSpeed(989, 3350, 330)), ("H800", GpuSpeed(989, 3350, 150)),
-    ("H20", GpuSpeed(148, 4000, 330)), ("A100-SXM4-40GB", GpuSpeed(312, 1555, 230)), ("A100", GpuSpeed(312, 2039, 230)),
+    ("GB200", GpuSpeed(2500, 8000, 700, 55)), ("B200", GpuSpeed(2250, 8000, 700, 55)),
+    ("H200", GpuSpeed(989, 4800, 330, 55)), ("H100 NVL", GpuSpeed(835, 3900, 300, 55)),
+    ("H100 PCIe", GpuSpeed(756, 2000, 20, 55)), ("H100", GpuSpeed(989, 3350, 330, 55)),
+    ("H800", GpuSpeed(989, 3350, 150, 55)), ("H20", GpuSpeed(148, 4000, 330, 55)),
+    ("A100-SXM4-40GB", GpuSpeed(312, 1555, 230)), ("A100", GpuSpeed(312, 2039, 230)),
     ("A800", GpuSpeed(312, 2039, 150)), ("L40S", GpuSpeed(362, 864, 20)), ("L40", GpuSpeed(181, 864, 20)),
     ("L20", GpuSpeed(119, 864, 20)), ("L4", GpuSpeed(121, 300, 20)), ("A10", GpuSpeed(125, 600, 20)),
     ("RTX 4090", GpuSpeed(165, 1008, 20)), ("RTX 3090", GpuSpeed(71, 936, 20)), ("A6000", GpuSpeed(155, 768, 20)),
-    ("V100", GpuSpeed(125, 900, 130)), ("T4", GpuSpeed(65, 320, 10)), ("P40", GpuSpeed(12, 346, 10)),
+    ("V100", GpuSpeed(125, 900, 130, 12)), ("T4", GpuSpeed(65, 320, 10, 12)), ("P40", GpuSpeed(12, 346, 10, 12)),
 )
 UNKNOWN_GPU = GpuSpeed(312, 2039, 20)  # an A100-class card over PCIe
 INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; `check` measures the real figure on a live cluster
-PCIE_GBS = 20.0  # host <-> GPU, pinned buffers, PCIe 4.0 x16 in practice
 
 # Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in
 # tests/fixtures/verl_runs/calibration_runs.json (docs/BENCHMARKS.md, "Step time"). "flash": flash-attn importable;
 # "no_flash": not (two runs only: the GRPO 0.5B and tiny of 2026-11-24/25).
-FORWARD_FIXED_S = {"flash": 0.218, "no_flash": 0.803}
-UPDATE_FIXED_S = {"flash": 0.807, "no_flash": 3.05}
+FORWARD_FIXED_S = {"flash": 0.124, "no_flash": 0.802}
+UPDATE_FIXED_S = {"flash": 0.796, "no_flash": 3.05}
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it (FLOPs are under a sixth of any phase; left free the fit drives it to infinity); verl's own
 # perf/mfu/actor reached 0.23 on the 1.5B run with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class
 # models. A 3B/7B run would pin it.
 COMPUTE_SHARE = 0.4
 # per real token per vocab entry, at HBM speed: the log-probs (without flash-attn verl's log-softmax loops per token)
-LOGIT_FORWARD_BYTES = {"flash": 100, "no_flash": 1180}
-ENTROPY_BYTES = 47.8  # per token per vocab entry computed: the entropy, in the actor's log-prob only
-LOGIT_UPDATE_BYTES = {"flash": 47.1, "no_flash": 1300}
-GENERATE_FIXED_S = 0.825  # per generate: request fan-out, vLLM wake-up and sleep
-EAGER_STEP_S = 0.00376  # per decode step with enforce_eager (no CUDA graphs; the tiny run alone); with graphs a
+LOGIT_FORWARD_BYTES = {"flash": 174, "no_flash": 1270}
+ENTROPY_BYTES = 24.4  # per token per vocab entry computed: the entropy, in the actor's log-prob only
+LOGIT_UPDATE_BYTES = {"flash": 101, "no_flash": 1300}
+GENERATE_FIXED_S = 0.427  # per generate: request fan-out, vLLM wake-up and sleep
+EAGER_STEP_S = 0.0041  # per decode step with enforce_eager (no CUDA graphs; the tiny run alone); with graphs a
 # step costs its reads only (a per-step constant fitted to 0)
-DECODE_TOKEN_S = 6.72e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
-SYNC_FIXED_S = 0.315  # update_weights: resharding and handing the weights to vLLM
-ADV_S = 0.0852  # advantages, rewards (rule-based)
+DECODE_TOKEN_S = 7.34e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
+SYNC_FIXED_S = 0.306  # update_weights: resharding and handing the weights to vLLM
+ADV_S = 0.0617  # advantages, rewards (rule-based)
+GAE_STEP_S = 0.000155  # per response position: GAE's loop (PPO)
+# per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same ~7 us a token
+VALUE_TOKEN_S = 6.2e-06
 # not fitted
 GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
 HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not separable on the small runs)
@@ -155,10 +161,10 @@ def decode_read_s(weight_bytes: float, kv_bytes: float, hbm_gbs: float) -> float
     return (weight_bytes + kv_bytes) / (hbm_gbs * 1e9 * HBM_SHARE)
 
 
-def ref_upload_s(params: float, micros: int, n: int, compute_s: float) -> float:
+def ref_upload_s(params: float, micros: int, n: int, compute_s: float, pcie_gbs: float) -> float:
     """The ref's params copied host -> GPU once per micro batch (each GPU its 1/n shard), less the forward's compute
     they overlap with."""
-    up = micros * REF_PARAM_BYTES * params / n / (PCIE_GBS * 1e9)
+    up = micros * REF_PARAM_BYTES * params / n / (pcie_gbs * 1e9)
     return max(0.0, up - compute_s)
 
 
@@ -208,7 +214,7 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
                     "DECODE_TOKEN_S": generated, "1/COMPUTE_SHARE": 2.0 * shape.params * seqs_rep * s.prompt_len
                     * fill / c.tp / (sp.tflops * 1e12), "": steps * read + GEN_POLL_S / 2}
     bus = link_gbs(hw, n, sp)
-    pcie = PCIE_GBS * 1e9
+    pcie = sp.pcie_gbs * 1e9
     from verl_cluster.placement.planner import OFFLOAD_LEVELS, Phase
 
     param_off, opt_off = OFFLOAD_LEVELS[c.offload]
@@ -236,23 +242,28 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     terms["old_log_prob"] = add(fwd, {"ENTROPY_BYTES": logits, "": comm_s(actor_p, Phase.ACTOR_LOG_PROB, False, True)
                                       + offload_s(actor_p, m_a, False)})
     if s.ref and not s.lora_rank:
-        up = ref_upload_s(actor_p, micros(Phase.REF_LOG_PROB), n, fwd["1/COMPUTE_SHARE"] / COMPUTE_SHARE)
+        up = ref_upload_s(actor_p, micros(Phase.REF_LOG_PROB), n, fwd["1/COMPUTE_SHARE"] / COMPUTE_SHARE,
+                          sp.pcie_gbs)
         terms["ref"] = add(fwd, {"": up + comm_s(actor_p, Phase.REF_LOG_PROB, False, True)})
     elif s.ref:  # LoRA: the actor with its adapters off, no entropy, nothing on the host
         terms["ref"] = dict(fwd)
     if s.critic:
         cp, m_c = shape.value_model_params, s.master_dtype_bytes_critic
-        terms["values"] = add(forward_terms(cp, tokens_gpu, sp.tflops, kind), {"": offload_s(cp, m_c, False)})
+        terms["values"] = add(forward_terms(cp, tokens_gpu, sp.tflops, kind),
+                              {"VALUE_TOKEN_S": tokens_gpu, "": offload_s(cp, m_c, False)})
         terms["update_critic"] = add(update_terms(cp, tokens_gpu, sp.tflops, kind, s.grad_ckpt_critic),
                                      {"": comm_s(cp, Phase.CRITIC_UPDATE, s.grad_ckpt_critic, False)
                                       + offload_s(cp, m_c, True)})
-    terms["adv"] = {"ADV_S": 1.0}
+    # GAE is a Python loop over the response positions on the driver (verl's compute_gae_advantage_return)
+    terms["adv"] = {"ADV_S": 1.0, "GAE_STEP_S": s.response_len if s.adv_estimator == "gae" else 0.0}
     terms["update_actor"] = add(update_terms(actor_p, tokens_gpu, sp.tflops, kind, s.grad_ckpt_actor,
                                              logit_reads=logits),
                                 {"": comm_s(actor_p, Phase.ACTOR_UPDATE, s.grad_ckpt_actor, False)
                                  + offload_s(actor_p, m_a, True)})
+    # with param offload verl loads the params to the GPU to hand them over, and offloads them again
     terms["update_weights"] = {"SYNC_FIXED_S": 1.0, "": cb * actor_p / (sp.hbm_gbs * 1e9 * HBM_SHARE)
-                               + (cb * actor_p * (n - 1) / n / (bus * 1e9) if n > 1 else 0.0)}
+                               + (cb * actor_p * (n - 1) / n / (bus * 1e9) if n > 1 else 0.0)
+                               + offload_s(actor_p, m_a, False)}
     phases = {k: seconds(v) for k, v in terms.items()}
     trained = actor_p + (shape.value_model_params if s.critic else 0)
     save = 12.0 * trained / n / (SAVE_GBS * 1e9) if s.save_freq > 0 else 0.0
