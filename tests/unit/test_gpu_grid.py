@@ -1,7 +1,7 @@
 """The calibration grid in scripts/gpu_e2e.sh, checked before device time is spent on it: every run plans as
 feasible on the recorded H100 (with flash-attn, as both batches install it) with room to spare in GPU memory and
 host RAM, the batches hold what the issue asks for (GRPO and PPO, three sizes, offload on and off, lengths and n
-varied, the 3B and an offload run held out), and each run's expected seconds leave room for its predicted steps."""
+varied, a 3B, a PPO and an offload run held out), and each run's expected seconds leave room for its predicted steps."""
 
 import re
 import shlex
@@ -56,12 +56,15 @@ COMMON = [f"trainer.total_training_steps={STEPS}", "trainer.test_freq=-1", "trai
 
 
 def test_the_batches_cover_the_grid_and_what_the_issue_asks():
-    a, b = batch("GRID_A"), batch("GRID_B")
-    assert sorted(a + b) == sorted(GRID) and len(GRID) >= 8 and len(set(a + b)) == len(a + b)
-    assert all(n.startswith("fit-") for n in a) and all(n.startswith("hold-") for n in b)
-    held = [GRID[n] for n in b]
+    a, b, c = batch("GRID_A"), batch("GRID_B"), batch("GRID_C")
+    assert sorted(a + b + c) == sorted(GRID) and len(GRID) >= 8 and len(set(a + b + c)) == len(a + b + c)
+    # batch B was run as hold-outs; three of them shaped the model and joined the fit, batch C holds out again
+    assert all(n.startswith("fit-") for n in a) and b[-1] == "hold-padded05"
+    assert all(n.startswith("fit-") for n in b[:-1]) and all(n.startswith("hold-") for n in c)
+    held = [GRID[n] for n in c]
     assert any(r["shape"] == "qwen2.5-3b" for r in held)
     assert any("param_offload=true" in " ".join(r["args"]) for r in held)
+    assert any(r["job"] == "launch/gsm8k.yaml" for r in held)
     runs = GRID.values()
     assert {r["job"] for r in runs} == {"launch/gsm8k_grpo.yaml", "launch/gsm8k.yaml"}
     assert {r["shape"] for r in runs} == {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"}

@@ -14,6 +14,7 @@ import pytest
 from verl_cluster.config.job import load_job
 from verl_cluster.placement import parse_gpus, plan_job
 from verl_cluster.placement import step_time as st
+from verl_cluster.placement.model_shape import catalog_shape
 from verl_cluster.placement.check_run import off, pairs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,10 +30,11 @@ TIME_FIT = sorted(n for n, r in RUNS.items() if r["time"] == "fit")
 TIME_HOLD = sorted(n for n, r in RUNS.items() if r["time"] == "hold-out")
 HOST_FIT = sorted(n for n, r in RUNS.items() if r["host"] == "fit")
 HOST_HOLD = sorted(n for n, r in RUNS.items() if r["host"] == "hold-out")
-# the fit's residuals: worst step -20.6% (ppo_0.5b) / +19.1% (fit-grpo15); worst phase over 0.5 s update_weights
-# -56% (grpo_tiny, 0.73 s measured on an older machine vs 0.25-0.33 s since); host within 4%
-FIT_STEP_BOUND, FIT_PHASE_BOUND, FIT_HOST_BOUND = 0.25, 0.60, 0.06
-# phases under half a second: held within 0.3 s, not by their ratio (worst: ref of fit-grpo15, 0.66 vs 0.43 s)
+# the fit's residuals: worst step -23.6% (ppo_0.5b: its gen, 4.09 s, is two of verl's 2 s polls) / +14.4%
+# (fit-grpo15); worst phase over 0.5 s update_weights -58% (grpo_tiny, 0.73 s measured on an older machine vs
+# 0.25-0.33 s since); host within 7.2% (fit-grpo15)
+FIT_STEP_BOUND, FIT_PHASE_BOUND, FIT_HOST_BOUND = 0.25, 0.60, 0.08
+# phases under half a second: held within 0.3 s, not by their ratio (worst: ref of fit-grpo15, 0.60 vs 0.43 s)
 SHORT_S, SHORT_BOUND_S = 0.5, 0.3
 
 
@@ -65,12 +67,13 @@ def test_host_ram_of_the_fit_runs(name, tmp_path):
 
 
 def test_host_ram_hold_outs(tmp_path):
-    """PPO 0.5B (-2.7%) and GRPO 0.5B padded (-1.7%): not fitted on; held within 5% (the goal is 15%). No offload
-    run is held out yet (the 1.5B offload run of the grid did not run): OFFLOAD_HOST_COPIES rests on one run."""
-    assert HOST_HOLD == ["hold-padded05", "ppo_0.5b"]
+    """Not fitted on: PPO 0.5B -2.3%, GRPO 0.5B padded +0.7%, and batch C, run after the model took its form:
+    PPO 1.5B with actor and critic offloaded -4.1% (72.4 GiB measured), GRPO 3B n=8 -6.0%, GRPO 0.5B with 256
+    sequences -3.2%. Held within 8% (the goal is 15%)."""
+    assert HOST_HOLD == ["hold-grpo05wide", "hold-grpo3n8", "hold-padded05", "hold-ppo15off", "ppo_0.5b"]
     for name in HOST_HOLD:
         plan, got = replay(name, tmp_path / name)
-        assert abs(plan.host_steady_gib / got["host_gib"] - 1) <= 0.05, (name, plan.host_steady_gib, got["host_gib"])
+        assert abs(plan.host_steady_gib / got["host_gib"] - 1) <= 0.08, (name, plan.host_steady_gib, got["host_gib"])
 
 
 @pytest.mark.parametrize("name", TIME_FIT)
@@ -84,21 +87,32 @@ def test_step_time_residuals_of_the_fit_runs(name, tmp_path):
     assert all(abs(r["predicted"] - r["measured"]) <= SHORT_BOUND_S for r in phases if r["measured"] < SHORT_S)
 
 
-def test_step_time_hold_out(tmp_path):
-    """GRPO 0.5B with SDPA and no remove-padding, flash-attn installed (the padded tokens computed, the flash-attn
-    constants): step +2.5%, gen -3.7%, old_log_prob -13.2%, update_actor +12.0%; ref +31.2% (0.77 s vs 0.59: the
-    exposed part of its 4 micro batches' param uploads at 20 GB/s, 0.15 s, is most of it): just over the ±30%
-    phase goal, held within 40%."""
-    assert TIME_HOLD == ["hold-padded05"]
-    rows = rows_of("hold-padded05", tmp_path)
-    assert abs(step_row(rows)["error"]) <= 0.12, rows
+HOLD_PHASES = {
+    "hold-padded05": {"gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights"},
+    "hold-grpo3n8": {"gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights"},
+    "hold-grpo05wide": {"gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights"},
+    "hold-ppo15off": {"gen", "old_log_prob", "values", "update_critic", "adv", "update_actor", "update_weights"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOLD_PHASES))
+def test_step_time_hold_outs(name, tmp_path):
+    """Not fitted on (the goal: step ±20%, phase ±30%). GRPO 0.5B with SDPA and no remove-padding: step -1.0%,
+    update_actor +24.8% the worst phase. Batch C, run after the model took its form: PPO 1.5B with actor and critic
+    offloaded -3.7% (gen -21.4%, update_weights -21.5%), GRPO 3B n=8 with 1024-token responses +11.4% (gen +11.8%),
+    GRPO 0.5B with 256 sequences of 256 tokens -9.4% (gen -15.6%). Phases under half a second (adv, the 3B's
+    log-probs, the short update_weights) by their seconds: within 0.15 s (worst adv of hold-ppo15off, 0.18 vs 0.09
+    s)."""
+    assert TIME_HOLD == sorted(HOLD_PHASES)
+    rows = rows_of(name, tmp_path)
+    assert abs(step_row(rows)["error"]) <= 0.15, rows
     by = {r["what"][5:-4]: r for r in phase_rows(rows)}
-    assert set(by) == {"gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights"}
-    for phase in ("gen", "old_log_prob", "update_actor"):
-        assert abs(by[phase]["error"]) <= 0.20, by[phase]
-    assert abs(by["ref"]["error"]) <= 0.40, by["ref"]
-    for phase in ("adv", "update_weights"):
-        assert abs(by[phase]["predicted"] - by[phase]["measured"]) <= 0.15, by[phase]
+    assert set(by) == HOLD_PHASES[name]
+    for r in by.values():
+        if r["measured"] >= SHORT_S:
+            assert abs(r["error"]) <= 0.30, r
+        else:
+            assert abs(r["predicted"] - r["measured"]) <= 0.15, r
 
 
 def test_the_constants_are_the_fit(capsys):
@@ -151,24 +165,26 @@ def test_logits_are_read_at_hbm_speed_by_hand():
 def test_ref_params_uploaded_per_micro_batch_by_hand():
     # 1.5e9 fp32 params, 2 micro batches over 20 GB/s: 2 * 4 * 1.5e9 / 20e9 = 0.6 s, less the 0.1 s of compute they
     # overlap; 4 GPUs copy a quarter each (0.15 s); a forward longer than the copy hides it
-    assert st.REF_PARAM_BYTES == 4 and st.PCIE_GBS == 20
-    assert st.ref_upload_s(1.5e9, 2, 1, 0.1) == pytest.approx(0.5)
-    assert st.ref_upload_s(1.5e9, 2, 4, 0.1) == pytest.approx(0.05)
-    assert st.ref_upload_s(1.5e9, 2, 1, 1.0) == 0.0
+    assert st.REF_PARAM_BYTES == 4
+    assert st.ref_upload_s(1.5e9, 2, 1, 0.1, 20) == pytest.approx(0.5)
+    assert st.ref_upload_s(1.5e9, 2, 4, 0.1, 20) == pytest.approx(0.05)
+    assert st.ref_upload_s(1.5e9, 2, 1, 1.0, 20) == 0.0
+    # on the H100's PCIe 5.0 host (55.1 GB/s measured, 55 in the catalog): 1.2e10 / 55e9 - 0.1 = 0.1182 s
+    assert st.ref_upload_s(1.5e9, 2, 1, 0.1, st.gpu_speed("NVIDIA H100 80GB HBM3")[0].pcie_gbs) == pytest.approx(
+        0.1182, abs=1e-4)
 
 
 def test_entropy_in_the_actors_log_prob_only(tmp_path):
     # fit-grpo15 (packed, one GPU): 30250.5 tokens x 151936 vocab / 3350 GB/s = 1.3720 ms per byte per entry, in the
-    # actor's log-prob and not the ref; the ref's upload: 4 B x 1543714304 params / 20 GB/s = 0.3087 s less the
-    # forward's 2 * 1543714304 * 30250.5 FLOPs at 0.4 x 989 TFLOPs = 0.2361 s -> 0.0726 s
+    # actor's log-prob and not the ref; the ref's upload: 4 B x 1543714304 params / 55 GB/s = 0.1123 s, hidden by
+    # the forward's 2 * 1543714304 * 30250.5 FLOPs at 0.4 x 989 TFLOPs = 0.2361 s -> 0
     plan, _ = replay("fit-grpo15", tmp_path)
     old, ref = plan.terms["time"]["old_log_prob"], plan.terms["time"]["ref"]
     assert old["ENTROPY_BYTES"] * 1e3 == pytest.approx(30250.5 * 151936 / 3350e9 * 1e3, rel=1e-3)
     assert old["ENTROPY_BYTES"] * 1e3 == pytest.approx(1.3720, abs=2e-3)
     assert "ENTROPY_BYTES" not in ref
     assert {k: v for k, v in old.items() if k not in ("ENTROPY_BYTES", "")} == {k: v for k, v in ref.items() if k}
-    assert ref[""] == pytest.approx(4 * 1543714304 / 20e9 - 2 * 1543714304 * 30250.5 / (0.4 * 989e12), rel=1e-3)
-    assert ref[""] == pytest.approx(0.0726, abs=1e-3)
+    assert 4 * 1543714304 / 55e9 < 2 * 1543714304 * 30250.5 / (0.4 * 989e12) and ref[""] == 0.0
     # without remove-padding the log-probs take the real tokens, the entropy every position computed
     plan, _ = replay("hold-padded05", tmp_path / "padded")
     old = plan.terms["time"]["old_log_prob"]
@@ -198,7 +214,8 @@ def test_fsdp_traffic_by_hand():
 
 
 def test_gpu_catalog_speeds():
-    assert st.gpu_speed("NVIDIA H100 80GB HBM3") == (st.GpuSpeed(989, 3350, 330), True)
+    assert st.gpu_speed("NVIDIA H100 80GB HBM3") == (st.GpuSpeed(989, 3350, 330, 55), True)
+    assert st.gpu_speed("NVIDIA GeForce RTX 4090")[0].pcie_gbs == 25 and st.gpu_speed("Tesla V100-SXM2-32GB")[0].pcie_gbs == 12
     assert st.gpu_speed("NVIDIA H200")[0].hbm_gbs == 4800
     assert st.gpu_speed("NVIDIA H100 PCIe")[0].link_gbs == 20
     sp, known = st.gpu_speed("Some Future GPU")
@@ -282,3 +299,22 @@ def test_a_run_is_held_against_the_plan_at_its_own_lengths(name, tmp_path):
     assert at_lengths["error"] == pytest.approx(step_row(rows_of(name, tmp_path))["error"], abs=0.08)
     assert abs(at_lengths["error"]) < FIT_STEP_BOUND
     assert set(phases) == set(kept["phases_s"])
+
+
+def test_gae_offloaded_sync_and_the_critics_tokens_by_hand(tmp_path):
+    # GAE loops over the response positions (fit-ppo05: max_response_length 1024); GRPO's advantages do not
+    ppo, _ = replay("fit-ppo05", tmp_path / "ppo")
+    assert ppo.terms["time"]["adv"] == {"ADV_S": 1.0, "GAE_STEP_S": 1024}
+    grpo, _ = replay("fit-grpo15", tmp_path / "grpo")
+    assert grpo.terms["time"]["adv"]["GAE_STEP_S"] == 0.0
+    # the critic's values pass: a per-token cost on the run's packed tokens, verl's perf/total_num_tokens of
+    # steps 2-5 (66172, 61315, 71090, 67920: mean 66624.25), the tokens its FLOPs are counted on too
+    values = ppo.terms["time"]["values"]
+    assert values["VALUE_TOKEN_S"] == pytest.approx(66624.25)
+    critic = catalog_shape("qwen2.5-0.5b").value_model_params
+    assert values["1/COMPUTE_SHARE"] == pytest.approx(2 * critic * 66624.25 / 989e12)
+    # with param offload update_weights loads the fp32 params and offloads them again over 55 GB/s:
+    # 2 x 4 B x 1543714304 / 55e9 = 0.22454 s, + the bf16 weights read once at 70% of 3350 GB/s, 1.317 ms
+    off, _ = replay("fit-offload15", tmp_path / "off")
+    assert off.terms["time"]["update_weights"][""] == pytest.approx(0.22454 + 0.001317, abs=2e-4)
+    assert grpo.terms["time"]["update_weights"][""] == pytest.approx(0.001317, abs=1e-5)
