@@ -209,18 +209,18 @@ if named watch-script; then
     -- $VC submit /root/scripts/run_tiny_grpo.sh watch.backoff_s=2 watch.hang_after=${HANG_AFTER:-120s} --watch
 fi
 # ---- calibration grid: the planner's host RAM and step time against real verl runs, one H100 ----
-# bash scripts/gpu_e2e.sh fa griddata up-only grid-a   (then grid-b on another machine; docs/BENCHMARKS.md says how)
+# bash scripts/gpu_e2e.sh fa griddata up-only pcie grid-a   (grid-b, grid-c: one 30-minute machine each)
 # Every run: random-init Qwen2.5 shape, synthetic GSM8K, 5 steps (step 1 is left out of timing; batch A had 3, and
 # step 2 was still warming up by up to 0.65 s a phase), no validation,
 # planned first, NVML + host RAM per process role sampled (scripts/gpu_mem_sampler.py), log kept; then
 # `python3 scripts/calib_from_runs.py $LOGS NAME` turns it into a calibration fixture. flash-attn (step `fa`, head
-# dims 32/64/128) is installed on both batches, so the plan picks packed flash-attn unless a run pins otherwise.
-# Expected seconds: measured on the H100 for batch A and hold-padded05 (2026-11-25, 3 steps: submit to exit
-# 245-297 s, of which submit to step 1's end 225-276 s; each step after it 5-15 s; flash-attn 15-26 s, the 1.5B +
-# 0.5B models 29 s), plus ~35 s, plus ~25 s for the two steps added since; the 3B estimated from them. Batch B's
-# three runs not yet made are ~19 min + ~3 min of staging/models/up: one 30-minute machine holds them (hold-padded05,
-# last, ran already). A run that would not finish inside BUDGET_S is skipped (named in steps.log).
-# A: fit (with the recorded GRPO 0.5B, GRPO tiny and PPO 0.5B runs)  |  B: hold-out (3B, offload, PPO, padded)
+# dims 32/64/128) is installed on every batch, so the plan picks packed flash-attn unless a run pins otherwise.
+# Expected seconds: measured on the H100 (2026-11-25/26): submit to exit 245-401 s a run (the 3B n=8 one 295 s);
+# fa + models + up + pcie ~2 min, staging ~1 min. A run that would not finish inside BUDGET_S is skipped (named in
+# steps.log).
+# A: fit (with the recorded GRPO 0.5B, GRPO tiny and PPO 0.5B runs) | B: run held out; the 3B, offload and PPO runs
+# shaped the model (PCIe rate, offloaded update_weights, GAE, the critic's tokens) and joined the fit |
+# C: held out after that (critic offload, 3B with n=8 and long responses, 256 short sequences)
 FIT=(data.train_files="[$DATA/train.parquet]" data.val_files="[$DATA/test.parquet]" env.VLLM_LOGGING_LEVEL=INFO
      env.VLLM_USE_FLASHINFER_SAMPLER=0 trainer.total_training_steps=5 trainer.test_freq=-1 trainer.val_before_train=false)
 GRPO=launch/gsm8k_grpo.yaml PPO=launch/gsm8k.yaml

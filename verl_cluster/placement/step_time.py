@@ -15,7 +15,10 @@ Every phase is a fixed cost plus work over a rate:
 - actor/critic update: 6·N per token (+2·N recompute with gradient checkpointing) x ppo_epochs;
 - FSDP (more than one GPU): per micro batch an all-gather of the params for the forward and one for the backward and
   an fp32 reduce-scatter of the grads, (N-1)/N of the bytes over the link's bus bandwidth;
-- offload: params (and Adam states) over PCIe to the GPU and back each phase;
+- the critic's values: its forward plus a per-token cost (measured: the 0.5B and 1.5B critics alike, ~6 us);
+- advantages: a fixed cost, and with GAE verl's Python loop over the response positions;
+- offload: params (and Adam states) over PCIe (the host's measured pinned-copy rate) to the GPU and back each
+  phase, update_weights included (verl loads offloaded params to hand them to vLLM);
 - weight sync to the rollout (update_weights): the params in the rollout dtype over HBM and the link;
 - checkpoint save: fp32 params + Adam per GPU to storage, every save_freq steps (shown apart from the step).
 Compute runs at one share of the GPU's peak dense bf16 FLOPs (held, not fitted); the fixed costs and the logits'
@@ -23,8 +26,8 @@ bytes differ with flash-attn importable or not (verl then computes log-probs wit
 cross-entropy: much slower on a 150k vocab).
 Each phase is built as terms (constant name -> coefficient, "" for seconds from bytes and links), so the fixed
 costs, per-step/per-token costs and 1/share are fitted by scripts/fit_plan_calibration.py, a least-squares fit
-on the recorded verl 0.9.1 runs on one H100 (all small models, where the fixed costs dominate): a calibration,
-not a law.
+on the recorded verl 0.9.1 runs on one H100 (0.5B to 3B, where the fixed costs weigh most): a calibration, not a
+law.
 """
 
 from __future__ import annotations
@@ -72,9 +75,9 @@ INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; `check` measures the real figure on 
 FORWARD_FIXED_S = {"flash": 0.124, "no_flash": 0.802}
 UPDATE_FIXED_S = {"flash": 0.796, "no_flash": 3.05}
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
-# cannot tell it (FLOPs are under a sixth of any phase; left free the fit drives it to infinity); verl's own
-# perf/mfu/actor reached 0.23 on the 1.5B run with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class
-# models. A 3B/7B run would pin it.
+# cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
+# trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
+# with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
 # per real token per vocab entry, at HBM speed: the log-probs (without flash-attn verl's log-softmax loops per token)
 LOGIT_FORWARD_BYTES = {"flash": 174, "no_flash": 1270}
