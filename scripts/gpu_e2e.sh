@@ -55,10 +55,11 @@ want() { [ ${#STEPS[@]} -eq 0 ] && return 0; for s in "${STEPS[@]}"; do [ "$s" =
 GRID_A=(fit-grpo15 fit-offload05 fit-n8long05 fit-ppo15)   # most needed first: the last may not fit the machine
 GRID_B=(fit-grpo3 fit-offload15 fit-ppo05 hold-padded05)    # run as hold-outs; the first three shaped the model
 GRID_C=(hold-ppo15off hold-grpo3n8 hold-grpo05wide)         # the hold-outs run after that
+GRID_D=(fit-grpo3big hold-grpo15big)  # compute-heavy (update FLOPs over half the phase): the share of peak FLOPs
 STEPS=()
 for s in "$@"; do
   case $s in grid-a) STEPS+=("${GRID_A[@]}") ;; grid-b) STEPS+=("${GRID_B[@]}") ;; grid-c) STEPS+=("${GRID_C[@]}") ;;
-    *) STEPS+=("$s") ;; esac
+    grid-d) STEPS+=("${GRID_D[@]}") ;; *) STEPS+=("$s") ;; esac
 done
 named() { for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }  # only when asked for
 
@@ -240,6 +241,9 @@ grid_run hold-padded05  qwen2.5-0.5b  $GRPO  310  "data.train_batch_size=16 acto
 grid_run hold-ppo15off  qwen2.5-1.5b  $PPO   400  "data.train_batch_size=32 actor_rollout_ref.actor.ppo_mini_batch_size=16 data.max_response_length=768 $OFFLOAD critic.fsdp.param_offload=true critic.fsdp.optimizer_offload=true trainer.save_freq=-1"
 grid_run hold-grpo3n8   qwen2.5-3b    $GRPO  430  "data.train_batch_size=4 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=2 data.max_response_length=1024 actor_rollout_ref.rollout.gpu_memory_utilization=0.35 trainer.save_freq=-1"
 grid_run hold-grpo05wide qwen2.5-0.5b $GRPO  330  "data.train_batch_size=64 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=32 data.max_response_length=256 trainer.save_freq=-1"
+# batch D: many long sequences, so FLOPs set the update's time (the fit's only hold on COMPUTE_SHARE)
+grid_run fit-grpo3big   qwen2.5-3b    $GRPO  450  "data.train_batch_size=32 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=16 data.max_response_length=1024 actor_rollout_ref.rollout.gpu_memory_utilization=0.35 trainer.save_freq=-1"
+grid_run hold-grpo15big qwen2.5-1.5b  $GRPO  470  "data.train_batch_size=64 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=32 data.max_response_length=1024 trainer.save_freq=-1"
 grid_named() { local s; for s in "${STEPS[@]}"; do [ -n "${G_SHAPE[$s]:-}" ] && echo "$s"; done; }
 if named griddata; then   # the shapes the named runs use (written side by side), the data, and the staged
   # packages' bytecode (installed --no-compile: otherwise the first run's every process compiles what it imports)

@@ -56,8 +56,8 @@ COMMON = [f"trainer.total_training_steps={STEPS}", "trainer.test_freq=-1", "trai
 
 
 def test_the_batches_cover_the_grid_and_what_the_issue_asks():
-    a, b, c = batch("GRID_A"), batch("GRID_B"), batch("GRID_C")
-    assert sorted(a + b + c) == sorted(GRID) and len(GRID) >= 8 and len(set(a + b + c)) == len(a + b + c)
+    a, b, c, d = batch("GRID_A"), batch("GRID_B"), batch("GRID_C"), batch("GRID_D")
+    assert sorted(a + b + c + d) == sorted(GRID) and len(GRID) >= 8 and len(set(a + b + c + d)) == len(a + b + c + d)
     # batch B was run as hold-outs; three of them shaped the model and joined the fit, batch C holds out again
     assert all(n.startswith("fit-") for n in a) and b[-1] == "hold-padded05"
     assert all(n.startswith("fit-") for n in b[:-1]) and all(n.startswith("hold-") for n in c)
