@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
 # Per GPU: PSS of the trainer worker less its shared (pinned) memory + vLLM's three processes at verl's step lines,
 # mean over the fit runs that sampled it (fit_plan_calibration.py prints it); the node's part is then fitted.
-PER_GPU_PROCESS_BYTES = 6.26 * GIB
-NODE_BYTES = 17.3 * GIB  # fitted: node used RAM with no GPU processes and no host states
-REF_HOST_COPIES = 3.29  # fitted: host bytes per byte of ref params (fp32 master dtype) on the host
-OFFLOAD_HOST_COPIES = 1.33  # fitted: host bytes per byte of offloaded params + Adam states
+PER_GPU_PROCESS_BYTES = 6.32 * GIB
+NODE_BYTES = 17.1 * GIB  # fitted: node used RAM with no GPU processes and no host states
+REF_HOST_COPIES = 3.42  # fitted: host bytes per byte of ref params (fp32 master dtype) on the host
+OFFLOAD_HOST_COPIES = 1.29  # fitted: host bytes per byte of offloaded params + Adam states
 CHECKPOINT_BYTES = 12  # per parameter / N: fp32 params + AdamW's two fp32 states, copied to the CPU to be saved
 BATCH_BYTES_PER_TOKEN = 80  # DataProto: ids, masks, positions (int64), log-probs, values, advantages, rewards
 BATCH_COPIES = 2  # the driver's batch and its copy in the object store while workers read it

@@ -4,7 +4,8 @@ Every phase is a fixed cost plus work over a rate:
 - generate: decode is memory-bound: each decode step reads the weights (÷ TP) and the KV cache of the sequences in
   flight over the GPU's HBM bandwidth, plus a per-step cost (scheduling, launches; more without CUDA graphs);
   continuous batching takes as many steps as the longest response; each generated token costs vLLM's and the
-  agent loop's per-token work (sampling, detokenizing, streaming); the prompts' prefill is 2·N·tokens FLOPs; verl's
+  agent loop's per-token work (sampling, detokenizing, streaming); a step is bound by its reads or, with hundreds
+  of sequences, by its 2·N FLOPs per sequence; the prompts' prefill is 2·N·tokens FLOPs; verl's
   trainer sees the end at its next poll of the rollout (every 2 s: half a period on average);
 - old log-prob, ref, critic values: a forward, 2·N FLOPs per token computed (every padded token without
   use_remove_padding), and the log-probs' logits over the real tokens; the actor's log-prob also computes the
@@ -16,7 +17,7 @@ Every phase is a fixed cost plus work over a rate:
 - FSDP (more than one GPU): per micro batch an all-gather of the params for the forward and one for the backward and
   an fp32 reduce-scatter of the grads, (N-1)/N of the bytes over the link's bus bandwidth;
 - the critic's values: its forward plus a per-token cost (measured: the 0.5B and 1.5B critics alike, ~6 us);
-- advantages: a fixed cost, and with GAE verl's Python loop over the response positions;
+- advantages: a fixed cost, a cost per sequence, and with GAE verl's Python loop over the response positions;
 - offload: params (and Adam states) over PCIe (the host's measured pinned-copy rate) to the GPU and back each
   phase, update_weights included (verl loads offloaded params to hand them to vLLM);
 - weight sync to the rollout (update_weights): the params in the rollout dtype over HBM and the link;
@@ -72,26 +73,27 @@ INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; `check` measures the real figure on 
 # Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in
 # tests/fixtures/verl_runs/calibration_runs.json (docs/BENCHMARKS.md, "Step time"). "flash": flash-attn importable;
 # "no_flash": not (two runs only: the GRPO 0.5B and tiny of 2026-11-24/25).
-FORWARD_FIXED_S = {"flash": 0.124, "no_flash": 0.802}
-UPDATE_FIXED_S = {"flash": 0.796, "no_flash": 3.05}
+FORWARD_FIXED_S = {"flash": 0.123, "no_flash": 0.802}
+UPDATE_FIXED_S = {"flash": 0.789, "no_flash": 3.05}
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
 # trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
 # with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
 # per real token per vocab entry, at HBM speed: the log-probs (without flash-attn verl's log-softmax loops per token)
-LOGIT_FORWARD_BYTES = {"flash": 174, "no_flash": 1270}
-ENTROPY_BYTES = 24.4  # per token per vocab entry computed: the entropy, in the actor's log-prob only
-LOGIT_UPDATE_BYTES = {"flash": 101, "no_flash": 1300}
-GENERATE_FIXED_S = 0.427  # per generate: request fan-out, vLLM wake-up and sleep
-EAGER_STEP_S = 0.0041  # per decode step with enforce_eager (no CUDA graphs; the tiny run alone); with graphs a
+LOGIT_FORWARD_BYTES = {"flash": 180, "no_flash": 1280}
+ENTROPY_BYTES = 16.1  # per token per vocab entry computed: the entropy, in the actor's log-prob only
+LOGIT_UPDATE_BYTES = {"flash": 110, "no_flash": 1300}
+GENERATE_FIXED_S = 0.597  # per generate: request fan-out, vLLM wake-up and sleep
+EAGER_STEP_S = 0.00398  # per decode step with enforce_eager (no CUDA graphs; the tiny run alone); with graphs a
 # step costs its reads only (a per-step constant fitted to 0)
-DECODE_TOKEN_S = 7.34e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
-SYNC_FIXED_S = 0.306  # update_weights: resharding and handing the weights to vLLM
-ADV_S = 0.0617  # advantages, rewards (rule-based)
-GAE_STEP_S = 0.000155  # per response position: GAE's loop (PPO)
+DECODE_TOKEN_S = 6.74e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
+SYNC_FIXED_S = 0.308  # update_weights: resharding and handing the weights to vLLM
+ADV_S = 0.0273  # advantages, rewards (rule-based)
+ADV_SEQ_S = 0.000619  # per sequence of the batch
+GAE_STEP_S = 0.000133  # per response position: GAE's loop (PPO)
 # per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same ~7 us a token
-VALUE_TOKEN_S = 6.2e-06
+VALUE_TOKEN_S = 6.24e-06
 # not fitted
 GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
 HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not separable on the small runs)
@@ -210,7 +212,10 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     steps = max(s.response_len, generated / inflight)
     kv_tok = shape.kv_bytes_per_token(cb, c.tp)
     ctx = s.prompt_len * fill + s.response_len * fill / 2  # mean context while decoding
-    read = decode_read_s(shape.params * cb / c.tp, inflight * ctx * kv_tok, sp.hbm_gbs)
+    batch = generated / steps  # the sequences a step decodes, on average (the batch drains as responses end)
+    # a decode step is bound by its reads or by its FLOPs (2·N per sequence), whichever is longer (the share is held)
+    read = max(decode_read_s(shape.params * cb / c.tp, batch * ctx * kv_tok, sp.hbm_gbs),
+               2.0 * shape.params * batch / c.tp / (sp.tflops * 1e12 * COMPUTE_SHARE))
     if c.tp > 1:  # two all-reduces of the hidden state per layer per step, latency-bound
         read += 2 * shape.layers * 15e-6
     terms["gen"] = {"GENERATE_FIXED_S": 1.0, "EAGER_STEP_S": steps if s.enforce_eager else 0.0,
@@ -257,8 +262,10 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         terms["update_critic"] = add(update_terms(cp, tokens_gpu, sp.tflops, kind, s.grad_ckpt_critic),
                                      {"": comm_s(cp, Phase.CRITIC_UPDATE, s.grad_ckpt_critic, False)
                                       + offload_s(cp, m_c, True)})
-    # GAE is a Python loop over the response positions on the driver (verl's compute_gae_advantage_return)
-    terms["adv"] = {"ADV_S": 1.0, "GAE_STEP_S": s.response_len if s.adv_estimator == "gae" else 0.0}
+    # on the driver, for the whole batch: GAE loops over the response positions (compute_gae_advantage_return),
+    # GRPO's grouping and the batch's bookkeeping over the sequences, in Python
+    terms["adv"] = {"ADV_S": 1.0, "ADV_SEQ_S": s.sequences,
+                    "GAE_STEP_S": s.response_len if s.adv_estimator == "gae" else 0.0}
     terms["update_actor"] = add(update_terms(actor_p, tokens_gpu, sp.tflops, kind, s.grad_ckpt_actor,
                                              logit_reads=logits),
                                 {"": comm_s(actor_p, Phase.ACTOR_UPDATE, s.grad_ckpt_actor, False)
