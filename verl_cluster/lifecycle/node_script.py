@@ -83,16 +83,26 @@ def kind(cmd):
     return cmd.split(" ", 1)[0].rsplit("/", 1)[-1][:40]
 
 
-def gpus(nvml=None):
-    """([per-GPU name and memory], why not); `nvml`: one the caller opened and closes, else opened here."""
+def with_nvml(read, nvml, without):
+    """read(nvml) with the caller's NVML (it closes it), else one opened and closed here; without(error) when there
+    is none (no driver, no GPU)."""
+    if nvml is not None:
+        return read(nvml)
+    nvml, error = open_nvml()
     if nvml is None:
-        nvml, error = open_nvml()
-        if nvml is None:  # no driver, no GPU
-            return [], error
-        try:
-            return gpus(nvml)
-        finally:
-            nvml.close()
+        return without(error)
+    try:
+        return read(nvml)
+    finally:
+        nvml.close()
+
+
+def gpus(nvml=None):
+    """([per-GPU name and memory], why not); `nvml`: as for with_nvml."""
+    return with_nvml(_gpus, nvml, lambda error: ([], error))
+
+
+def _gpus(nvml):
     out = []
     for i in range(nvml.count()):
         h = nvml.handle(i)
@@ -318,15 +328,11 @@ def proc_state(pid):
 
 
 def gpu_procs(nvml=None):
-    """pid -> (GPU index, MiB) of the compute processes NVML lists; {} without NVML. `nvml`: as for gpus."""
-    if nvml is None:
-        nvml, _ = open_nvml()
-        if nvml is None:
-            return {}
-        try:
-            return gpu_procs(nvml)
-        finally:
-            nvml.close()
+    """pid -> (GPU index, MiB) of the compute processes NVML lists; {} without NVML. `nvml`: as for with_nvml."""
+    return with_nvml(_gpu_procs, nvml, lambda error: {})
+
+
+def _gpu_procs(nvml):
     try:
         out = {}
         for i in range(nvml.count()):
