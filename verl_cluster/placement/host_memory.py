@@ -7,7 +7,12 @@ Parts (per node; docs/placement.md, "Host memory", has the sources; the sampler'
 - per GPU: the trainer worker (less its pinned buffers) and vLLM's server, engine and worker processes;
 - host-resident states, held in pinned (shared) memory: the ref's params under verl's forced CPUOffload, and the
   offloaded params and Adam states; the rollout's weights while it sleeps leave no trace on the host (measured);
-- at a checkpoint save, each trainer process's shard of fp32 params + Adam states copied to the CPU (transient);
+- at a checkpoint save, what verl 0.9.1's save path holds on the CPU (transient): FSDP1 on one GPU runs NO_SHARD,
+  whose state dict is a full clone on the GPU, and torch.save streams each tensor through a CPU copy: the largest
+  tensor (the embedding) in fp32; FSDP1 on N GPUs copies the whole model shard (4·P/N, + the root unit's gathered
+  shard) to the CPU and holds it through the optimizer's save (whose states are saved from the GPU, by reference);
+  FSDP2 streams its GPU shards (the largest one in fp32). Actor and critic save one after the other: the larger
+  counts. Measured: +0.55 GiB for PPO 0.5B on one H100 (4 B x the 136M-param embedding = 0.51 GiB);
 - the step's batch (DataProto) in the driver and in Ray's object store (shared memory, counted by the OOM killer).
 The fitted constants come from scripts/fit_plan_calibration.py (the runs tagged host "fit" in
 tests/fixtures/verl_runs/calibration_runs.json).
@@ -31,12 +36,11 @@ PER_GPU_PROCESS_BYTES = 6.32 * GIB
 NODE_BYTES = 17.1 * GIB  # fitted: node used RAM with no GPU processes and no host states
 REF_HOST_COPIES = 3.42  # fitted: host bytes per byte of ref params (fp32 master dtype) on the host
 OFFLOAD_HOST_COPIES = 1.29  # fitted: host bytes per byte of offloaded params + Adam states
-CHECKPOINT_BYTES = 12  # per parameter / N: fp32 params + AdamW's two fp32 states, copied to the CPU to be saved
 BATCH_BYTES_PER_TOKEN = 80  # DataProto: ids, masks, positions (int64), log-probs, values, advantages, rewards
 BATCH_COPIES = 2  # the driver's batch and its copy in the object store while workers read it
 HOST_STATE_FACTOR = {"ref": "REF_HOST_COPIES", "reward": "REF_HOST_COPIES", "actor": "OFFLOAD_HOST_COPIES",
                      "critic": "OFFLOAD_HOST_COPIES"}  # the rollout's asleep weights: not on the host
-CHECKPOINT_PART = "checkpoint save (fp32 params + Adam to CPU)"
+CHECKPOINT_PART = "checkpoint save (fp32 copies on the CPU)"
 
 
 def _gpus(c: "Candidate") -> int:
@@ -65,10 +69,9 @@ def host_parts(c: "Candidate", s: "Settings", shape: "ModelShape") -> tuple[Part
     t = host_terms(c)
     ckpt = 0.0
     for pool in _busiest_pools(c):
-        trained = [shape.params if r == "actor" else shape.value_model_params for r in pool.roles
-                   if r in ("actor", "critic")]
-        if s.save_freq > 0 and not s.lora_rank:
-            ckpt += sum(CHECKPOINT_BYTES * p / pool.size for p in trained) * len(pool.gpu_indices)
+        trained = [r for r in pool.roles if r in ("actor", "critic")]
+        if trained and s.save_freq > 0 and not s.lora_rank:
+            ckpt += max(save_copy_bytes(shape, r, pool.size, s.fsdp2) for r in trained) * len(pool.gpu_indices)
     batch = s.sequences * s.seq_len * BATCH_BYTES_PER_TOKEN * BATCH_COPIES
     parts = [Part("node processes (OS, Ray, driver, verl's actors)", NODE_BYTES),
              Part("GPU worker processes (trainer + vLLM)", PER_GPU_PROCESS_BYTES * t["PER_GPU_PROCESS_BYTES"])]
@@ -78,6 +81,16 @@ def host_parts(c: "Candidate", s: "Settings", shape: "ModelShape") -> tuple[Part
         if b:  # shown only when the job has it
             parts.append(Part(name, b))
     return tuple(parts)
+
+
+def save_copy_bytes(shape: "ModelShape", role: str, n: int, fsdp2: bool) -> float:
+    """Host bytes one trainer process holds at the peak of a checkpoint save (fp32), by verl 0.9.1's save path."""
+    params = shape.params if role == "actor" else shape.value_model_params
+    root = shape.root_params if role == "actor" else shape.embed_params + 2 * shape.hidden
+    largest = shape.embed_params  # the embedding (an untied lm_head is as large)
+    if fsdp2 or n == 1:  # streamed tensor by tensor (FSDP2 shards; NO_SHARD's full GPU clone)
+        return 4.0 * largest / n
+    return 4.0 * (params + root) / n  # FSDP1 sharded state dict: the model shard on the CPU, + the root gathered
 
 
 def steady_bytes(parts: tuple[Part, ...]) -> float:

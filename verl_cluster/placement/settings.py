@@ -47,6 +47,7 @@ class Settings:
     critic_max_tokens: int
     master_dtype_bytes_actor: int  # fsdp_config.model_dtype (fp32 in verl ≥ 0.5)
     master_dtype_bytes_critic: int
+    fsdp2: bool  # actor.strategy fsdp2 (verl's default "fsdp" is FSDP1): how a checkpoint save reaches the host
     # pinned by the user (None: the planner searches)
     tp: Optional[int]
     gpu_memory_utilization: Optional[float]
@@ -223,6 +224,7 @@ def read_settings(job: JobSpec) -> Settings:
         actor_max_tokens=r.positive(f"{AR}.actor.ppo_max_token_len_per_gpu", 16384),
         critic_max_tokens=r.positive("critic.ppo_max_token_len_per_gpu", 32768),
         master_dtype_bytes_actor=_dtype_bytes("model_dtype", r.get(f"{AR}.actor.fsdp_config.model_dtype", str, "fp32")),
+        fsdp2=r.get(f"{AR}.actor.strategy", str, "fsdp") == "fsdp2",
         master_dtype_bytes_critic=_dtype_bytes("model_dtype", r.get(f"{cprefix}.model_dtype", str, "fp32")),
         tp=r.positive(f"{AR}.rollout.tensor_model_parallel_size", None),
         gpu_memory_utilization=util,
