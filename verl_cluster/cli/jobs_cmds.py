@@ -29,6 +29,12 @@ A cluster taken down with `down` from here is not asked (one line says it is dow
 or `submit` uses it again.
 --json: with -c, that cluster's jobs (a list); without, {"clusters": [...]}, each with its
 "jobs" or, when it did not answer, its "error" and "hint", or when down, "down": true.
+A job submitted with a placement plan also gets "vs_plan": the plan's predictions against what
+verl logged (seconds per phase and step at the run's own lengths, the checkpoint save, host RAM;
+rows of what, predicted, measured, error), read from its log within --timeout; with no rows
+(no step after the first yet, or a log not read in time) "vs_plan_reason" says why.
+scripts/plan_factors.py turns a set of them into factors for `plan --factors`. The table
+does not read logs.
 
 exit status: 0 when a cluster answered (with -c: that cluster; without: at least one, so that
 old records of clusters long gone do not make every `jobs` fail, or none was asked because
@@ -56,7 +62,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cluster_args(p, default=_EVERY)
     p.add_argument("--timeout", type=float, default=all_jobs.ANSWER_TIMEOUT_S, metavar="SECONDS",
-                   help="without -c: how long each cluster may take to answer (default %(default)g)")
+                   help="without -c: how long each cluster may take to answer; with --json, the planned jobs' logs "
+                        "are read within it too (default %(default)g)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_jobs)
 
@@ -80,18 +87,28 @@ def _age(ms) -> str:
     return f"{s:.0f}s ago" if s < 120 else (f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago")
 
 
+def _check_timeout(args) -> None:
+    if not 0 < args.timeout <= 3600:  # nan and inf too
+        raise ConfigError(f"--timeout {args.timeout:g}: must be more than 0 and at most 3600 seconds",
+                          "e.g. --timeout 20")
+
+
 def run_jobs(args) -> int:
     if resolve_cluster(args, default=None) is None:
         known = job_records.known_clusters()
         if known:
             return _jobs_everywhere(args, known)
         args.cluster = DEFAULT_CLUSTER
+    if args.json:
+        _check_timeout(args)
     spec = load_cluster(args.cluster, args.overrides)
     with ray_jobs.connect(spec) as api:
         rows = ray_jobs.list_jobs(api)
-    if args.json:
-        print_json([r.__dict__ for r in rows])
-        return EXIT_OK
+        if args.json:  # the logs of the planned jobs only, and only here: the table stays one request
+            from verl_cluster.launch.job_pairs import job_pairs, with_pairs
+
+            print_json(with_pairs(rows, job_pairs(api, rows, args.timeout)))
+            return EXIT_OK
     if not rows:
         err.print("no jobs on this cluster")
         return EXIT_OK
@@ -100,10 +117,8 @@ def run_jobs(args) -> int:
 
 
 def _jobs_everywhere(args, known) -> int:
-    if not 0 < args.timeout <= 3600:  # nan and inf too
-        raise ConfigError(f"--timeout {args.timeout:g}: must be more than 0 and at most 3600 seconds",
-                          "e.g. --timeout 20")
-    found = all_jobs.jobs_everywhere(known, load_cluster, args.overrides, timeout_s=args.timeout)
+    _check_timeout(args)
+    found = all_jobs.jobs_everywhere(known, load_cluster, args.overrides, timeout_s=args.timeout, pairs=args.json)
     answered = [c for c in found if c.answered]
     if args.json:
         print_json({"clusters": [c.to_json() for c in found]})

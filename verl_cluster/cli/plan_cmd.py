@@ -45,6 +45,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                         "server, never this machine's)")
     p.add_argument("--brief", action="store_true", help="only the verdict, the binding constraint, the fix and "
                                                         "the options (no tables)")
+    p.add_argument("--factors", metavar="FILE.json",
+                   help="multiply each phase's predicted seconds, the checkpoint save and host RAM by the factors "
+                        "measured on earlier runs (scripts/plan_factors.py --out FILE from `jobs --json`); the step "
+                        "is the sum of its phases, and the notes say which factors were applied, from how many runs")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -115,10 +119,12 @@ def run(args: argparse.Namespace) -> int:
     from verl_cluster.launch.data_lengths import gather_lengths
     from verl_cluster.launch.request import merge_overrides
     from verl_cluster.launch.job_input import JobInput
+    from verl_cluster.placement.factors import apply_factors, read_factors
     from verl_cluster.placement.length_plans import plan_lengths
 
     # the same three forms as submit, key=value words before `--` included
     job = JobInput.from_words(args.job, list(args.overrides or []), getattr(args, "before", [])).job()
+    factors = read_factors(args.factors) if getattr(args, "factors", None) else None  # bad input before the work
     facts = hardware(args, job.placement.gpus)
     spec = None
     if getattr(args, "cluster", None) and not args.data:  # the prompts measured on the head node, as submit does
@@ -127,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
         spec = load_cluster(args.cluster)
     lengths, notes = gather_lengths(job, spec=spec, data=args.data, fill=args.fill)
     plans = plan_lengths(job, facts, lengths, strategy=args.strategy)
+    if factors is not None:  # both plans, so the one shown is still `plans.worst` or `plans.known`
+        plans = replace(plans, worst=apply_factors(plans.worst, factors, args.factors),
+                        known=apply_factors(plans.known, factors, args.factors))
     # --fill asks what the plan is at that fill; otherwise the plan submit would run
     result = plans.known if args.fill is not None and plans.known is not None else plans.chosen
     not_applied = merge_overrides(job, result.overrides)[1]

@@ -1,0 +1,203 @@
+"""Factors from runs held against their plans: the recorded H100 runs (tests/fixtures/verl_runs, verl_logs) replayed
+into the pairs `jobs --json` carries, scripts/plan_factors.py's geometric means checked by hand, and
+`plan --factors` changing exactly the figures in the file."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_cluster.cli import main
+from verl_cluster.errors import ConfigError
+from verl_cluster.launch.job_pairs import pairs_of
+from verl_cluster.placement.check_run import STEP_PHASES
+from verl_cluster.placement.factors import apply_factors, read_factors
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests/fixtures"
+
+
+def load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+CALIB = load("calib_from_runs", ROOT / "scripts/calib_from_runs.py")
+PF = load("plan_factors", ROOT / "scripts/plan_factors.py")
+RUNS = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]
+NAMES = ("fit-grpo15", "fit-ppo15", "hold-grpo3n8")  # GRPO (ref, no critic) twice, PPO (critic, no ref) once
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    return {n: CALIB.replay_pairs(RUNS[n], FIX / "verl_logs", tmp_path_factory.mktemp(n)) for n in NAMES}
+
+
+def row(rows, what):
+    return next(r for r in rows if r["what"] == what)
+
+
+def job(sid, rows, start=1):
+    return {"submission_id": sid, "status": "SUCCEEDED", "start_time": start, "plan": "{}", "vs_plan": rows}
+
+
+def by_hand(*ratios):
+    return math.prod(ratios) ** (1 / len(ratios))
+
+
+def test_a_recorded_log_gives_the_pairs_jobs_json_carries(pairs):
+    plan, _ = CALIB.replay(RUNS["fit-grpo15"], FIX / "verl_logs", Path("/nonexistent"))
+    text = (FIX / "verl_logs" / RUNS["fit-grpo15"]["logs"][0]).read_text()
+    got = pairs_of(text, plan.predictions())
+    assert got == {"vs_plan": pairs["fit-grpo15"]} and "vs_plan_reason" not in got
+    assert row(got["vs_plan"], "time step (s)")["measured"] == pytest.approx(7.05)
+    first = "\n".join(line for line in text.splitlines() if "step:2 -" not in line and "step:3 -" not in line)
+    assert pairs_of(first, plan.predictions())["vs_plan_reason"] == "no verl step after the first in its log yet"
+    assert pairs_of("hello\n", plan.predictions()) == {"vs_plan": [], "vs_plan_reason": "no verl step in its log"}
+
+
+def test_factors_are_the_geometric_mean_of_measured_over_predicted(pairs, tmp_path, capsys):
+    a, b, c = (pairs[n] for n in NAMES)
+    listed = tmp_path / "one.json"  # `jobs --json -c`: a list; a job without pairs is skipped
+    listed.write_text(json.dumps([job("a", a), job("b", b), {"submission_id": "x", "status": "RUNNING"}]))
+    everywhere = tmp_path / "all.json"  # `jobs --json`: the clusters form; job a is listed again, counted once
+    everywhere.write_text(json.dumps({"clusters": [
+        {"cluster": "", "jobs": [job("a", a)]}, {"cluster": "h100", "jobs": [job("c", c)]},
+        {"cluster": "gone", "answered": False, "error": "no answer"}]}))
+    out = tmp_path / "factors.json"
+    assert PF.main([str(listed), str(everywhere), "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == json.loads(out.read_text()) and doc["runs"] == 3
+    f = doc["factors"]
+
+    def ratio(rows, what):
+        return 1 / (1 + row(rows, what)["error"])
+
+    gen = [ratio(x, "time gen (s)") for x in (a, b, c)]
+    assert f["gen"]["factor"] == pytest.approx(by_hand(*gen), abs=1e-4)
+    assert (f["gen"]["runs"], f["gen"]["min"], f["gen"]["max"]) == (3, round(min(gen), 4), round(max(gen), 4))
+    # the same, near enough, from the rounded seconds: fit-grpo15 4.05/4.46, fit-ppo15 3.08/3.1, grpo3n8 4.55/5.09
+    assert f["gen"]["factor"] == pytest.approx(by_hand(4.05 / 4.46, 3.08 / 3.1, 4.55 / 5.09), rel=0.01)
+    assert f["ref"]["runs"] == 2 and f["ref"]["enough"]  # the two GRPO runs have a ref, the PPO run none
+    assert f["ref"]["factor"] == pytest.approx(by_hand(ratio(a, "time ref (s)"), ratio(c, "time ref (s)")), abs=1e-4)
+    assert f["host_gib"]["factor"] == pytest.approx(
+        by_hand(*(ratio(x, "host RAM per node (GiB)") for x in (a, b, c))), abs=1e-4)
+    assert f["step"]["runs"] == 3
+    for name in ("values", "update_critic"):  # the PPO run only: shown, not enough
+        assert f[name]["runs"] == 1 and not f[name]["enough"]
+    assert "save_checkpoint_s" not in f  # save_freq off in these runs
+    assert PF.main([str(listed), str(everywhere)]) == 0
+    text = capsys.readouterr().out
+    assert "values" in text and "not enough (fewer than 2 runs)" in text and "from 3 job(s)" in text
+
+
+def test_stdin_and_bad_documents(pairs, tmp_path, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps([job("a", pairs["fit-ppo15"])])))
+    assert PF.main(["-", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["factors"]["gen"]["runs"] == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text("[{]")
+    assert PF.main([str(bad)]) == 2
+    assert f"{bad}: invalid JSON" in capsys.readouterr().err
+    bad.write_text('{"jobs": []}')
+    assert PF.main([str(bad)]) == 2 and "not `verl-cluster jobs --json` output" in capsys.readouterr().err
+    assert PF.main([str(tmp_path / "missing.json")]) == 2 and "cannot read" in capsys.readouterr().err
+
+
+def plan_json(capsys, *extra):
+    assert main(["plan", str(ROOT / "launch/gsm8k_grpo.yaml"), "--gpus", "1x1xH100", "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_with_factors_changes_exactly_the_figures_named(pairs, tmp_path, capsys):
+    out = tmp_path / "factors.json"
+    a, b, c = (pairs[n] for n in NAMES)
+    assert PF.main([str(_doc(tmp_path, [job("a", a), job("b", b), job("c", c)])), "--out", str(out)]) == 0
+    capsys.readouterr()
+    f = json.loads(out.read_text())["factors"]
+    before, after = plan_json(capsys), plan_json(capsys, "--factors", str(out))
+    t0, t1 = before["time"], after["time"]
+    assert set(t0["phases_s"]) == set(t1["phases_s"])
+    for name, v in t0["phases_s"].items():
+        want = v * f[name]["factor"] if name in f and f[name]["enough"] else v
+        assert t1["phases_s"][name] == pytest.approx(want, abs=0.006), name
+    assert t1["phases_s"]["gen"] != t0["phases_s"]["gen"]
+    assert t1["step_s"] == pytest.approx(sum(t1["phases_s"].values()), abs=0.01)
+    h = f["host_gib"]["factor"]
+    assert after["host_gib_per_node"] == pytest.approx(before["host_gib_per_node"] * h, abs=0.01)
+    assert after["host_steady_gib_per_node"] == pytest.approx(before["host_steady_gib_per_node"] * h, abs=0.01)
+    note = t1["notes"][-1]
+    assert note.startswith(f"factors from {out} applied: gen x{f['gen']['factor']:g} (3 runs)")
+    assert "not applied, fewer than 2 runs: values, update_critic" in note and "step is the sum" in note
+    # what is not time or host RAM is the same plan
+    for key in ("overrides", "roles", "gpus", "feasible", "settings"):
+        assert after[key] == before[key], key
+
+
+def _doc(tmp_path, jobs):
+    p = tmp_path / "jobs.json"
+    p.write_text(json.dumps(jobs))
+    return p
+
+
+def test_the_self_check_predictions_agree_with_the_plan_shown(tmp_path):
+    from verl_cluster.config.job import load_job
+    from verl_cluster.placement import parse_gpus, plan_job
+
+    plan = plan_job(load_job(ROOT / "launch/gsm8k_grpo.yaml"), parse_gpus("1x1xH100"), fill=0.5)
+    p = tmp_path / "f.json"
+    p.write_text(json.dumps({"factors": {"update_actor": {"factor": 0.8, "runs": 4}, "host_gib": 1.25,
+                                         "ref": {"factor": 3.0, "runs": 1}}}))
+    got = apply_factors(plan, read_factors(str(p)), str(p))
+    before, after = plan.predictions(), got.predictions()
+    assert after["phases_s"]["update_actor"] == pytest.approx(before["phases_s"]["update_actor"] * 0.8, abs=0.006)
+    assert after["phases_s"]["ref"] == before["phases_s"]["ref"]  # one run: not applied
+    assert after["step_s"] == got.time["step_s"] == pytest.approx(sum(after["phases_s"].values()), abs=0.01)
+    assert after["host_gib"] == pytest.approx(before["host_gib"] * 1.25, abs=0.01)
+    for (f0, x0), (f1, x1) in zip(before["by_fill"], after["by_fill"]):  # read at the run's own lengths too
+        assert f0 == f1
+        assert x1["update_actor"] == pytest.approx(x0["update_actor"] * 0.8, abs=0.006)
+        assert {k: v for k, v in x1.items() if k != "update_actor"} == pytest.approx(
+            {k: v for k, v in x0.items() if k != "update_actor"}, abs=0.006)
+    assert set(STEP_PHASES) >= set(after["phases_s"])
+
+
+@pytest.mark.parametrize("text,field", [
+    ("{", "invalid JSON"),
+    ('{"facts": {}}', "expected an object with `factors`"),
+    ('{"factors": {"gen": {"factor": -1, "runs": 3}}}', "factors.gen.factor: must be a positive number, got -1"),
+    ('{"factors": {"gen": "fast"}}', 'factors.gen.factor: must be a positive number, got "fast"'),
+    ('{"factors": {"gen": {"factor": 1.1, "runs": "x"}}}', "factors.gen.runs: must be a whole number"),
+    ('{"factors": {"warp": 1.1}}', "factors.warp: not a figure the plan predicts"),
+])
+def test_bad_factors_files_are_refused_naming_the_file_and_field(tmp_path, text, field):
+    p = tmp_path / "f.json"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        read_factors(str(p))
+    assert str(p) in e.value.message and field in e.value.message
+
+
+def test_plan_refuses_a_bad_factors_file_with_exit_2(tmp_path):
+    env_home = tmp_path / "home"
+    p = tmp_path / "f.json"
+    p.write_text('{"factors": {"gen": 0}}')
+    for path, why in ((p, "factors.gen.factor: must be a positive number, got 0"), (tmp_path / "no.json", "not found")):
+        r = subprocess.run([sys.executable, "-m", "verl_cluster", "plan", "launch/gsm8k_grpo.yaml", "--gpus",
+                            "1x1xH100", "--factors", str(path)], capture_output=True, text=True, cwd=ROOT,
+                           env={"HOME": str(env_home), "PATH": "/usr/bin:/bin"}, timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr and path.name in r.stderr and why in r.stderr
