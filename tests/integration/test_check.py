@@ -9,6 +9,9 @@ import pytest
 from tests.harness.cli import run_cli
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.diagnostics.check import CheckOptions, run_check
+from verl_cluster.facts.measured_bus import recorded
+from verl_cluster.facts.model import NodeFacts, from_dict
+from verl_cluster.placement.hardware import hardware_from_facts, with_bus
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,3 +99,10 @@ def test_live_cluster_links_ucx_over_tcp_and_gloo_allreduce(lab):
     assert all(r["correct"] and r["busbw_gbs"] == pytest.approx(r["algbw_gbs"]) for r in gloo.results)  # n=2
     data = report.to_json()
     assert data["links"][0]["src"] == link.src and data["env"][w1.ip]["NCCL_IB_DISABLE"] == "1"
+    # the gloo figure is kept with the cluster's state, and the planner does not charge FSDP traffic at it
+    (kept,) = [m for m in recorded(spec.cluster_name) if m.backend == "gloo"]
+    assert (kept.nodes, kept.gpus, kept.size_bytes) == (2, 0, 16 << 20) and time.time() - kept.measured_at < 600
+    assert kept.busbw_gbs == pytest.approx(gloo.results[-1]["busbw_gbs"])
+    facts = json.loads((ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())
+    hw = with_bus(hardware_from_facts([from_dict(NodeFacts, facts)]), recorded(spec.cluster_name))
+    assert hw.measured_bus_gbs is None and any("gloo (CPU) all-reduce only: not used" in n for n in hw.notes)

@@ -109,13 +109,17 @@ def print_report(r) -> None:
             t.add_row(link.src, link.dst, _fmt(link.ucx_bandwidth_gbps) if not link.error else "[red]failed[/]")
         out.print(t)
     for c in r.collectives:
-        t = Table(title=f"{c.backend} all-reduce ({c.world} ranks)", title_justify="left")
+        nodes = f", {c.nodes} node(s)" if c.nodes else ""
+        t = Table(title=f"{c.backend} all-reduce ({c.world} ranks{nodes})", title_justify="left")
         for col in ("size", "time µs", "algbw GB/s", "busbw GB/s", "correct"):
             t.add_column(col)
         for row in c.results:
             t.add_row(f"{row['size'] / 2**20:g} MiB", _fmt(row["time_us"], 1), _fmt(row["algbw_gbs"], 3),
                       _fmt(row["busbw_gbs"], 3), str(row["correct"]))
         out.print(t)
+        if c.ok and c.backend == "nccl":
+            out.print(f"[dim]kept for `plan -c`: FSDP traffic on {r.cluster} is charged at the largest size's "
+                      "busbw for 7 days[/]")
     for section, why in r.skipped.items():
         out.print(f"[dim]skipped {section}: {escape(why)}[/]")
     if r.problems:

@@ -16,6 +16,7 @@ from verl_cluster.diagnostics.gather import gather_facts, make_runners
 from verl_cluster.diagnostics.verdicts import (ERROR, WARNING, Problem, consistency_verdicts, mtu_verdicts,
                                                node_verdicts)
 from verl_cluster.errors import RunnerError
+from verl_cluster.facts import measured_bus
 from verl_cluster.facts.model import NodeFacts, to_dict
 from verl_cluster.launchers import launcher_for
 from verl_cluster.runners import CommandRunner, fan_out
@@ -163,7 +164,9 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
         # 4b. collectives, with the cluster up
         collectives = _collectives(spec, runners, choice, facts, hosts, matrix, opts, skipped, say)
         for c in collectives:
-            if not c.ok:
+            if c.ok:
+                keep_bus(spec.cluster_name, c)
+            else:
                 problems.append(Problem("cluster", f"{c.backend} all-reduce failed: {c.error or 'wrong result'}",
                                         "check the chosen interface (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME) "
                                         f"and that TCP {collective.collective_port(spec)} is open between nodes"))
@@ -175,6 +178,14 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
     problems.sort(key=lambda p: (p.severity != ERROR, p.node))
     return CheckReport(spec.cluster_name, choice.backend, choice, facts, unreachable, matrix, links, ucx_links,
                        collectives, problems, skipped, time.monotonic() - t0, listeners)
+
+
+def keep_bus(cluster: str, c: collective.CollectiveResult) -> None:
+    """Record a collective that came out right with the cluster's state: `plan` charges FSDP traffic at NCCL's."""
+    nodes = c.nodes or (c.world if c.backend == "gloo" else 0)  # gloo: one rank per node
+    m = measured_bus.measure_of(cluster, c.backend, nodes, c.world, c.results)
+    if m is not None:
+        measured_bus.record(m)
 
 
 def _listeners(spec, runners, hosts, matrix, problems, skipped, say) -> dict[str, list[dict]]:

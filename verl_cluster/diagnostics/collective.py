@@ -25,9 +25,10 @@ class CollectiveResult:
     world: int = 0
     results: list[dict] = field(default_factory=list)  # size, time_us, algbw_gbs, busbw_gbs, correct
     error: Optional[str] = None
+    nodes: int = 0  # nodes the ranks ran on
 
     def to_json(self) -> dict:
-        return {"backend": self.backend, "ok": self.ok, "world": self.world, "error": self.error,
+        return {"backend": self.backend, "ok": self.ok, "world": self.world, "nodes": self.nodes, "error": self.error,
                 "results": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}
                             for r in self.results]}
 
@@ -70,4 +71,4 @@ def run_collective(spec: ClusterSpec, runners: Mapping[str, CommandRunner], env:
     except RunnerError as e:
         return CollectiveResult(backend, False, error=e.reason)
     return CollectiveResult(backend, bool(data.get("ok")), data.get("world", 0), data.get("results", []),
-                            data.get("error"))
+                            data.get("error"), len(set(data.get("ips") or [])))

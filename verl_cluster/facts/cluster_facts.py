@@ -6,9 +6,12 @@ returns. An unreachable node is an error naming it, never a plan for fewer nodes
 
 from __future__ import annotations
 
+from typing import Optional
+
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import gather
 from verl_cluster.errors import RunnerError
+from verl_cluster.facts.measured_bus import BusMeasure, recorded
 from verl_cluster.facts.model import NodeFacts
 from verl_cluster.facts.ray_view import as_ray_sees
 
@@ -30,3 +33,13 @@ def gather_node_facts(spec: ClusterSpec, *, runners=None, timeout: float = 90.0)
     # every GPU NVML lists: verl's placement groups ask Ray for them
     return [as_ray_sees(got[h], node.gpus, {**spec.ray.env, **node.env})  # type: ignore[arg-type]
             for (_, node), h in zip(spec.nodes(), hosts)]
+
+
+def cluster_bus(cluster_file: Optional[str]) -> tuple[BusMeasure, ...]:
+    """`check`'s recorded all-reduce measurements of the cluster this file describes (none without a file): what
+    `plan -c` hands the planner so FSDP traffic is charged at the cluster's measured bandwidth."""
+    if not cluster_file:
+        return ()
+    from verl_cluster.launchers import load_cluster
+
+    return recorded(load_cluster(cluster_file).cluster_name)

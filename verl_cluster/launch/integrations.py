@@ -61,6 +61,7 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
     except ConfigError as e:
         return PlanInfo({}, None, {}, f"no placement plan: {e.message}; the job's own settings are used as they are",
                         unplanned=e.hint or "set model.catalog")
+    from verl_cluster.facts.measured_bus import recorded
     from verl_cluster.launch.preflight import lengths_findings
     from verl_cluster.placement.length_plans import plan_lengths
 
@@ -68,7 +69,7 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
     try:
         facts, lengths, notes = _facts_and_lengths(job, spec, facts)
         findings = tuple(lengths_findings(job, lengths, notes))
-        plans = plan_lengths(job, facts, lengths)
+        plans = plan_lengths(job, facts, lengths, bus=recorded(spec.cluster_name) if spec is not None else ())
         plan = plans.chosen
     except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding, not a crash
         msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"

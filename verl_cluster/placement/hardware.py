@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from verl_cluster.errors import PlanError
+from verl_cluster.facts.measured_bus import BusMeasure
 from verl_cluster.facts.model import NodeFacts
+
+BUS_MAX_AGE_S = 7 * 86400  # an older measurement may predate a network or driver change
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,11 @@ class Hardware:
     host_mem_bytes: Optional[float]  # smallest node RAM, when known
     notes: tuple[str, ...] = ()
     kinds: tuple[NodeKind, ...] = ()  # largest GPU memory first; empty or one kind: every node alike
+    # `check`'s NCCL all-reduce bus bandwidth on this cluster (None: the GPU catalog's link, INTER_NODE_GBS across
+    # nodes), for groups within a node ("node") or across nodes ("network"), and where it comes from
+    measured_bus_gbs: Optional[float] = None
+    measured_bus_scope: str = ""
+    measured_bus_note: str = ""
 
     @property
     def nnodes(self) -> int:
@@ -50,7 +59,8 @@ class Hardware:
         """The same node type, `nnodes` of it (for "what would fit" suggestions)."""
         return Hardware(tuple(f"node{i}" for i in range(nnodes)), self.gpus_per_node, self.capacity_bytes,
                         self.gpu_name, self.sm, self.islands, self.flash_attn, self.flash_attn_note,
-                        self.host_mem_bytes, self.notes)
+                        self.host_mem_bytes, self.notes, measured_bus_gbs=self.measured_bus_gbs,
+                        measured_bus_scope=self.measured_bus_scope, measured_bus_note=self.measured_bus_note)
 
     def tp_crosses_islands(self, tp: int, gpu_indices: tuple[int, ...]) -> bool:
         """verl/vLLM form TP groups from consecutive ranks: GPUs [0..tp-1], [tp..2tp-1], ... of a pool on a
@@ -62,6 +72,25 @@ class Hardware:
                 if len({where.get(g, -1 - g) for g in group}) > 1:
                     return True
         return False
+
+
+def with_bus(hw: Hardware, measures: tuple[BusMeasure, ...], now: Optional[float] = None) -> Hardware:
+    """The hardware with `check`'s recorded NCCL bus bandwidth of this cluster, when there is a recent one. Only
+    NCCL on GPUs says anything about FSDP traffic: a gloo (CPU) figure is never used; an old one is named and left."""
+    now = time.time() if now is None else now
+    nccl = max((m for m in measures if m.backend == "nccl"), key=lambda m: m.measured_at, default=None)
+    if nccl is None:
+        if any(m.backend == "gloo" for m in measures):
+            return replace(hw, notes=hw.notes + ("check measured gloo (CPU) all-reduce only: not used for FSDP "
+                                                 "traffic, which NCCL carries between GPUs",))
+        return hw
+    age = now - nccl.measured_at
+    if age > BUS_MAX_AGE_S:
+        return replace(hw, notes=hw.notes + (f"check's NCCL bus bandwidth ({nccl.busbw_gbs:.1f} GB/s, {nccl.when()} "
+                                             f"UTC) is {age / 86400:.0f} days old: not used; run `verl-cluster "
+                                             "check` again to measure",))
+    return replace(hw, measured_bus_gbs=nccl.busbw_gbs, measured_bus_scope=nccl.scope,
+                   measured_bus_note=nccl.source())
 
 
 def flash_status(nodes: list[NodeFacts]) -> tuple[Optional[bool], str]:

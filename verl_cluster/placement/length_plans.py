@@ -76,13 +76,14 @@ class LengthPlans:
 
 
 def plan_lengths(job: JobSpec, facts: list[NodeFacts], lengths: Lengths, *, strategy: Optional[str] = None,
-                 shape=None) -> LengthPlans:
+                 shape=None, bus: tuple = ()) -> LengthPlans:
     """Plan at the worst case and, when something known makes sequences shorter, at the known lengths; each Plan
-    carries the lengths document and the worst case's verdict (`plan --json`'s `lengths` and `worst_case`)."""
-    worst = plan_job(job, facts, strategy=strategy, fill=1.0, shape=shape)
+    carries the lengths document and the worst case's verdict (`plan --json`'s `lengths` and `worst_case`).
+    `bus`: `check`'s recorded measurements of the cluster (facts/measured_bus.py recorded)."""
+    worst = plan_job(job, facts, strategy=strategy, fill=1.0, shape=shape, bus=bus)
     s = read_settings(job)
     padded = not (s.remove_padding_actor or s.remove_padding_critic) or not worst.attn.startswith("flash")
-    known = plan_job(job, facts, strategy=strategy, fill=lengths.fill, shape=shape) if lengths.known else None
+    known = plan_job(job, facts, strategy=strategy, fill=lengths.fill, shape=shape, bus=bus) if lengths.known else None
     summary = {"feasible": worst.feasible, "binding": worst.binding, "problems": list(worst.problems),
                "fits_at_fill": worst.fits_at_fill}
     doc = lengths.to_dict()

@@ -10,10 +10,11 @@ from typing import Any, Callable, Optional
 
 from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ConfigError, PlanError
+from verl_cluster.facts.measured_bus import BusMeasure
 from verl_cluster.facts.model import NodeFacts
 import verl_cluster.placement.memory as mem
 from verl_cluster.placement.check_run import BY_FILL
-from verl_cluster.placement.hardware import Hardware, hardware_from_facts
+from verl_cluster.placement.hardware import Hardware, hardware_from_facts, with_bus
 from verl_cluster.placement.host_memory import host_parts, host_terms
 from verl_cluster.placement.step_time import step_time
 from verl_cluster.placement.memory import GIB
@@ -230,11 +231,12 @@ class Plan:
 
 
 def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None, fill: float = 1.0,
-         shape: Optional[ModelShape] = None) -> Plan:
+         shape: Optional[ModelShape] = None, bus: tuple[BusMeasure, ...] = ()) -> Plan:
     """Place the job's roles on the hardware. `strategy`: colocate | split | separate-reward | auto (default:
     the job's placement.strategy). `fill`: average share of prompt+response a sequence really uses (1.0 = the
     worst case; only matters with use_remove_padding). Raises ConfigError for bad input and PlanError when the
-    hardware itself is unusable (heterogeneous nodes); an infeasible placement is a Plan with feasible=False."""
+    hardware itself is unusable (heterogeneous nodes); an infeasible placement is a Plan with feasible=False.
+    `bus`: `check`'s recorded all-reduce measurements of the cluster the facts come from (facts/measured_bus.py)."""
     if not (0.0 < fill <= 1.0):
         raise ConfigError(f"--fill must be in (0, 1], got {fill}")
     s = read_settings(job)
@@ -249,7 +251,7 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
             rm_shape = shape_from_dir(s.reward_model_path)
         else:
             reasons.append("reward model shape unknown here: assumed the policy's shape")
-    hw = hardware_from_facts(facts, nnodes=s.nnodes, n_gpus_per_node=s.n_gpus_per_node)
+    hw = with_bus(hardware_from_facts(facts, nnodes=s.nnodes, n_gpus_per_node=s.n_gpus_per_node), bus)
     prec, prec_reasons, warnings = choose_precision(s, hw)
     want = strategy or job.placement.strategy or "auto"
     if want not in STRATEGIES + ("auto",):

@@ -15,7 +15,8 @@ Every phase is a fixed cost plus work over a rate:
   copy takes beyond the forward's FLOPs shows;
 - actor/critic update: 6·N per token (+2·N recompute with gradient checkpointing) x ppo_epochs;
 - FSDP (more than one GPU): per micro batch an all-gather of the params for the forward and one for the backward and
-  an fp32 reduce-scatter of the grads, (N-1)/N of the bytes over the link's bus bandwidth;
+  an fp32 reduce-scatter of the grads, (N-1)/N of the bytes over the link's bus bandwidth (the GPU catalog's, or
+  the NCCL figure `check` measured on the cluster: Hardware.measured_bus_gbs);
 - the critic's values: its forward plus a per-token cost (measured: the 0.5B and 1.5B critics alike, ~6 us);
 - advantages: a fixed cost, a cost per sequence, and with GAE verl's Python loop over the response positions;
 - offload: params (and Adam states) over PCIe (the host's measured pinned-copy rate) to the GPU and back each
@@ -68,7 +69,7 @@ GPU_SPEEDS: tuple[tuple[str, GpuSpeed], ...] = (
     ("V100", GpuSpeed(125, 900, 130, 12)), ("T4", GpuSpeed(65, 320, 10, 12)), ("P40", GpuSpeed(12, 346, 10, 12)),
 )
 UNKNOWN_GPU = GpuSpeed(312, 2039, 20)  # an A100-class card over PCIe
-INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; `check` measures the real figure on a live cluster
+INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures the real figure
 
 # Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in
 # tests/fixtures/verl_runs/calibration_runs.json (docs/BENCHMARKS.md, "Step time"). "flash": flash-attn importable;
@@ -181,11 +182,29 @@ def fsdp_comm_s(params: float, c: int, n: int, micros: int, bus_gbs: float, reco
     return micros * (gathered + 4.0 * params) * (n - 1) / n / (bus_gbs * 1e9)
 
 
+def measured(hw: "Hardware", n: int) -> bool:
+    """Whether `check`'s measurement covers an n-GPU group: one node's GPUs or a group across nodes."""
+    scope = "network" if n > hw.gpus_per_node else "node"
+    return bool(hw.measured_bus_gbs) and hw.measured_bus_scope == scope
+
+
 def link_gbs(hw: "Hardware", n: int, sp: GpuSpeed) -> float:
-    """The bus bandwidth an n-GPU group reaches: within a node its link, across nodes the network."""
+    """The bus bandwidth an n-GPU group reaches: within a node its link, across nodes the network; `check`'s
+    measurement where it covers the group."""
+    if measured(hw, n):
+        return hw.measured_bus_gbs
+    return INTER_NODE_GBS if n > hw.gpus_per_node else sp.link_gbs
+
+
+def bus_note(hw: "Hardware", n: int, sp: GpuSpeed, gpu_name: str = "") -> str:
+    """Which bus bandwidth the FSDP traffic of an n-GPU group is charged at, and where it comes from."""
+    gbs = link_gbs(hw, n, sp)
+    if measured(hw, n):
+        return f"FSDP traffic over {gbs:.1f} GB/s, {hw.measured_bus_note}"
     if n > hw.gpus_per_node:
-        return INTER_NODE_GBS
-    return sp.link_gbs
+        return (f"FSDP traffic over an assumed {gbs:g} GB/s per GPU across nodes: run `verl-cluster check` on the "
+                "live cluster to measure")
+    return f"FSDP traffic over {gbs:g} GB/s within a node, the GPU catalog's figure for {gpu_name or hw.gpu_name}"
 
 
 def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware", fill: float = 1.0,
@@ -222,6 +241,8 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
                     "DECODE_TOKEN_S": generated, "1/COMPUTE_SHARE": 2.0 * shape.params * seqs_rep * s.prompt_len
                     * fill / c.tp / (sp.tflops * 1e12), "": steps * read + GEN_POLL_S / 2}
     bus = link_gbs(hw, n, sp)
+    if n > 1:
+        notes.append(bus_note(hw, n, sp, gpu_name or hw.gpu_name))
     pcie = sp.pcie_gbs * 1e9
     from verl_cluster.placement.planner import OFFLOAD_LEVELS, Phase
 
