@@ -173,6 +173,25 @@ def test_the_self_check_predictions_agree_with_the_plan_shown(tmp_path):
         assert {k: v for k, v in x1.items() if k != "update_actor"} == pytest.approx(
             {k: v for k, v in x0.items() if k != "update_actor"}, abs=0.006)
     assert set(STEP_PHASES) >= set(after["phases_s"])
+    # host RAM over the node's with the factor: said as a warning
+    from dataclasses import replace
+
+    tight = apply_factors(replace(plan, host_mem_gib=plan.host_gib_per_node * 1.1), read_factors(str(p)), str(p))
+    assert any("with the factors applied is over the" in w for w in tight.warnings)
+    assert not any("factors applied" in w for w in got.warnings)
+
+
+def test_brief_names_the_factors_applied(tmp_path, capsys):
+    p = tmp_path / "f.json"
+    p.write_text(json.dumps({"factors": {"gen": {"factor": 2.0, "runs": 3}, "adv": {"factor": 1.5, "runs": 1}}}))
+    args = ["plan", str(ROOT / "launch/gsm8k_grpo.yaml"), "--gpus", "1x1xH100", "--brief"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main([*args, "--factors", str(p)]) == 0
+    got = capsys.readouterr()
+    assert f"factors from {p} applied: gen x2 (3 runs); not applied, fewer than 2 runs: adv" in " ".join(got.err.split())
+    step = [float(x.split("~")[1].split(" s/step")[0]) for x in (plain, got.out)]
+    assert step[1] > step[0] * 1.2  # gen is the largest phase: doubled, the step grows with it
 
 
 @pytest.mark.parametrize("text,field", [

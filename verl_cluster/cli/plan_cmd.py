@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from verl_cluster.launch.data_lengths import gather_lengths
     from verl_cluster.launch.request import merge_overrides
     from verl_cluster.launch.job_input import JobInput
-    from verl_cluster.placement.factors import apply_factors, read_factors
+    from verl_cluster.placement.factors import apply_factors, factors_note, read_factors
     from verl_cluster.placement.length_plans import plan_lengths
 
     # the same three forms as submit, key=value words before `--` included
@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         from verl_cluster.placement.render import render
 
         render(result, out, brief=args.brief, lengths=plans)
+        if factors is not None and args.brief:  # the full output has it under the step time
+            notes = [*notes, factors_note(factors, args.factors)]
         for n in notes:
             err.print(f"[dim]note: {escape(n)}[/]")
         print_not_applied(not_applied)

@@ -102,20 +102,26 @@ def _scaled_time(t: Optional[dict], f: dict[str, float]) -> Optional[dict]:
             "tokens_per_gpu_s": round(rate, 1)}
 
 
-def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], source: str = ""):
-    """The Plan with each phase's seconds, the checkpoint save and host RAM (every part) times its factor, the step
-    the sum of its phases; figures from too few runs and the step's own factor are named in the notes, not applied."""
-    if plan is None:
-        return None
-    used = {k: f for k, (f, _, enough) in factors.items() if enough and k != STEP}
+def factors_note(factors: dict[str, tuple[float, Optional[int], bool]], source: str = "") -> str:
+    """Which factors are applied, from how many runs, and which are not."""
     words = [f"{k} x{f:g}" + (f" ({runs} runs)" if runs is not None else "")
-             for k, (f, runs, enough) in factors.items() if k in used]
+             for k, (f, runs, enough) in factors.items() if enough and k != STEP]
     skipped = [k for k, (_, _, enough) in factors.items() if not enough]
     note = f"factors from {source or 'a file'} applied: {', '.join(words) or 'none'}"
     if skipped:
         note += f"; not applied, fewer than {MIN_RUNS} runs: {', '.join(skipped)}"
     if STEP in factors:
         note += "; the step is the sum of its phases (its own factor is not applied)"
+    return note
+
+
+def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], source: str = ""):
+    """The Plan with each phase's seconds, the checkpoint save and host RAM (every part) times its factor, the step
+    the sum of its phases; figures from too few runs and the step's own factor are named in the notes, not applied."""
+    if plan is None:
+        return None
+    used = {k: f for k, (f, _, enough) in factors.items() if enough and k != STEP}
+    note = factors_note(factors, source)
     time, reasons = _scaled_time(plan.time, used), plan.reasons
     if time is not None:
         time["notes"] = list(time.get("notes") or []) + [note]
