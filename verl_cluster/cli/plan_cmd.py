@@ -116,6 +116,7 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
 
 
 def run(args: argparse.Namespace) -> int:
+    from verl_cluster.facts.cluster_facts import cluster_bus
     from verl_cluster.launch.data_lengths import gather_lengths
     from verl_cluster.launch.request import merge_overrides
     from verl_cluster.launch.job_input import JobInput
@@ -132,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
 
         spec = load_cluster(args.cluster)
     lengths, notes = gather_lengths(job, spec=spec, data=args.data, fill=args.fill)
-    plans = plan_lengths(job, facts, lengths, strategy=args.strategy)
+    # a live cluster's bus bandwidth as `check` last measured it (not when --gpus/--facts set the hardware)
+    bus = cluster_bus(args.cluster) if getattr(args, "cluster", None) and not (args.gpus or args.facts) else ()
+    plans = plan_lengths(job, facts, lengths, strategy=args.strategy, bus=bus)
     if factors is not None:  # both plans, so the one shown is still `plans.worst` or `plans.known`
         plans = replace(plans, worst=apply_factors(plans.worst, factors, args.factors),
                         known=apply_factors(plans.known, factors, args.factors))
