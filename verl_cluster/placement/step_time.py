@@ -1,8 +1,8 @@
 """Seconds per verl step, by phase, for a placed candidate. Formulas and the fit: docs/placement.md, "Step time".
 
 Every phase is a fixed cost plus work over a rate:
-- generate: decode is memory-bound: each decode step reads the weights (÷ TP) and the KV cache of the sequences in
-  flight over the GPU's HBM bandwidth, plus a per-step cost (scheduling, launches; more without CUDA graphs);
+- generate: each decode step reads the weights (÷ TP) and the KV cache of the batch it decodes (on average: the
+  batch drains as responses end) over the GPU's HBM bandwidth, plus a per-step cost without CUDA graphs;
   continuous batching takes as many steps as the longest response; each generated token costs vLLM's and the
   agent loop's per-token work (sampling, detokenizing, streaming); a step is bound by its reads or, with hundreds
   of sequences, by its 2·N FLOPs per sequence; the prompts' prefill is 2·N·tokens FLOPs; verl's
@@ -19,15 +19,15 @@ Every phase is a fixed cost plus work over a rate:
   the NCCL figure `check` measured on the cluster: Hardware.measured_bus_gbs);
 - the critic's values: its forward plus a per-token cost (measured: the 0.5B and 1.5B critics alike, ~6 us);
 - advantages: a fixed cost, a cost per sequence, and with GAE verl's Python loop over the response positions;
-- offload: params (and Adam states) over PCIe (the host's measured pinned-copy rate) to the GPU and back each
-  phase, update_weights included (verl loads offloaded params to hand them to vLLM);
+- offload: params (and Adam states) over the host link (the catalog's pinned-copy rate, measured on the H100) to
+  the GPU and back each phase, update_weights included (verl loads offloaded params to hand them to vLLM);
 - weight sync to the rollout (update_weights): the params in the rollout dtype over HBM and the link;
 - checkpoint save: fp32 params + Adam per GPU to storage, every save_freq steps (shown apart from the step).
 Compute runs at one share of the GPU's peak dense bf16 FLOPs (held, not fitted); the fixed costs and the logits'
 bytes differ with flash-attn importable or not (verl then computes log-probs without flash-attn's fused
 cross-entropy: much slower on a 150k vocab).
 Each phase is built as terms (constant name -> coefficient, "" for seconds from bytes and links), so the fixed
-costs, per-step/per-token costs and 1/share are fitted by scripts/fit_plan_calibration.py, a least-squares fit
+costs and the per-step/token/sequence costs are fitted by scripts/fit_plan_calibration.py, a least-squares fit
 on the recorded verl 0.9.1 runs on one H100 (0.5B to 3B, where the fixed costs weigh most): a calibration, not a
 law.
 """
