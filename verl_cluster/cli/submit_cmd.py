@@ -79,7 +79,7 @@ def run_submit(args) -> int:
 
         sub.preflight.findings.extend(check_shared_dir(sub.spec, str(job.get("trainer.default_local_dir"))))
     if sub.launcher == "ray" and not args.skip_preflight:
-        sub.preflight.findings.extend(resume_findings(sub))
+        sub.preflight.findings.extend(resume_findings(sub) + ram_checkpoint_findings(sub))
     if not args.json:
         print_preflight(sub.preflight)
         for n in sub.not_applied:
@@ -124,6 +124,19 @@ def resume_findings(sub: Submission) -> list:
         return []
     problem = resume_world_size_problem(str(folder), world) if world else None
     return [Finding("error", "checkpoint", problem, "or trainer.resume_mode=disable to start again")] if problem else []
+
+
+def ram_checkpoint_findings(sub: Submission) -> list:
+    """Checkpoints saved into a tmpfs folder stay in RAM: judged where the folder is visible, as above."""
+    from verl_cluster.launch.ckpt_memory import ram_checkpoint_warning
+    from verl_cluster.launch.preflight import Finding
+
+    try:
+        save_freq = int(sub.job.get("trainer.save_freq") or -1)
+    except (TypeError, ValueError):
+        return []
+    found = ram_checkpoint_warning(str(sub.job.get("trainer.default_local_dir") or ""), save_freq)
+    return [Finding("warning", "checkpoint", *found)] if found else []
 
 
 def _print_request(sub: Submission) -> None:

@@ -3,7 +3,7 @@
 Parts (per node; docs/placement.md, "Host memory", has the sources; the sampler's per-process PSS shows them):
 - the node's own processes: OS, Ray (GCS, raylet, dashboard), the job driver, verl's TaskRunner and the Ray actors
   verl 0.9 starts whatever the model (8 agent-loop workers, 8 reward-loop workers, the load balancer): each imports
-  torch and transformers, ~17 GiB of PSS on every recorded run, 0.5B to 1.5B;
+  torch and transformers, ~17 GiB of PSS on every recorded run, 0.5B to 3B;
 - per GPU: the trainer worker (less its pinned buffers) and vLLM's server, engine and worker processes;
 - host-resident states, held in pinned (shared) memory: the ref's params under verl's forced CPUOffload, and the
   offloaded params and Adam states; the rollout's weights while it sleeps leave no trace on the host (measured);
