@@ -220,3 +220,42 @@ def test_plan_refuses_a_bad_factors_file_with_exit_2(tmp_path):
                            env={"HOME": str(env_home), "PATH": "/usr/bin:/bin"}, timeout=120)
         assert r.returncode == 2, r.stderr
         assert "Traceback" not in r.stderr and path.name in r.stderr and why in r.stderr
+
+
+def test_a_job_names_its_factors_and_submit_keeps_the_scaled_predictions(tmp_path, capsys):
+    """placement.factors in the job (relative to the job file): plan applies it as --factors does, and the
+    predictions submit keeps with the job (integrations.placement_plan) are the scaled ones."""
+    import types
+
+    from verl_cluster.cli import main
+    from verl_cluster.config.job import load_job
+    from verl_cluster.launch.integrations import placement_plan
+
+    (tmp_path / "mine.json").write_text(json.dumps({"factors": {"gen": {"factor": 1.5, "runs": 3}}}))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text((ROOT / "launch/gsm8k_grpo.yaml").read_text() + "\n")
+    with_f = ["placement.factors=mine.json"]
+    args = ["plan", str(job_file), "--gpus", "1x1xH100-80GB", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)["time"]
+    assert main(args + with_f) == 0
+    scaled = json.loads(capsys.readouterr().out)["time"]
+    assert scaled["phases_s"]["gen"] == pytest.approx(plain["phases_s"]["gen"] * 1.5, abs=0.01)
+    assert scaled["phases_s"]["update_actor"] == plain["phases_s"]["update_actor"]
+    assert any("mine.json applied: gen x1.5 (3 runs)" in n for n in scaled["notes"])
+    # submit's plan: the facts of one H100 as recorded, the job's factors applied to what the run is held against
+    from verl_cluster.facts.model import NodeFacts, from_json
+
+    facts = [from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h100x1.json").read_text())]
+    job = load_job(job_file, with_f + ["data.train_files=[]"])
+    spec = types.SimpleNamespace(cluster_name="none-such", nodes=())
+    info = placement_plan(job, spec, facts)
+    plain_info = placement_plan(load_job(job_file, ["data.train_files=[]"]), spec, facts)
+    if info.predicted and plain_info.predicted:
+        assert info.predicted["phases_s"]["gen"] == pytest.approx(plain_info.predicted["phases_s"]["gen"] * 1.5,
+                                                                  abs=0.01)
+    else:
+        pytest.fail(f"no predictions: {info.note} / {plain_info.note}")
+    # a job naming a missing file: a clear error, exit 2
+    assert main(["plan", str(job_file), "--gpus", "1x1xH100-80GB", "placement.factors=gone.json"]) == 2
+    assert "gone.json" in capsys.readouterr().err

@@ -120,12 +120,14 @@ def run(args: argparse.Namespace) -> int:
     from verl_cluster.launch.data_lengths import gather_lengths
     from verl_cluster.launch.request import merge_overrides
     from verl_cluster.launch.job_input import JobInput
+    from verl_cluster.config.job import job_factors_path
     from verl_cluster.placement.factors import apply_factors, factors_note, read_factors
     from verl_cluster.placement.length_plans import plan_lengths
 
     # the same three forms as submit, key=value words before `--` included
     job = JobInput.from_words(args.job, list(args.overrides or []), getattr(args, "before", [])).job()
-    factors = read_factors(args.factors) if getattr(args, "factors", None) else None  # bad input before the work
+    factors_file = getattr(args, "factors", None) or job_factors_path(job)
+    factors = read_factors(factors_file) if factors_file else None  # bad input before the work
     facts = hardware(args, job.placement.gpus)
     spec = None
     if getattr(args, "cluster", None) and not args.data:  # the prompts measured on the head node, as submit does
@@ -137,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
     bus = cluster_bus(args.cluster) if getattr(args, "cluster", None) and not (args.gpus or args.facts) else ()
     plans = plan_lengths(job, facts, lengths, strategy=args.strategy, bus=bus)
     if factors is not None:  # both plans, so the one shown is still `plans.worst` or `plans.known`
-        plans = replace(plans, worst=apply_factors(plans.worst, factors, args.factors),
-                        known=apply_factors(plans.known, factors, args.factors))
+        plans = replace(plans, worst=apply_factors(plans.worst, factors, factors_file),
+                        known=apply_factors(plans.known, factors, factors_file))
     # --fill asks what the plan is at that fill; otherwise the plan submit would run
     result = plans.known if args.fill is not None and plans.known is not None else plans.chosen
     not_applied = merge_overrides(job, result.overrides)[1]
@@ -150,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
         render(result, out, brief=args.brief, lengths=plans)
         if factors is not None and args.brief:  # the full output has it under the step time
-            notes = [*notes, factors_note(factors, args.factors)]
+            notes = [*notes, factors_note(factors, factors_file)]
         for n in notes:
             err.print(f"[dim]note: {escape(n)}[/]")
         print_not_applied(not_applied)

@@ -55,6 +55,9 @@ class PlacementSpec:
     # case): average share of prompt+response a sequence uses, or the responses' average in tokens
     fill: Optional[float] = None
     mean_response_tokens: Optional[int] = None
+    # factors measured on earlier runs (scripts/plan_factors.py --out FILE from `jobs --json`): plan and submit
+    # scale their predicted seconds and host RAM by them (relative to the job file; plan --factors wins)
+    factors: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,14 @@ def job_from_data(data: Any, src: str, cli_overrides: list[str] | None = None, l
         raise ConfigError(f"{src}: `{job.entrypoint}` runs on Ray; launcher torchrun cannot run it",
                           "use launcher: ray (or auto)")
     return job
+
+
+def job_factors_path(job: JobSpec) -> Optional[str]:
+    """The factors file a job names (placement.factors), resolved relative to the job file."""
+    if not job.placement.factors:
+        return None
+    p = Path(job.placement.factors).expanduser()
+    return str(p if p.is_absolute() or p.exists() else Path(job.source).parent / p)
 
 
 def job_cluster_path(job: JobSpec, default: str | None = None) -> Optional[Path]:

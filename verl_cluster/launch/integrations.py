@@ -70,7 +70,7 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
         facts, lengths, notes = _facts_and_lengths(job, spec, facts)
         findings = tuple(lengths_findings(job, lengths, notes))
         plans = plan_lengths(job, facts, lengths, bus=recorded(spec.cluster_name) if spec is not None else ())
-        plan = plans.chosen
+        plan = _with_factors(job, plans.chosen)
     except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding, not a crash
         msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
         return PlanInfo({}, False, {}, _strategy_note(job, facts) or f"placement planner: {msg}",
@@ -96,6 +96,18 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
     return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note, flash, flash_note,
                     lengths=plans.lengths.to_dict(), findings=findings,
                     hint="" if plan.feasible else plans.refusal_hint(), predicted=plan.predictions())
+
+
+def _with_factors(job: JobSpec, plan):
+    """The plan with the job's placement.factors applied (its predictions are what the run is held against)."""
+    from verl_cluster.config.job import job_factors_path
+
+    path = job_factors_path(job)
+    if not path:
+        return plan
+    from verl_cluster.placement.factors import apply_factors, read_factors
+
+    return apply_factors(plan, read_factors(path), path)
 
 
 def _facts_and_lengths(job: JobSpec, spec: ClusterSpec, facts: Optional[list]):
