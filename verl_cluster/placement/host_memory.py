@@ -86,7 +86,7 @@ def host_parts(c: "Candidate", s: "Settings", shape: "ModelShape") -> tuple[Part
 def save_copy_bytes(shape: "ModelShape", role: str, n: int, fsdp2: bool) -> float:
     """Host bytes one trainer process holds at the peak of a checkpoint save (fp32), by verl 0.9.1's save path."""
     params = shape.params if role == "actor" else shape.value_model_params
-    root = shape.root_params if role == "actor" else shape.embed_params + 2 * shape.hidden
+    root = shape.root_params if role == "actor" else shape.value_root_params
     largest = shape.embed_params  # the embedding (an untied lm_head is as large)
     if fsdp2 or n == 1:  # streamed tensor by tensor (FSDP2 shards; NO_SHARD's full GPU clone)
         return 4.0 * largest / n

@@ -73,9 +73,14 @@ class ModelShape:
         return self.layers * self.layer_params + self.root_params
 
     @property
+    def value_root_params(self) -> int:
+        """The value model's root unit: embeddings, final norm and the hidden x 1 score head (no lm_head)."""
+        return self.embed_params + self.hidden + self.hidden
+
+    @property
     def value_model_params(self) -> int:
         """verl's critic / reward model: the LM with its lm_head replaced by a hidden x 1 score head."""
-        return self.layers * self.layer_params + self.embed_params + self.hidden + self.hidden
+        return self.layers * self.layer_params + self.value_root_params
 
     def linear_dims(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each Linear in a decoder layer, by the HF module name peft targets."""
