@@ -82,11 +82,13 @@ def is_env_name(s: str) -> bool:
 
 
 # A variable is secret when its name is listed (a job's `secrets:`), when a word of it (split at `_`) holds SECRET,
-# PASSWORD, PASSWD or CREDENTIAL, or when its last word ends with TOKEN, KEY or PASS (HF_TOKEN, WANDB_API_KEY,
-# OPENAI_APIKEY, DB_PASS). Not when the last word says it is a path (RAY_AUTH_TOKEN_PATH), and not for TOKEN/KEY
-# inside a name (TOKENIZERS_PARALLELISM, MAX_TOKEN_LEN, KEYBOARD_LAYOUT): verl scripts set those as settings.
-STRONG_WORDS = ("SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+# PASSWORD, PASSWD, CREDENTIAL or WEBHOOK, when its last word ends with TOKEN, KEY or PASS (HF_TOKEN, WANDB_API_KEY,
+# OPENAI_APIKEY, DB_PASS) or is PAT (GITHUB_PAT). Not when the last word says it is a path (RAY_AUTH_TOKEN_PATH),
+# and not for TOKEN/KEY inside a name (TOKENIZERS_PARALLELISM, MAX_TOKEN_LEN, KEYBOARD_LAYOUT): verl scripts set
+# those as settings. Any value: the credentials of a URL (scheme://user:password@host) are masked.
+STRONG_WORDS = ("SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "WEBHOOK")
 LAST_WORD_ENDINGS = ("TOKEN", "KEY", "PASS")
+LAST_WORDS = ("PAT",)  # a personal access token
 _NOT_SECRET_LAST = ("PATH", "PATHS", "FILE", "DIR")
 MASK = "***"
 
@@ -97,10 +99,25 @@ def is_secret_name(name: str, listed: Iterable[str] = ()) -> bool:
     words = [w for w in str(name).upper().split("_") if w]
     if not words or words[-1] in _NOT_SECRET_LAST:
         return False
-    return any(s in w for w in words for s in STRONG_WORDS) or words[-1].endswith(LAST_WORD_ENDINGS)
+    return (any(s in w for w in words for s in STRONG_WORDS) or words[-1].endswith(LAST_WORD_ENDINGS)
+            or words[-1] in LAST_WORDS)
+
+
+# scheme://userinfo@ : the userinfo (user, user:password, a token as user) ends at the first / ? # or space
+_URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@\s]+)@")
+
+
+def has_url_credentials(value: Any) -> bool:
+    return isinstance(value, str) and _URL_USERINFO.search(value) is not None
+
+
+def mask_url_credentials(value: str) -> str:
+    """postgres://u:p@h -> postgres://***@h (the host stays readable)."""
+    return _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", value)
 
 
 def masked_env(env: Mapping[str, Any], listed: Iterable[str] = ()) -> dict[str, Any]:
-    """The environment as it may be printed: every secret value replaced by ***."""
+    """The environment as it may be printed: every secret value replaced by ***, a URL's credentials too."""
     listed = tuple(listed)
-    return {k: (MASK if is_secret_name(k, listed) else v) for k, v in env.items()}
+    return {k: (MASK if is_secret_name(k, listed) else mask_url_credentials(v) if isinstance(v, str) else v)
+            for k, v in env.items()}
