@@ -127,6 +127,11 @@ def main() -> int:
     job_id = ray.get_runtime_context().get_job_id()
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     print(f"nodes {len(nodes)}", flush=True)
+    want = int(args.get("trainer.nnodes", 0) or 0)
+    if want > len(nodes):  # verl's one placement group per node would wait for the missing one forever
+        print(f"error: trainer.nnodes={want} but {len(nodes)} node(s) alive: the placement group cannot be placed",
+              flush=True)
+        return 1
     # the backend environment each node's Ray gives its workers (what `up` set: NCCL/Gloo interface)
     for ip, env in ray.get([node_env.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False))
                             .remote() for n in nodes], timeout=60):

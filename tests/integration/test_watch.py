@@ -285,8 +285,10 @@ def test_node_does_not_come_back_fewer_nodes(lab3):
     for good, the run goes on on 2 from the newest checkpoint resharded for 2 ranks (without which it cannot load)."""
     lab, path, (head, w1, w2), _ = lab3
     j, ckpt = job(lab3, "fewer", steps=10, save_freq=2, step_s=0.4, rank_files=1,
-                  watch="  allow_fewer_nodes: true\n  node_wait_s: 5\n")
-    j.write_text(j.read_text().replace("overrides:\n", "overrides:\n  trainer.n_gpus_per_node: 1\n"))
+                  watch="  allow_fewer_nodes: true\n  node_wait_s: 30\n  node_grace_s: 3\n")
+    # the world as a user line states it: the resumed attempt must not ask for the node that is gone
+    j.write_text(j.read_text().replace("overrides:\n", "overrides:\n  trainer.n_gpus_per_node: 1\n"
+                                       "  trainer.nnodes: 3\n"))
     p = popen_cli(lab3, "submit", j, "-c", path, "--watch")
     try:
         wait_for(lambda: (ckpt / "steps.log").exists() and len((ckpt / "steps.log").read_text().split("\n")) > 3,
@@ -300,6 +302,8 @@ def test_node_does_not_come_back_fewer_nodes(lab3):
     st, events = run_state(lab3, first_sid(err))
     assert st["state"] == "succeeded" and st["restarts"] == 1 and st["nodes"] == 2, show(events)
     assert any(e["action"].startswith("continue on 2 node(s)") for e in events)
+    grace = [e for e in events if "watch.node_grace_s" in e["action"]]  # a lost node gets its grace first
+    assert grace and grace[0]["time"] < next(e["time"] for e in events if e["action"].startswith("continue on 2"))
     assert out.count("nodes 3") == 1 and out.count("nodes 2") == 1
     a, b = steps_by_attempt(ckpt)
     assert b[-1] == 10 and b[0] == (a[-1] // 2) * 2 + 1

@@ -76,6 +76,8 @@ class WatchSpec:
     hang_after: str = "30m"  # no new log line for this long = hung: seconds (90) or 90s / 30m / 2h
     allow_fewer_nodes: bool = False  # continue on the nodes left when a node cannot come back
     node_wait_s: float = 1800.0  # how long to wait for a lost node before giving up
+    # allow_fewer_nodes: how long a node stays lost before the run goes on without it (a reboot comes back sooner)
+    node_grace_s: float = 60.0
     notify: list[str] = field(default_factory=list)  # argv; gets each event as JSON on stdin
 
 

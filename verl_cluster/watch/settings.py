@@ -30,6 +30,7 @@ class WatchSettings:
     allow_fewer_nodes: bool
     node_wait_s: float
     notify: tuple[str, ...]
+    node_grace_s: float = 60.0  # allow_fewer_nodes: lost at least this long before the run goes on without it
     poll_s: float = 1.0  # job status and new log lines
     node_check_s: float = 2.0  # GCS node table and raylet ports
     settle_s: float = 90.0  # for the GCS to fail a dead registration (Ray's health check: ~5 missed 3 s probes)
@@ -43,7 +44,7 @@ class WatchSettings:
 def settings_for(job: JobSpec) -> WatchSettings:
     w: WatchSpec = job.watch
     src = job.source
-    for name in ("max_restarts", "backoff_s", "backoff_max_s", "node_wait_s"):
+    for name in ("max_restarts", "backoff_s", "backoff_max_s", "node_wait_s", "node_grace_s"):
         if getattr(w, name) < 0:
             raise ConfigError(f"{src}: `watch.{name}` must be >= 0; got {getattr(w, name)}")
     if w.notify and not all(isinstance(a, str) and a for a in w.notify):
@@ -51,7 +52,7 @@ def settings_for(job: JobSpec) -> WatchSettings:
                           "e.g. notify: [/usr/local/bin/notify-slack, '#training']")
     return WatchSettings(w.max_restarts, w.backoff_s, w.backoff_max_s,
                          parse_duration(w.hang_after, "watch.hang_after", src), w.allow_fewer_nodes, w.node_wait_s,
-                         tuple(w.notify))
+                         tuple(w.notify), w.node_grace_s)
 
 
 def check_watchable(job: JobSpec) -> WatchSettings:

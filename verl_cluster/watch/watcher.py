@@ -334,7 +334,8 @@ class Watcher:
         from verl_cluster.lifecycle.bring_up import bring_up
         from verl_cluster.lifecycle.up import NodeAction
 
-        deadline, k = time.monotonic() + self.s.node_wait_s, 0
+        start = time.monotonic()
+        deadline, k = start + self.s.node_wait_s, 0
         while True:
             rep = bring_up(self.spec).report
             bad = [o for o in rep.nodes if not (o.ok or o.action == NodeAction.CHANGED)]
@@ -346,6 +347,13 @@ class Watcher:
                 return self.spec
             names = ", ".join(o.host for o in bad)
             why = "; ".join(f"{o.host}: {o.reason or o.action}" for o in bad)
+            lost_for = time.monotonic() - start
+            if self.s.allow_fewer_nodes and all(o.role != "head" for o in bad) and lost_for < self.s.node_grace_s:
+                wait = min(self.s.node_grace_s - lost_for, max(0.0, deadline - time.monotonic()))
+                self.emit(FailureClass.NODE_LOST, f"waiting {wait:.0f}s (watch.node_grace_s) for {names} before "
+                          "going on without it", why, names)
+                time.sleep(wait)
+                continue
             if self.s.allow_fewer_nodes and all(o.role != "head" for o in bad):
                 fewer = replace(self.spec, workers=[w for w in self.spec.workers if w.host not in {o.host for o in bad}])
                 feasible, note = self._plan_fits(fewer)
@@ -446,7 +454,9 @@ class Watcher:
         sid = f"{self.st.run}-r{len(self.st.attempts)}"
         self.st.pending = sid
         self.st.save()
-        ji = self.st.job_input(RESUME)
+        # on fewer nodes the world shrinks: the job's own trainer.nnodes (a user line states it) would wait forever
+        # for a placement group on the node that is gone
+        ji = self.st.job_input(RESUME + ([f"trainer.nnodes={self.st.nodes}"] if self.st.nodes else []))
         job = ji.job()
         sub = plan_submission(job, self.st.cluster_file, launcher="ray", run_checks=False, spec=spec)
         meta = {**sub.request.metadata, "verl_cluster.run": self.st.run, "verl_cluster.previous": prev,
