@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BASE = Path("/var/tmp/vc-lab")  # host-side files: outside /tmp, which each host mounts privately
+# The GPU machine has no openssh-server: scripts/gpu_sys_stage.sh stages one and names it here
+SSHD = os.environ.get("VC_LAB_SSHD", "/usr/sbin/sshd")
+TMP_SIZE = os.environ.get("VC_LAB_TMP_SIZE", "2g")  # each host's private /tmp (a verl run's Ray logs need more)
 
 
 def integration_ready() -> str | None:
@@ -35,7 +38,7 @@ def integration_ready() -> str | None:
     for tool in ("ip", "unshare", "nsenter", "ssh-keygen"):
         if not shutil.which(tool):
             return f"`{tool}` not installed"
-    if not Path("/usr/sbin/sshd").exists():
+    if not Path(SSHD).exists():
         return "openssh-server not installed"
     return None
 
@@ -203,7 +206,7 @@ class NetnsLab:
     def start(self, host: Host, sshd: bool = True) -> None:
         """Boot the host: a PID namespace with a private /tmp and home, running sshd (or just sleeping)."""
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        main = (f"exec /usr/sbin/sshd -D -f {host.home}/sshd_config -E {host.home}/sshd.log" if sshd
+        main = (f"exec {SSHD} -D -f {host.home}/sshd_config -E {host.home}/sshd.log" if sshd
                 else "exec sleep infinity")
         # a private /tmp, but with the folders that hold this Python and this checkout (a CI clone may
         # live under /tmp) bound back in from the real /tmp
@@ -212,7 +215,7 @@ class NetnsLab:
         # the host's mount namespace copied /run/netns: drop those mounts, or they keep other labs' deleted
         # namespaces (and their veths) alive for as long as this host lives
         boot = "for m in /run/netns/*; do umount -l \"$m\" 2>/dev/null; done; "
-        boot += f"mount --bind /tmp {orig} && mount -t tmpfs -o size=2g tmpfs /tmp && "
+        boot += f"mount --bind /tmp {orig} && mount -t tmpfs -o size={TMP_SIZE} tmpfs /tmp && "
         for top in _tmp_folders_to_keep():
             boot += f"mkdir -p /tmp/{top} && mount --bind {orig}/{top} /tmp/{top} && "
         real_home = pwd.getpwuid(os.getuid()).pw_dir
@@ -240,7 +243,7 @@ class NetnsLab:
         conf.write_text(base.replace("Port 22\n", f"Port {port}\n")
                         .replace(f"HostKey {host.home}/host_ed25519\n", f"HostKey {key}\n")
                         .replace(f"PidFile {host.home}/sshd.pid\n", f"PidFile {host.home}/sshd_{port}.pid\n"))
-        host.run(["/usr/sbin/sshd", "-f", str(conf), "-E", str(host.home / f"sshd_{port}.log")], check=True)
+        host.run([SSHD, "-f", str(conf), "-E", str(host.home / f"sshd_{port}.log")], check=True)
         self._wait_port(host, port)
         return Path(f"{key}.pub")
 

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""verl across a node boundary on one multi-GPU machine: two hosts made of Linux namespaces (tests/harness/netns.py:
+own network namespace on a bridge, own address, own sshd, own PID namespace, private /tmp and home), each owning
+one GPU (per-node `env: {CUDA_VISIBLE_DEVICES}` and `gpus: 1`) and its own NCCL_HOSTID, so NCCL treats them as two
+nodes and talks over sockets on the veth link: a socket link standing in for a cross-node one.
+
+    python3 scripts/gpu_multinode.py PHASE [PHASE ...]     # as root, on the GPU machine, from a copy under /srv/vc
+phases: setup (site, wrappers, models, data) | lab (hosts + cluster file) | s1 (up, status, check, NCCL evidence,
+bench_nccl across the hosts) | s2 (plan + submit a GRPO user line on 2 nodes, 1 GPU each) | s3 (submit --watch with
+watch.allow_fewer_nodes; the worker host dies for good after global_step_2; resumed resharded on the head) | down.
+Everything goes to /srv/vc/out (steps.log: each step's exit code and seconds). The lab stays up between phases run
+by one process only: run the phases you want in one call (the hosts are this process's children).
+Expects: scripts/gpu_sys_stage.sh's install.sh ran (ip, sshd) and scripts/gpu_stage_verl.sh's site is at
+/root/stage/verl/site (moved to /srv/vc/site here). BUDGET_S (default 1500) stops starting new phases past it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+VC = Path("/srv/vc")
+OUT = VC / "out"
+SITE = VC / "site"
+BIN = VC / "bin"
+MODELS, DATA, CKPT = VC / "models", VC / "data" / "gsm8k", VC / "ckpt"
+REPO = Path(__file__).resolve().parents[1]
+PY = "/opt/torch/.venv/bin/python3" if Path("/opt/torch/.venv/bin/python3").exists() else sys.executable
+T0 = time.time()
+BUDGET_S = float(os.environ.get("BUDGET_S", "1500"))
+# NVLink multicast stays off on these shared hosts; flashinfer is not staged
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+            "VLLM_USE_FLASHINFER_SAMPLER": "0", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+N = [0]
+
+
+def log(msg: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} +{time.time() - T0:6.0f}s {msg}"
+    print(line, flush=True)
+    with open(OUT / "steps.log", "a") as fh:
+        fh.write(line + "\n")
+
+
+def env() -> dict:
+    e = {**os.environ, **SAFE_ENV, "PYTHONPATH": f"{SITE}:{REPO}", "PATH": f"{BIN}:{SITE}/bin:{os.environ['PATH']}"}
+    return e
+
+
+def step(name: str, argv: list[str], limit: float, **kw) -> subprocess.CompletedProcess | None:
+    """Run argv with its output in OUT/NN-name.log; returns the result (None when over budget)."""
+    left = BUDGET_S - (time.time() - T0)
+    if left < 20:
+        log(f"SKIP {name} (budget)")
+        return None
+    N[0] += 1
+    path = OUT / f"{N[0]:02d}-{name}.log"
+    t = time.time()
+    with open(path, "w") as fh:
+        fh.write("$ " + " ".join(argv) + "\n")
+        fh.flush()
+        try:
+            r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=fh, text=True, timeout=min(limit, left),
+                               env=kw.pop("env", env()), cwd=kw.pop("cwd", REPO), **kw)
+        except subprocess.TimeoutExpired as e:
+            r = subprocess.CompletedProcess(argv, 124, e.stdout.decode() if isinstance(e.stdout, bytes) else
+                                            (e.stdout or ""), "")
+    (OUT / f"{N[0]:02d}-{name}.out").write_text(r.stdout or "")
+    log(f"{N[0]:02d}-{name} rc={r.returncode} {time.time() - t:.1f}s")
+    return r
+
+
+# ---------------------------------------------------------------- setup
+def setup() -> None:
+    if not SITE.exists():
+        staged = Path("/root/stage/verl/site")
+        if not staged.exists():
+            sys.exit("no staged site: run scripts/gpu_stage_verl.sh's calls first")
+        shutil.move(str(staged), SITE)  # out of /root: each host's home is private
+    BIN.mkdir(parents=True, exist_ok=True)
+    exports = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items())
+    head = (f"#!/bin/sh\nexport PYTHONPATH={SITE}${{PYTHONPATH:+:$PYTHONPATH}} PATH={BIN}:{SITE}/bin:$PATH {exports}\n")
+    for name, tail in (("python", f'exec {PY} "$@"'), ("python3", f'exec {PY} "$@"'),
+                       ("ray", f'exec {PY} {SITE}/bin/ray "$@"')):
+        p = BIN / name
+        p.write_text(head + tail + "\n")
+        p.chmod(0o755)
+    for d in (MODELS, DATA, CKPT):
+        d.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for shape in ("tiny", "qwen2.5-0.5b"):
+        if not (MODELS / shape / "config.json").exists():
+            jobs.append(subprocess.Popen([str(BIN / "python3"), "scripts/make_tiny_model.py", "--shape", shape, "-o",
+                                          str(MODELS / shape)], cwd=REPO, env=env(),
+                                         stdout=open(OUT / f"model-{shape}.log", "w"), stderr=subprocess.STDOUT))
+    if not (DATA / "train.parquet").exists():
+        step("data", [str(BIN / "python3"), "scripts/prepare_gsm8k.py", "--synthetic", "2000", "--test-rows", "64",
+                      "-o", str(DATA)], 180)
+    for j in jobs:
+        j.wait(400)
+    log("setup: models " + ", ".join(sorted(p.name for p in MODELS.iterdir())))
+
+
+# ---------------------------------------------------------------- lab
+class Lab:
+    def __init__(self) -> None:
+        sys.path.insert(0, str(REPO))
+        os.environ.setdefault("VC_LAB_TMP_SIZE", "24g")
+        if not Path(os.environ.get("VC_LAB_SSHD", "/usr/sbin/sshd")).exists() and Path("/usr/local/sbin/sshd").exists():
+            os.environ["VC_LAB_SSHD"] = "/usr/local/sbin/sshd"
+        from tests.harness import netns
+
+        netns.SSHD = os.environ.get("VC_LAB_SSHD", netns.SSHD)
+        netns.TMP_SIZE = os.environ["VC_LAB_TMP_SIZE"]
+        why = netns.integration_ready()
+        if why:
+            sys.exit(f"namespace hosts cannot be made here: {why}")
+        self.lab = netns.NetnsLab("mn")
+        self.hosts = [self.lab.add_host(f"n{i}") for i in range(2)]
+        self.cluster = OUT / "mn.yaml"
+        nodes = []
+        for i, h in enumerate(self.hosts):
+            e = {"CUDA_VISIBLE_DEVICES": str(i), "NCCL_HOSTID": f"vc-mn-{h.name}", "NCCL_DEBUG": "INFO",
+                 "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+            nodes.append(f"  host: {h.ip}\n  gpus: 1\n  env: {json.dumps(e)}\n")
+        text = (f"cluster_name: mn\nhead:\n{nodes[0]}workers:\n  - " + nodes[1].replace("\n  ", "\n    ") +
+                f"ssh:\n  user: root\n  key_file: {self.lab.client_key}\n  known_hosts_file: {self.lab.known_hosts}\n"
+                f"  connect_timeout_s: 5\nray:\n  ray_executable: {BIN / 'ray'}\n  object_store_memory: 4294967296\n")
+        self.cluster.write_text(text)
+        log(f"lab: {', '.join(f'{h.name}={h.ip}' for h in self.hosts)}; cluster file {self.cluster}")
+
+    def grep_logs(self, host, pattern: str, limit: int = 40) -> str:
+        r = host.run(["sh", "-c", f"grep -rhE '{pattern}' /tmp/vc-* 2>/dev/null | sort | uniq -c | sort -rn | "
+                                  f"head -{limit}"], timeout=60)
+        return r.stdout
+
+    def kill_for_good(self, host) -> dict:
+        """The host dies and does not return: every process in it (raylet, workers, sshd), then its link down."""
+        t = time.time()
+        self.lab.stop(host)
+        i = self.hosts.index(host)
+        subprocess.run(["ip", "link", "set", f"{self.lab.prefix}v{i}", "down"], check=False)
+        return {"killed_at": t, "host": host.name, "ip": host.ip}
+
+    def close(self) -> None:
+        self.lab.close()
+
+
+def vc(*args: str) -> list[str]:
+    return [str(BIN / "python3"), "-m", "verl_cluster", *args]
+
+
+# ---------------------------------------------------------------- scenarios
+def s1(lab: Lab) -> None:
+    c = str(lab.cluster)
+    step("up", vc("up", "-c", c), 240)
+    step("status", vc("status", "-c", c, "--json"), 60)
+    step("check", vc("check", "-c", c, "--json"), 400)
+    step("check-table", vc("check", "-c", c), 400)
+    for h in lab.hosts:
+        (OUT / f"nccl-{h.name}.txt").write_text(lab.grep_logs(h, "NET/Socket|via NET|NCCL_HOSTID|Using network|"
+                                                                "Bootstrap|NET/IB|P2P|SHM|comm 0x"))
+    step("bench-nccl", [str(BIN / "python3"), "scripts/bench_nccl.py", c, "--across-nodes", "--rounds", "2",
+                        "--out", str(OUT / "bench_nccl.json")], 400)
+
+
+def user_line(name: str, model: str, steps: int, extra: list[str]) -> list[str]:
+    return ["python3", "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo",
+            f"data.train_files=[{DATA}/train.parquet]", f"data.val_files=[{DATA}/test.parquet]",
+            "data.train_batch_size=32", "data.max_prompt_length=512", "data.max_response_length=384",
+            f"actor_rollout_ref.model.path={MODELS / model}", "actor_rollout_ref.model.use_remove_padding=false",
+            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "actor_rollout_ref.rollout.enforce_eager=true",
+            "trainer.logger=[console]", "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
+            f"trainer.total_training_steps={steps}", "trainer.save_freq=2", "trainer.test_freq=-1",
+            "trainer.val_before_train=false", f"trainer.default_local_dir={CKPT / name}", *extra]
+
+
+def s2(lab: Lab) -> None:
+    c = str(lab.cluster)
+    line = user_line("s2", "qwen2.5-0.5b", 4, [])
+    step("plan-s2", vc("plan", "-c", c, "--json", "--", *line), 120)
+    sampler = subprocess.Popen([PY, "scripts/gpu_mem_sampler.py", str(OUT / "nvml-s2.jsonl"), "--stop-file",
+                                str(OUT / "stop-s2")], cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    step("submit-s2", vc("submit", "-c", c, "--json", "--", *line), 900)
+    (OUT / "stop-s2").touch()
+    try:
+        sampler.wait(30)
+    except subprocess.TimeoutExpired:
+        sampler.kill()
+    for h in lab.hosts:
+        (OUT / f"nccl-s2-{h.name}.txt").write_text(lab.grep_logs(h, "NET/Socket|via NET|Using network|NET/IB"))
+    (OUT / "ckpt-s2.txt").write_text(subprocess.run(["ls", "-laR", str(CKPT / "s2")], capture_output=True,
+                                                    text=True).stdout[:20000])
+
+
+def s3(lab: Lab) -> None:
+    """The worker host dies for good 3 s after global_step_2's tracker appears; the run must go on on the head."""
+    c = str(lab.cluster)
+    name = "s3"
+    shutil.rmtree(CKPT / name, ignore_errors=True)
+    line = user_line(name, "tiny", 6, [])
+    fault: dict = {}
+
+    def inject() -> None:
+        tracker = CKPT / name / "latest_checkpointed_iteration.txt"
+        deadline = time.time() + 900
+        while time.time() < deadline:
+            try:
+                if tracker.read_text().strip() == "2":
+                    time.sleep(3)
+                    fault.update(lab.kill_for_good(lab.hosts[1]))
+                    log(f"s3: killed {lab.hosts[1].name} for good")
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+
+    th = threading.Thread(target=inject, daemon=True)
+    th.start()
+    step("submit-s3", vc("submit", "-c", c, "watch.allow_fewer_nodes=true", "watch.backoff_s=2",
+                         "watch.node_wait_s=600", "--watch", "--", *line), 1100)
+    (OUT / "fault-s3.json").write_text(json.dumps(fault))
+    runs = Path.home() / ".verl-cluster" / "runs"
+    if runs.exists():
+        newest = max(runs.iterdir(), key=lambda p: p.stat().st_mtime, default=None)
+        if newest:
+            shutil.copytree(newest, OUT / "run-s3", dirs_exist_ok=True)
+    (OUT / "ckpt-s3.txt").write_text(subprocess.run(["ls", "-laR", str(CKPT / name)], capture_output=True,
+                                                    text=True).stdout[:20000])
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    phases = sys.argv[1:] or ["setup", "lab", "s1", "s2", "s3", "down"]
+    log(f"phases {' '.join(phases)} (budget {BUDGET_S:.0f}s)")
+    lab = None
+    try:
+        for ph in phases:
+            if time.time() - T0 > BUDGET_S - 20:
+                log(f"SKIP {ph} (budget)")
+                continue
+            t = time.time()
+            if ph == "setup":
+                setup()
+            elif ph == "lab":
+                lab = Lab()
+            elif ph in ("s1", "s2", "s3"):
+                lab = lab or Lab()
+                globals()[ph](lab)
+            elif ph == "down" and lab:
+                step("down", vc("down", "-c", str(lab.cluster)), 120)
+            log(f"phase {ph} done in {time.time() - t:.0f}s")
+    finally:
+        if lab:
+            lab.close()
+        log("end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
