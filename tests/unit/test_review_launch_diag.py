@@ -27,7 +27,7 @@ def test_unreachable_node_in_preflight_is_a_cluster_problem_not_bad_input(tmp_pa
                           "data_source": {"kind": "string"},
                           "reward_model": {"kind": "struct", "fields": {"ground_truth": {"kind": "string"}}}}}],
             "model": {"path": "/m", "kind": "dir", "config": True, "tokenizer": ["tokenizer.json"]}}
-    monkeypatch.setattr(preflight, "probe_node_files", lambda spec, files, model: {
+    monkeypatch.setattr(preflight, "probe_node_files", lambda spec, files, model, **kw: {
         "10.0.0.1": good, "10.0.0.2": RunnerError("10.0.0.2", "SSH connection refused")})
     found = preflight.check_files(spec, PPO, {"data.train_files": "/d/t.parquet", "actor_rollout_ref.model.path": "/m"})
     report = preflight.PreflightReport(found)

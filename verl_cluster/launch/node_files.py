@@ -1,11 +1,16 @@
 """Node-side probe (stdlib, plus pyarrow when the node has it): data files and model dirs as JSON.
 
-Run as `python -c SOURCE '{"data": [...], "model": "..."}'`; prints one MARK line (see runners.remote_python).
-Also imported locally for `type_tree`.
+Run as `python -c SOURCE '{"data": [...], "model": "...", "expand": [...], "env": {...}}'`; prints one MARK line
+(see runners.remote_python). Also imported locally for `type_tree` and `expand`.
+
+Paths are expanded as the job's processes on this node will see them: `~` and `$VAR` with the node's login
+environment plus `env` (the cluster's Ray env, the node's env and the job's env: what the Ray daemons and the job
+start with). verl opens paths as written, so submit sends it the expansion, once every node agrees on it.
 """
 
 import json
 import os
+import re
 import sys
 
 MARK = "@@VC-JSON@@"
@@ -30,11 +35,25 @@ def type_tree(t):
     return {"kind": "other"}
 
 
+_VAR = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
+def expand(path):
+    """`~` then `$VAR`/`${VAR}`, as a shell would on this node (an unset variable stays as written)."""
+    return os.path.expandvars(os.path.expanduser(path))
+
+
+def expansion(path):
+    """{"path": the expansion, "unset": variables still unexpanded in it}."""
+    p = expand(path)
+    return {"path": p, "unset": [m.group(1).strip("{}") for m in _VAR.finditer(p)]}
+
+
 def probe_data(path):
-    p = os.path.expanduser(path)
+    p = expand(path)
     if not os.path.exists(p):
-        return {"path": path, "exists": False}
-    out = {"path": path, "exists": True, "size": os.path.getsize(p)}
+        return {"path": path, "resolved": p, "exists": False}
+    out = {"path": path, "resolved": p, "exists": True, "size": os.path.getsize(p)}
     if os.path.isdir(p):
         out["error"] = "is a directory"
         return out
@@ -64,14 +83,14 @@ def probe_data(path):
 
 
 def probe_model(path):
-    p = os.path.expanduser(path)
+    p = expand(path)
     if os.path.isdir(p):
         names = set(os.listdir(p))
         return {"path": path, "kind": "dir", "config": "config.json" in names,
                 "tokenizer": [n for n in TOKENIZER_FILES if n in names]}
     if os.path.exists(p):
         return {"path": path, "kind": "file"}
-    if path.startswith(("/", "~", ".")) or path.count("/") != 1:
+    if p.startswith(("/", "~", ".", "$")) or p.count("/") != 1:
         return {"path": path, "kind": "missing"}
     hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
         os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub")
@@ -79,11 +98,27 @@ def probe_model(path):
     return {"path": path, "kind": "hub", "cached": cached, "offline": os.environ.get("HF_HUB_OFFLINE") == "1"}
 
 
+def wandb_login():
+    """Can wandb log in here without a prompt: WANDB_API_KEY set, `wandb login`'s entry in ~/.netrc, or a
+    WANDB_MODE that needs no login."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return True
+    try:
+        with open(os.path.expanduser("~/.netrc")) as f:
+            return "api.wandb.ai" in f.read()
+    except OSError:
+        return False
+
+
 def main(arg):
     req = json.loads(arg)
-    out = {"data": [probe_data(d) for d in req.get("data", [])]}
+    os.environ.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
+    out = {"data": [probe_data(d) for d in req.get("data", [])],
+           "expanded": {p: expansion(p) for p in req.get("expand", [])}}
     if req.get("model"):
         out["model"] = probe_model(req["model"])
+    if req.get("wandb"):
+        out["wandb_login"] = wandb_login()
     print(MARK + json.dumps(out), flush=True)
 
 

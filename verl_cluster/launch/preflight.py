@@ -34,6 +34,12 @@ class Finding:
 @dataclass(frozen=True)
 class PreflightReport:
     findings: list[Finding] = field(default_factory=list)
+    # path keys to send as every node expands them (node_paths.judge): key -> value with absolute paths
+    paths: dict[str, Any] = field(default_factory=dict)
+
+    def with_paths(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """`overrides` with their `~`/`$VAR` paths as the nodes expand them (the same order of keys)."""
+        return {k: self.paths.get(k, v) for k, v in overrides.items()}
 
     @property
     def errors(self) -> list[Finding]:
@@ -80,7 +86,8 @@ def judge_node_files(job: JobSpec, overrides: Mapping[str, Any], results: Mappin
             continue
         for d in res.get("data", []):
             if not d["exists"]:
-                missing.setdefault(d["path"], []).append(host)
+                as_ = d.get("resolved")
+                missing.setdefault(d["path"], []).append(host + (f" (as {as_})" if as_ and as_ != d["path"] else ""))
             elif d.get("error"):
                 out.append(Finding("error", "data", f"{d['path']} on {host}: {d['error']}"))
             elif not d.get("parquet"):
@@ -130,11 +137,17 @@ def _judge_model(host: str, m: Mapping[str, Any]) -> list[Finding]:
                     "copy the model to the same path on every node, or use a hub name such as Qwen/Qwen2.5-0.5B-Instruct")]
 
 
-def probe_node_files(spec: ClusterSpec, files: Sequence[str], model: Optional[str]) -> dict[str, Any]:
+def probe_node_files(spec: ClusterSpec, files: Sequence[str], model: Optional[str], *, expand: Sequence[str] = (),
+                     job: Optional[JobSpec] = None, wandb: bool = False) -> dict[str, Any]:
+    """{host: node_files' answer or the exception}: the data files and model, the paths in `expand` expanded in
+    the environment the job gets on that node, whether wandb can log in there."""
+    from verl_cluster.launch.node_paths import node_env
+
     source = PROBE.read_text()
-    arg = json.dumps({"data": list(files), "model": model})
 
     def one(node):
+        env = node_env(spec, node, job) if job is not None else {}
+        arg = json.dumps({"data": list(files), "model": model, "expand": list(expand), "env": env, "wandb": wandb})
         runner = runner_for(spec, node)
         try:
             return run_python(runner, spec.python_executable(node), source, [arg], timeout=60)
@@ -161,13 +174,30 @@ def local_schema(path: str) -> Optional[dict]:
 
 
 def check_files(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -> list[Finding]:
+    return check_nodes(spec, job, overrides)[0]
+
+
+def check_nodes(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -> tuple[list[Finding], dict]:
+    """(findings, path keys to rewrite) of one probe of every node: data files, model, the paths verl opens
+    expanded there (node_paths), wandb's login when the job logs to wandb."""
+    from verl_cluster.launch.hygiene import wandb_findings, wandb_unknown
+    from verl_cluster.launch.node_paths import judge, to_expand
+
     files = [f for f in data_files(overrides) if not f.startswith(REMOTE_SCHEMES)]
     remote = [f for f in data_files(overrides) if f.startswith(REMOTE_SCHEMES)]
     model = model_path(job, overrides)
+    expand = list(dict.fromkeys(v for vs in to_expand(overrides).values() for v in vs))
+    wandb = wandb_unknown(spec, job, overrides)
     out = [Finding("skipped", "data", f"{f}: remote storage is not checked") for f in remote]
+    if not files and not model and not expand and not wandb:
+        return out + [Finding("skipped", "data", "the job names no data files or model")], {}
+    results = probe_node_files(spec, files, model, expand=expand, job=job, wandb=wandb)
+    rewrites, found = judge(overrides, results)
+    out += found
+    if wandb:
+        out += wandb_findings(results)
     if not files and not model:
-        return out + [Finding("skipped", "data", "the job names no data files or model")]
-    results = probe_node_files(spec, files, model)
+        return out, rewrites
     local = {}
     for f in files:
         if not any(isinstance(r, dict) and any(d.get("schema") for d in r.get("data", []) if d["path"] == f)
@@ -179,7 +209,7 @@ def check_files(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -
     unreached = any(isinstance(r, BaseException) for r in results.values())
     if model and not unreached and not any(f.check == "model" and f.level in ("error", "warning") for f in out):
         out.append(Finding("ok", "model", f"model {model} found on every node"))
-    return out
+    return out, rewrites
 
 
 # ---- verl's own config ----
@@ -427,11 +457,21 @@ def lengths_findings(job: JobSpec, lengths: Any, notes: Sequence[str] = (), plan
 
 def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any], status: Any,
                   extra: Sequence[Finding] = ()) -> PreflightReport:
+    """Every check; the report carries the paths to send verl as the nodes expand them."""
+    from verl_cluster.launch.hygiene import checkpoint_dir_findings
+
     findings = list(extra)
-    for check in (lambda: check_files(spec, job, overrides), lambda: check_verl(job, overrides),
+    paths: dict[str, Any] = {}
+
+    def nodes() -> list[Finding]:
+        found, rewrites = check_nodes(spec, job, overrides)
+        paths.update(rewrites)
+        return found
+
+    for check in (nodes, lambda: check_verl(job, overrides), lambda: checkpoint_dir_findings(job, overrides),
                   lambda: check_resources(job, overrides, status), lambda: check_placement_strategy(spec, job)):
         try:
             findings += check()
         except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
             findings.append(Finding("error", "preflight", f"check failed: {type(e).__name__}: {e}"))
-    return PreflightReport(findings)
+    return PreflightReport(findings, paths)
