@@ -83,14 +83,24 @@ def setup() -> None:
         if not staged.exists():
             sys.exit("no staged site: run scripts/gpu_stage_verl.sh's calls first")
         shutil.move(str(staged), SITE)  # out of /root: each host's home is private
+    wrappers()
+    data()
+
+
+def wrappers() -> None:
+    """python/python3/ray on every host (over SSH the environment is bare): the image's Python with the site."""
     BIN.mkdir(parents=True, exist_ok=True)
     exports = " ".join(f"{k}={v}" for k, v in SAFE_ENV.items())
     head = (f"#!/bin/sh\nexport PYTHONPATH={SITE}${{PYTHONPATH:+:$PYTHONPATH}} PATH={BIN}:{SITE}/bin:$PATH {exports}\n")
     for name, tail in (("python", f'exec {PY} "$@"'), ("python3", f'exec {PY} "$@"'),
-                       ("ray", f'exec {PY} {SITE}/bin/ray "$@"')):
+                       ("ray", f"exec {PY} -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = \"ray\"; "
+                               f"sys.exit(main())' \"$@\"")):
         p = BIN / name
         p.write_text(head + tail + "\n")
         p.chmod(0o755)
+
+
+def data() -> None:
     for d in (MODELS, DATA, CKPT):
         d.mkdir(parents=True, exist_ok=True)
     jobs = []
@@ -128,8 +138,8 @@ class Lab:
         for i, h in enumerate(self.hosts):
             e = {"CUDA_VISIBLE_DEVICES": str(i), "NCCL_HOSTID": f"vc-mn-{h.name}", "NCCL_DEBUG": "INFO",
                  "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-            nodes.append(f"  host: {h.ip}\n  gpus: 1\n  env: {json.dumps(e)}\n")
-        text = (f"cluster_name: mn\nhead:\n{nodes[0]}workers:\n  - " + nodes[1].replace("\n  ", "\n    ") +
+            nodes.append(f"host: {h.ip}\n  gpus: 1\n  env: {json.dumps(e)}\n")
+        text = (f"cluster_name: mn\nhead:\n  {nodes[0]}workers:\n  - " + nodes[1].replace("\n  ", "\n    ") +
                 f"ssh:\n  user: root\n  key_file: {self.lab.client_key}\n  known_hosts_file: {self.lab.known_hosts}\n"
                 f"  connect_timeout_s: 5\nray:\n  ray_executable: {BIN / 'ray'}\n  object_store_memory: 4294967296\n")
         self.cluster.write_text(text)
@@ -168,6 +178,43 @@ def s1(lab: Lab) -> None:
                                                                 "Bootstrap|NET/IB|P2P|SHM|comm 0x"))
     step("bench-nccl", [str(BIN / "python3"), "scripts/bench_nccl.py", c, "--across-nodes", "--rounds", "2",
                         "--out", str(OUT / "bench_nccl.json")], 400)
+
+
+PROBE = r"""
+import datetime, os, sys, time, torch, torch.distributed as dist
+rank = int(sys.argv[1]); master = sys.argv[2]
+dist.init_process_group("nccl", init_method=f"tcp://{master}:29561", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=90), device_id=torch.device("cuda", 0))
+t = torch.ones(64 << 18, device="cuda")
+dist.all_reduce(t); torch.cuda.synchronize()
+t0 = time.perf_counter()
+for _ in range(10):
+    dist.all_reduce(t)
+torch.cuda.synchronize()
+dt = (time.perf_counter() - t0) / 10
+print(f"rank {rank} sum {t[0].item():.0f} 64MiB all_reduce {dt * 1e3:.2f} ms busbw {(64 << 20) / dt / 1e9:.2f} GB/s")
+dist.destroy_process_group()
+"""
+
+
+def probe(lab: Lab) -> None:
+    """Before Ray: the two hosts' GPUs all-reduce through NCCL, and NCCL says which transport it took."""
+    procs = []
+    for i, h in enumerate(lab.hosts):
+        e = {"CUDA_VISIBLE_DEVICES": str(i), "NCCL_HOSTID": f"vc-mn-{h.name}", "NCCL_DEBUG": "INFO",
+             "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_SOCKET_IFNAME": "eth0", **SAFE_ENV}
+        argv = ["nsenter", "-t", str(h.init_pid), "-n", "-p", "-m", "--", "env", *[f"{k}={v}" for k, v in e.items()],
+                PY, "-c", PROBE, str(i), lab.hosts[0].ip]
+        procs.append(subprocess.Popen(argv, stdout=open(OUT / f"probe-{h.name}.log", "w"), stderr=subprocess.STDOUT))
+    for p in procs:
+        try:
+            p.wait(150)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for h in lab.hosts:
+        text = (OUT / f"probe-{h.name}.log").read_text()
+        keep = [ln for ln in text.splitlines() if re.search(r"rank \d sum|NET/Socket|via NET|P2P|SHM|Error|error", ln)]
+        log(f"probe {h.name}: " + " | ".join(keep[-8:])[:1500])
 
 
 def user_line(name: str, model: str, steps: int, extra: list[str]) -> list[str]:
@@ -244,7 +291,10 @@ def s3(lab: Lab) -> None:
 
 
 def main() -> int:
+    import resource
+
     OUT.mkdir(parents=True, exist_ok=True)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (65536, 65536))  # Ray wants it; the hosts' sshd passes it on
     phases = sys.argv[1:] or ["setup", "lab", "s1", "s2", "s3", "down"]
     log(f"phases {' '.join(phases)} (budget {BUDGET_S:.0f}s)")
     lab = None
@@ -256,9 +306,11 @@ def main() -> int:
             t = time.time()
             if ph == "setup":
                 setup()
+            elif ph == "wrappers":  # a dry run off the GPU machine: the hosts run this Python
+                wrappers()
             elif ph == "lab":
                 lab = Lab()
-            elif ph in ("s1", "s2", "s3"):
+            elif ph in ("probe", "s1", "s2", "s3"):
                 lab = lab or Lab()
                 globals()[ph](lab)
             elif ph == "down" and lab:
