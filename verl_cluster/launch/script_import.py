@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from verl_cluster.config.job import JobSpec, is_verl_trainer, job_from_data, load_job
+from verl_cluster.config.names import MASK, has_url_credentials, mask_url_credentials
 from verl_cluster.config.loader import read_text_bounded, short
 from verl_cluster.errors import ConfigError
 from verl_cluster.launch.hydra_values import from_hydra
@@ -36,6 +37,11 @@ class ImportedJob:
     from_shell: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     takes_args: bool = False
+    derived: dict[str, str] = field(default_factory=dict)  # variables whose value came from a secret -> that secret
+
+    def hidden(self, name: str, value: str = "") -> bool:
+        """A variable whose value is never printed: a secret, or one holding or made from one."""
+        return looks_secret(name) or name in self.derived or name in self.secret_values or has_url_credentials(value)
 
     def job(self, cli_overrides: Optional[list[str]] = None) -> JobSpec:
         return job_from_data(self.data, self.source, cli_overrides, self.origins)
@@ -66,9 +72,14 @@ def _program(argv: list[Field], src: str) -> tuple[str, int, list[Field]]:
 
 
 def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[str, int]]] = None,
-                 secrets: Optional[Mapping[str, Optional[str]]] = None) -> ImportedJob:
-    """The job spec data for one `python -m MODULE args...` (fields carry their script lines)."""
-    env, secrets = env or {}, secrets or {}
+                 secrets: Optional[Mapping[str, Optional[str]]] = None,
+                 derived: Optional[Mapping[str, str]] = None) -> ImportedJob:
+    """The job spec data for one `python -m MODULE args...` (fields carry their script lines). `derived`: the
+    variables whose value came from a secret: in `env` they are secrets themselves."""
+    env, secrets, derived = env or {}, secrets or {}, derived or {}
+
+    def secret(k: str, v: str) -> bool:
+        return looks_secret(k) or k in derived or has_url_credentials(v)
     module, line, rest = _program(argv, src)
     args: list[str] = []
     overrides: dict[str, Any] = {}
@@ -121,19 +132,19 @@ def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[s
             origins[("data", which)] = origins.pop(("overrides", key))
     if files:
         data["data"] = files
-    env_out = {k: v for k, (v, _) in env.items() if not looks_secret(k)}
+    env_out = {k: v for k, (v, _) in env.items() if not secret(k, v)}
     for k, (_, ln) in env.items():
         origins[("env", k)] = ln
-    secret_names = list(dict.fromkeys([k for k in env if looks_secret(k)] + list(secrets)))
+    secret_names = list(dict.fromkeys([k for k, (v, _) in env.items() if secret(k, v)] + list(secrets)))
     if env_out:
         data["env"] = env_out
     if secret_names:
         data["secrets"] = secret_names
     if overrides:
         data["overrides"] = overrides
-    known = {k: v for k, (v, _) in env.items() if looks_secret(k)}
+    known = {k: v for k, (v, _) in env.items() if secret(k, v)}
     known.update({k: v for k, v in dict(secrets).items() if v is not None})
-    return ImportedJob(data, src, origins, known, takes_args=takes_args)
+    return ImportedJob(data, src, origins, known, takes_args=takes_args, derived=dict(derived))
 
 
 def import_script(path: str | os.PathLike, environ: Optional[Mapping[str, str]] = None) -> ImportedJob:
@@ -141,7 +152,7 @@ def import_script(path: str | os.PathLike, environ: Optional[Mapping[str, str]] 
     text = read_text_bounded(path, "script")
     run = read_script(text, src, environ)
     env = {**run.exported, **run.program.prefix_env}
-    imp = build_import(run.program.argv, src, env, run.secrets)
+    imp = build_import(run.program.argv, src, env, run.secrets, run.derived)
     imp.from_shell, imp.notes = run.from_shell, run.notes
     return imp
 
@@ -201,6 +212,13 @@ def _dump(v: Any) -> str:
     return text[:-3].strip() if text.endswith("\n...") or text.endswith("...") else text
 
 
+def _shown(value: str, imp: ImportedJob) -> str:
+    for v in imp.secret_values.values():
+        if v:
+            value = value.replace(v, MASK)
+    return mask_url_credentials(value)
+
+
 def render_yaml(imp: ImportedJob) -> str:
     """The job spec as YAML, a `# file:line` comment on each value; secret values are not in it."""
     where = Path(imp.source).name
@@ -213,7 +231,8 @@ def render_yaml(imp: ImportedJob) -> str:
     out = [f"# job spec imported from {imp.source} by `verl-cluster import`",
            "# submit it: verl-cluster submit THIS.yaml (plan it: verl-cluster plan THIS.yaml --gpus 1x8xH100-80GB)"]
     out += [f"# ${n} was taken from this shell's environment (first used on line {ln})"
-            + ("" if looks_secret(n) else f": {os.environ.get(n, '')}") for n, ln in imp.from_shell.items()]
+            + ("" if imp.hidden(n, os.environ.get(n, "")) else f": {_shown(os.environ.get(n, ''), imp)}")
+            for n, ln in imp.from_shell.items()]
     out += [f"# note: {n}" for n in imp.notes]
     for key in ("name", "entrypoint", "launcher"):
         out.append(f"{key}: {_dump(d[key])}{tail((key,))}")

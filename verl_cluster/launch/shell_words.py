@@ -19,6 +19,7 @@ from typing import Mapping, Optional
 
 from verl_cluster.config.names import is_secret_name
 from verl_cluster.errors import ConfigError
+from verl_cluster.launch.shell_secrets import SecretTracking
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
@@ -325,9 +326,10 @@ class ScriptRun:
     from_shell: dict[str, int]  # variables taken from this shell's environment -> first line
     notes: list[str]
     secrets: dict[str, Optional[str]]  # secret-looking variables the python line uses -> value (None: unset)
+    derived: dict[str, str] = field(default_factory=dict)  # variables whose value came from a secret -> that secret
 
 
-class Evaluator:
+class Evaluator(SecretTracking):
     def __init__(self, src: str, environ: Mapping[str, str], cwd: str):
         self.src, self.environ, self.cwd = src, environ, cwd
         self.vars: dict[str, str] = {}
@@ -337,6 +339,8 @@ class Evaluator:
         self.program: Optional[Program] = None
         self.secrets: dict[str, Optional[str]] = {}
         self.in_program = False
+        self.derived: dict[str, tuple[str, int]] = {}  # see SecretTracking
+        self.touched: list[str] = []  # the variables read while expanding the current value
 
     def fail(self, line: int, msg: str, hint: Optional[str] = None):
         raise ConfigError(f"{self.src}:{line}: {msg}", hint)
@@ -349,15 +353,24 @@ class Evaluator:
             return None
         if name in self.environ:
             self.from_shell.setdefault(name, line)
+            if name not in self.derived:
+                self.note_value(name, self.environ[name], line, [])
             return self.environ[name]
         return None
 
     def var(self, p: Part, line: int) -> str:
+        self.touched.append(p.text)
         if self.in_program and looks_secret(p.text):
             # the value stays out of the job: verl reads it from the job's env on the cluster
             self.secrets[p.text] = self.vars.get(p.text, self.environ.get(p.text))
             return f"${{oc.env:{p.text}}}"
         v = self.lookup(p.text, line)
+        if self.in_program and p.text in self.derived and v is not None \
+                and not any(s in v for s in self.secret_values().values()):
+            src, at = self.derived[p.text]
+            self.fail(line, f"${p.text} (set on line {at}) comes from the secret {src}, but does not hold its value: "
+                            "it cannot be written into the job without the secret itself",
+                      f"pass {src} to the program through its environment instead (secrets: [{src}])")
         if p.op == "":
             if v is None:
                 if p.text.isdigit():
@@ -376,9 +389,11 @@ class Evaluator:
         if p.op.endswith("?"):
             self.fail(line, f"${p.text} is not set: {self.text(p.default, line) or 'the script requires it'}",
                       f"export {p.text}=... before running verl-cluster")
+        mark = len(self.touched)
         value = self.text(p.default, line)
         if p.op.endswith("="):
             self.vars[p.text] = value
+            self.note_value(p.text, value, line, self.touched[mark:])
         return value
 
     def arith(self, expr: str, line: int) -> str:
@@ -475,7 +490,10 @@ class Evaluator:
         if not m:
             return None
         rest = [Part("lit", first.text[m.end():], False)] + word.parts[1:]
-        return m.group(1), self.text(rest, word.line)
+        mark = len(self.touched)
+        value = self.text(rest, word.line)
+        self.note_value(m.group(1), value, word.line, self.touched[mark:])
+        return m.group(1), value
 
     def run(self, commands: list[Command]) -> None:
         for cmd in commands:
@@ -521,13 +539,13 @@ class Evaluator:
                     self.exported.pop(f.text, None)
             return
         if name in ("ulimit", "echo", "printf"):
-            shown = " ".join(f.text for w in cmd.words[k:] for f in self.fields(w))
+            shown = self.redact(" ".join(f.text for w in cmd.words[k:] for f in self.fields(w)))
             self.notes.append(f"line {line}: `{shown}` not carried" + (
                 " (Ray's workers get the limits of the `ray start` that started them)" if name == "ulimit" else ""))
             return
         if PYTHON.fullmatch(name):
             self.in_program = True
-            argv = [f for w in cmd.words[k:] for f in self.fields(w)]
+            argv = [Field(self.as_job_value(f.text), f.line) for w in cmd.words[k:] for f in self.fields(w)]
             self.in_program = False
             if self.program is not None:
                 self.fail(line, f"a second python command (the first is on line {self.program.line})",
@@ -545,7 +563,7 @@ class Evaluator:
             raise ConfigError(f"{self.src}: no `python3 -m MODULE ...` line found",
                               "the script must run verl, e.g. python3 -m verl.trainer.main_ppo key=value ...")
         return ScriptRun(self.program, dict(self.exported), dict(self.from_shell), list(self.notes),
-                         dict(self.secrets))
+                         dict(self.secrets), {k: src for k, (src, _) in self.derived.items()})
 
 
 def read_script(text: str, src: str, environ: Optional[Mapping[str, str]] = None,
