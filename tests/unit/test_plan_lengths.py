@@ -249,3 +249,38 @@ def test_compare_lengths_script_on_a_recorded_verl_run(tmp_path, capsys):
     bad = subprocess.run([sys.executable, str(ROOT / "scripts/compare_lengths.py"), str(plan_json), str(plan_json)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no verl step line" in bad.stderr
+
+
+# ---- plan without --data reads the job's own training files, as submit does on the head node ----
+def _verl_line(*extra):
+    return ["--", "python3", "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo",
+            f"actor_rollout_ref.model.path={TOK}", "data.max_prompt_length=4096", "data.max_response_length=4096",
+            *extra]
+
+
+def test_plan_of_a_verl_line_measures_its_train_files_here_as_plan_data_does(capsys):
+    train = str(FIX / "gsm8k_train.parquet")
+    args = ["plan", "--gpus", H100X8, "model.catalog=qwen2.5-7b", "--json"]
+    assert main(args + _verl_line(f"data.train_files=[{train}]")) == 0
+    line = json.loads(capsys.readouterr().out)["lengths"]["prompt"]
+    assert main(args[:-1] + ["--data", train, "--json"] + _verl_line()) == 0
+    given = json.loads(capsys.readouterr().out)["lengths"]["prompt"]
+    assert line["measured"]["sampled"] == 2000 and line["measured"]["method"] == "tokenizer"
+    assert line == given  # the same prompts, measured the same way
+
+
+def test_plan_expands_the_jobs_tilde_paths_here_and_says_when_the_files_are_elsewhere(capsys, tmp_path):
+    import shutil
+
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    shutil.copy(FIX / "gsm8k_train.parquet", home / "data/train.parquet")
+    line = ["plan", "--gpus", H100X8, "model.catalog=qwen2.5-7b", "--brief"]
+    assert main(line + _verl_line("data.train_files=[~/data/train.parquet]")) == 0
+    out = capsys.readouterr()
+    assert "prompts 71 tokens on average (p50 70, p95 78, max 81), measured on all 2000 rows of " \
+           f"{home / 'data/train.parquet'}" in " ".join(out.out.split())
+    assert main(line + _verl_line("data.train_files=[~/data/elsewhere.parquet]")) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "note: prompt lengths not measured: ~/data/elsewhere.parquet not on this machine (`plan -c CLUSTER` " \
+           "measures them on its head node, as submit does, or --data FILE.parquet)" in err

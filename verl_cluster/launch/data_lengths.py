@@ -1,5 +1,6 @@
 """What is known of a job's sequence lengths, gathered for `plan` and `submit`: the training prompts measured
-(on the cluster's head node, or on this machine for `plan --data`), the lengths an earlier run of the job logged
+(on the cluster's head node; on this machine for `plan --data`, or for `plan` without a cluster when the job's
+training files are here), the lengths an earlier run of the job logged
 (length_store), and the job's placement.fill / mean_response_tokens. placement/lengths.py decides from them."""
 
 from __future__ import annotations
@@ -54,6 +55,43 @@ def measure_here(job: JobSpec, files: Sequence[str]) -> PromptStats:
     return PromptStats.from_probe(doc)
 
 
+def measure_job_files_here(job: JobSpec) -> tuple[Optional[PromptStats], str]:
+    """`plan` without a cluster: the job's own training files (data.train_files, `~` and $VAR expanded here),
+    measured on this machine as submit measures them on the head node; (None, why) when they cannot be."""
+    import os
+
+    from verl_cluster.launch import prompt_probe
+    from verl_cluster.launch.node_paths import job_env
+
+    req = probe_request(job)
+    if not req["files"]:
+        return None, ""
+    env = {**os.environ, **job_env(job)}
+    here = {f: _expand(f, env) for f in req["files"]}
+    absent = [f for f, p in here.items() if not Path(p).is_file()]
+    elsewhere = "`plan -c CLUSTER` measures them on its head node, as submit does, or --data FILE.parquet"
+    if len(absent) == len(here):
+        return None, f"prompt lengths not measured: {', '.join(absent)} not on this machine ({elsewhere})"
+    doc = prompt_probe.measure([here[f] for f in req["files"] if f not in absent], req["model"], req["prompt_key"],
+                               req["limit"], template_kwargs=req["template_kwargs"])
+    if doc.get("error") == "pyarrow is not installed here":
+        return None, ("prompt lengths not measured: pyarrow is not installed here (pip install 'verl-cluster[data]'"
+                      f"), or {elsewhere}")
+    stats, note = _stats(doc, "on this machine")
+    if absent and stats is not None:
+        note = "; ".join(x for x in (note, f"not on this machine, not measured: {', '.join(absent)}") if x)
+    return stats, note
+
+
+def _expand(path: str, env: dict) -> str:
+    """`~` and $VAR as a shell here would expand them, with the job's env over this shell's."""
+    import os
+    import re
+
+    path = os.path.expanduser(path)
+    return re.sub(r"\$(\w+)|\$\{([^}]*)\}", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), path)
+
+
 def measure_on_cluster(spec, job: JobSpec, timeout: float = 180.0) -> tuple[Optional[PromptStats], str]:
     """The training prompts measured on the first node (the head), with the node's tokenizer when it has the
     model; (None, why) when they cannot be (no local files, the node's Python lacks pyarrow, ...)."""
@@ -86,8 +124,8 @@ def gather_lengths(job: JobSpec, *, spec=None, data: Optional[Sequence[str]] = N
     stated = fill is not None or job.placement.fill is not None
     if data:
         prompts = measure_here(job, data)
-    elif spec is not None and not stated:
-        prompts, note = measure_on_cluster(spec, job)
+    elif not stated:  # the job's training files: on the cluster's head node, else here
+        prompts, note = measure_on_cluster(spec, job) if spec is not None else measure_job_files_here(job)
         if note:
             notes.append(note)
     if logged == "store":
