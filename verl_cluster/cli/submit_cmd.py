@@ -185,8 +185,14 @@ def _apply_ray(sub: Submission, args) -> int:
                   f"({'stops the job' if args.stop_on_interrupt else 'the job keeps running'})")
         from verl_cluster.launch.integrations import plan_predictions
 
-        return follow_job(api, sid, args.stop_on_interrupt, reattach, args.json, verl=sub.job.runs_verl,
-                          predicted=plan_predictions(req.metadata.get("verl_cluster.plan")))
+        rc = follow_job(api, sid, args.stop_on_interrupt, reattach, args.json, verl=sub.job.runs_verl,
+                        predicted=plan_predictions(req.metadata.get("verl_cluster.plan")))
+        from verl_cluster.launch.hygiene import resume_hint
+
+        hint = resume_hint(args.job_input, sub.cluster_file, req.argv)
+        if hint and rc != 130:  # 130: detached, the run goes on
+            err.print(escape(hint))
+        return rc
 
 
 def _apply_torchrun(sub: Submission, args) -> int:

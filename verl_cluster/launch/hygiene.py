@@ -92,3 +92,42 @@ def wandb_findings(results: Mapping[str, Any]) -> list:
                                       "login: wandb.init fails when the trainer starts",
                     "add `secrets: [WANDB_API_KEY]` to the job (read from your shell at submit), "
                     "or log without it: trainer.logger=[console]")]
+
+
+# ---- after a run: how to resume it by hand ----
+RESUME = "trainer.resume_mode=auto"
+
+
+def _not_resume_mode(word: str) -> bool:
+    return word.split("=", 1)[0].lstrip("+") != "trainer.resume_mode"
+
+
+def resume_command(job_input: Any, cluster_file: str) -> str:
+    """The `verl-cluster submit` line that runs the same job again from its newest checkpoint: what the user
+    typed (JobInput), any trainer.resume_mode of theirs replaced by auto, the cluster file made absolute."""
+    import shlex
+    from pathlib import Path
+
+    cluster = str(Path(cluster_file).resolve()) if Path(cluster_file).exists() else cluster_file
+    own = [w for w in job_input.overrides if _not_resume_mode(w)]
+    if job_input.kind == "command":  # every word after `--` is the program's: the key goes at its end
+        argv = [w for w in job_input.argv if _not_resume_mode(w)] + [RESUME]
+        return shlex.join(["verl-cluster", "submit", "-c", cluster, *own, "--", *argv])
+    return shlex.join(["verl-cluster", "submit", job_input.path, *own, RESUME, "-c", cluster])
+
+
+def checkpoint_folder(argv: Any) -> str:
+    """The absolute trainer.default_local_dir a run saves checkpoints into, read from the request's words (the
+    paths as the nodes expanded them), or "" when it saves none or saves them where no one finds them."""
+    words = dict(w.split("=", 1) for w in argv if isinstance(w, str) and "=" in w and not w.startswith("-"))
+    words = {k.lstrip("+"): v for k, v in words.items()}
+    folder = words.get("trainer.default_local_dir", "").strip("'\"")
+    return folder if save_freq(words) > 0 and folder.startswith("/") else ""
+
+
+def resume_hint(job_input: Any, cluster_file: str, argv: Any) -> str:
+    """The line printed after a run that saved checkpoints into a folder it can resume from; else ""."""
+    folder = checkpoint_folder(argv)
+    if not folder or job_input is None:
+        return ""
+    return f"resume it by hand from its newest checkpoint in {folder}: {resume_command(job_input, cluster_file)}"
