@@ -51,6 +51,16 @@ def record(submission_id: str, cluster_file: str, cluster_name: str, job_name: s
     _write_private(jobs_dir(), submission_id, doc)
 
 
+def update(submission_id: str, **fields) -> bool:
+    """Add to a job's record what was learnt of it later (`jobs --json` keeps the plan-vs-measured pairs it parsed
+    from the job's log, so the log is not read again); False when the job has no record here."""
+    doc = lookup(submission_id)
+    if doc is None:
+        return False
+    _write_private(jobs_dir(), submission_id, doc | fields)
+    return True
+
+
 def record_cluster(cluster_name: str, cluster_file: str, overrides: list[str] | tuple[str, ...] = ()) -> None:
     """Remember a cluster `up` was run on, with the key=value overrides it was given."""
     if not _SAFE_ID.match(cluster_name):
