@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from verl_cluster.cli.output import err, print_json
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
+from verl_cluster.watch.private import append_private
 from verl_cluster.watch.runs import FINAL, RunLock, RunState, find_run, new_run
 
 
@@ -103,8 +104,7 @@ def _detach(st: RunState, as_json: bool) -> int:
     if lock.is_held():
         lock.acquire()  # raises the clear "already watched" error
     log = st.dir / "watcher.log"
-    st.dir.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as fh:
+    with append_private(log) as fh:
         p = subprocess.Popen([sys.executable, "-m", "verl_cluster", "watch", st.run, "-c", st.cluster_file],
                              stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                              env={**os.environ, "COLUMNS": "200"})

@@ -9,13 +9,37 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.config.names import MASK, is_secret_name, mask_url_credentials
 from verl_cluster.errors import ClusterError
 from verl_cluster.launch import ray_jobs
 from verl_cluster.lifecycle.nodes import run_on_nodes
 from verl_cluster.watch.clean import actor_pairs
+from verl_cluster.watch.private import private_dir, write_private
+
+ENV_KEYS = ("env_vars", "env")  # a runtime_env's variables: names kept, values never written
+
+
+def scrub(x: Any) -> Any:
+    """State API detail as the bundle may keep it: every environment value (a runtime_env's `env_vars`, also inside
+    the JSON strings Ray keeps it in, such as `serialized_runtime_env`) and secret-named field replaced by ***, a
+    URL's credentials masked. The names stay: which variables a job had is what a hang report needs."""
+    if isinstance(x, dict):
+        return {k: ({n: MASK for n in v} if k in ENV_KEYS and isinstance(v, dict) else
+                    MASK if isinstance(k, str) and is_secret_name(k) and v not in (None, "") else scrub(v))
+                for k, v in x.items()}
+    if isinstance(x, list):
+        return [scrub(v) for v in x]
+    if isinstance(x, str):
+        if x[:1] in "{[":
+            try:
+                return json.dumps(scrub(json.loads(x)), separators=(",", ":"))
+            except ValueError:
+                pass
+        return mask_url_credentials(x)
+    return x
 
 
 @dataclass
@@ -52,15 +76,15 @@ def _stuck(dumps: list[tuple[str, dict]]) -> tuple[str, list[str]]:
 
 
 def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> Bundle:
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     why: list[str] = []
     actors: list[dict] = []
     try:  # first: the actors' pids find the workers that carry no RAY_JOB_ID of the job (pooled ones)
         if ray_job_id:
-            actors = ray_jobs.state_list(api, "actors", (("job_id", ray_job_id),))
+            actors = [a for a in ray_jobs.state_list(api, "actors", (("job_id", ray_job_id),)) if isinstance(a, dict)]
     except ClusterError as e:
         why.append(f"actor table: {e.message}")
-    (folder / "actors.json").write_text(json.dumps(actors, indent=1, default=str) + "\n")
+    write_private(folder / "actors.json", json.dumps(scrub(actors), indent=1, default=str) + "\n")
     pairs = actor_pairs(actors)
 
     def stacks_args(node) -> tuple[str, ...]:
@@ -82,14 +106,14 @@ def collect(spec: ClusterSpec, api, sid: str, ray_job_id: str, folder: Path) -> 
             dumps.append((ip, d))
             if not d["stack"]:
                 why.append(f"{ip} pid {d['pid']}: {d['error'] or 'py-spy printed nothing'}")
-    (folder / "stacks.txt").write_text("\n".join(text) + "\n")
+    write_private(folder / "stacks.txt", "\n".join(text) + "\n")
     logs = [r for r in run_on_nodes(spec, "joblogs", lambda n: (n.spec.temp_dir, ray_job_id, "40", pairs),
                                      timeout=60) if r.ok]
-    (folder / "worker-logs.txt").write_text("\n".join(
+    write_private(folder / "worker-logs.txt", "\n".join(
         f"== {r.host} {x['file']}\n" + "\n".join(x["lines"]) for r in logs for x in r.value["logs"]) + "\n")
     gpus = [{"ip": r.host, **r.value} if r.ok else {"ip": r.host, "error": r.reason}
             for r in run_on_nodes(spec, "jobprocs", lambda n: (n.spec.temp_dir, ray_job_id, "0", pairs), timeout=60)]
-    (folder / "nvml.json").write_text(json.dumps(gpus, indent=1) + "\n")
+    write_private(folder / "nvml.json", json.dumps(gpus, indent=1) + "\n")
     stuck, frames = _stuck(dumps)
     n_stacks = sum(1 for _, d in dumps if d["stack"])
     summary = (f"{n_stacks} stack(s) of {len(dumps)} process(es), {len(actors)} actor(s), "

@@ -12,6 +12,7 @@ from typing import Callable, Optional, TextIO
 
 from verl_cluster.enums import StrEnum
 from verl_cluster.watch.failures import FailureClass
+from verl_cluster.watch.private import append_private
 
 NOTIFY_TIMEOUT_S = 15.0
 
@@ -53,7 +54,7 @@ class Reporter:
     def emit(self, ev: Event) -> Event:
         doc = ev.to_json()
         line = json.dumps(doc, default=str)
-        with open(self.events_file, "a") as f:
+        with append_private(self.events_file) as f:
             f.write(line + "\n")
         if self.as_json:
             sys.stdout.write(line + "\n")

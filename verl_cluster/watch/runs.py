@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 from verl_cluster.enums import StrEnum
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launch import job_records
+from verl_cluster.watch.private import open_private, private_dir, write_private
 
 if TYPE_CHECKING:
     from verl_cluster.launch.job_input import JobInput
@@ -69,9 +70,9 @@ class RunState:
         return self.attempts[-1]["submission_id"]
 
     def save(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         tmp = self.dir / "run.json.tmp"
-        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        write_private(tmp, json.dumps(asdict(self), indent=1) + "\n")
         tmp.replace(self.dir / "run.json")  # atomic: a killed watcher never leaves half a file
 
     @classmethod
@@ -127,8 +128,7 @@ class RunLock:
             return ""
 
     def acquire(self) -> "RunLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")
+        fh = open_private(self.path)
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -147,7 +147,7 @@ class RunLock:
     def is_held(self) -> bool:
         if not self.path.exists():
             return False
-        with open(self.path, "a+") as fh:
+        with open_private(self.path) as fh:
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
