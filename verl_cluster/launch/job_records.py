@@ -57,7 +57,14 @@ def update(submission_id: str, **fields) -> bool:
     doc = lookup(submission_id)
     if doc is None:
         return False
-    _write_private(jobs_dir(), submission_id, doc | fields)
+    tmp = jobs_dir() / f".{submission_id}.json.{os.getpid()}.tmp"  # whole or not at all: `jobs` may exit mid-write
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc | fields) + "\n")
+        os.replace(tmp, jobs_dir() / f"{submission_id}.json")
+    except OSError:
+        return False
     return True
 
 
