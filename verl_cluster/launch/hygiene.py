@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from verl_cluster.config.job import JobSpec
+from verl_cluster.launch.findings import Finding
 
 VERL_DEFAULT_CKPT = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
 NO_LOGIN_MODES = ("offline", "disabled")
@@ -31,8 +32,6 @@ def save_freq(overrides: Mapping[str, Any]) -> int:
 
 def checkpoint_dir_findings(job: JobSpec, overrides: Mapping[str, Any]) -> list:
     """A warning when the run saves checkpoints into a folder relative to the driver's working directory."""
-    from verl_cluster.launch.preflight import Finding
-
     freq = save_freq(overrides)
     if not is_verl_trainer_module(job) or freq <= 0:
         return []
@@ -81,8 +80,6 @@ def wandb_unknown(spec: Any, job: JobSpec, overrides: Mapping[str, Any]) -> bool
 
 def wandb_findings(results: Mapping[str, Any]) -> list:
     """The warning naming the nodes where wandb cannot log in (node_files.wandb_login), if any."""
-    from verl_cluster.launch.preflight import Finding
-
     lacking = [h for h, r in results.items() if isinstance(r, dict) and r.get("wandb_login") is False]
     if not lacking:
         return []

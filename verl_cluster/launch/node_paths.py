@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from verl_cluster.launch.findings import Finding
+
 REMOTE_SCHEMES = ("hdfs://", "s3://", "gs://", "http://", "https://")
 
 # verl keys (0.9.1's ppo_trainer and sft_trainer configs) whose values are paths opened on the nodes
@@ -75,8 +77,6 @@ def judge(overrides: Mapping[str, Any], results: Mapping[str, Any]) -> tuple[dic
     """(the overrides to replace: key -> its value with each path as every node expands it, findings) from the
     node probes ({host: probe JSON or an exception}). Nothing is replaced while a node could not be asked (that
     is an error of its own) or where the nodes disagree (an error here)."""
-    from verl_cluster.launch.preflight import Finding
-
     wanted = to_expand(overrides)
     if not wanted or any(isinstance(r, BaseException) for r in results.values()):
         return {}, []
@@ -134,8 +134,6 @@ def rewritten(overrides: Mapping[str, Any], done: Mapping[str, str]) -> dict[str
 
 def unexpanded(overrides: Mapping[str, Any]) -> list:
     """Warnings for the paths sent as written when nothing was asked of the nodes (--skip-preflight)."""
-    from verl_cluster.launch.preflight import Finding
-
     return [Finding("warning", _check(key), f"{key}: {', '.join(raws)} sent to verl as written (--skip-preflight "
                                             "expands nothing on the nodes); verl does not expand `~` or `$VAR`",
                     "write the absolute path, or run the preflight")

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec, is_verl_module
 from verl_cluster.launch.data_check import check_schema, requirement_for
+from verl_cluster.launch.findings import Finding
 from verl_cluster.launch.request import key_origin
 from verl_cluster.launch.verl_config import check_verl_config
 from verl_cluster.launchers import runner_for
@@ -21,14 +22,6 @@ from verl_cluster.runners.remote_python import run_python
 
 PROBE = Path(__file__).with_name("node_files.py")
 REMOTE_SCHEMES = ("hdfs://", "s3://", "gs://", "http://", "https://")
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: str  # error | warning | ok | skipped
-    check: str  # data | model | verl-config | resources | cluster | env
-    message: str
-    hint: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,14 @@
+"""One preflight finding: what a check found, at which level, with its fix (preflight.py re-exports it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # error | warning | ok | skipped
+    check: str  # data | model | paths | verl-config | checkpoint | resources | cluster | env | placement
+    message: str
+    hint: Optional[str] = None
