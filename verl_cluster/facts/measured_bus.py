@@ -7,12 +7,15 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
+
+from verl_cluster.config.state_files import finite_time, read_state_json
 
 STATE_ROOT = "~/.verl-cluster"
 FILE_NAME = "collective.json"
@@ -72,8 +75,10 @@ def record(m: BusMeasure) -> Optional[Path]:
     doc[m.backend] = asdict(m)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc, indent=1) + "\n")
         tmp.replace(path)
     except OSError:
         return None
@@ -83,10 +88,7 @@ def record(m: BusMeasure) -> Optional[Path]:
 def recorded(cluster: str) -> tuple[BusMeasure, ...]:
     """Every backend's record for this cluster (none: an empty tuple; a damaged file counts as none)."""
     path = state_file(cluster)
-    try:
-        doc = json.loads(path.read_text()) if path is not None else {}
-    except (OSError, ValueError):
-        return ()
+    doc = read_state_json(path, 2**20) if path is not None else None  # bounded; a FIFO or link counts as none
     names = {f.name for f in fields(BusMeasure)}
     out = []
     for rec in doc.values() if isinstance(doc, dict) else ():
@@ -99,5 +101,8 @@ def recorded(cluster: str) -> tuple[BusMeasure, ...]:
 
 def _valid(m: BusMeasure) -> bool:
     nums = (m.nodes, m.ranks, m.gpus, m.busbw_gbs, m.size_bytes, m.measured_at)
-    return m.backend in ("nccl", "gloo") and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                 for v in nums) and m.busbw_gbs > 0 and m.nodes >= 1
+    if m.backend not in ("nccl", "gloo") or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                    and math.isfinite(v) for v in nums):
+        return False
+    # a figure a real fabric can give (NVLink 5 is 1.8 TB/s a GPU), a time a clock can show
+    return 0 < m.busbw_gbs <= 10_000 and m.nodes >= 1 and finite_time(m.measured_at) > 0

@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
+from verl_cluster.config.state_files import finite_time, read_state_json
+
 JOBS_DIR = "~/.verl-cluster/jobs"
 CLUSTERS_DIR = "~/.verl-cluster/clusters"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a job id or cluster name: a plain file name, never a path
@@ -93,10 +95,7 @@ def record_down(cluster_name: str, cluster_file: str, overrides: list[str] | tup
 
 
 def _read(path: Path) -> Optional[dict]:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    doc = read_state_json(path)  # bounded, a regular file of ours only: a FIFO or a link to /dev/zero is none
     return doc if isinstance(doc, dict) and isinstance(doc.get("cluster_file"), str) else None
 
 
@@ -130,10 +129,7 @@ class KnownCluster:
 
 
 def _when(doc: dict, key: str) -> float:
-    try:
-        return float(doc.get(key) or 0)
-    except (TypeError, ValueError):
-        return 0.0
+    return finite_time(doc.get(key))
 
 
 def known_clusters(job_limit: int = 500) -> list[KnownCluster]:
