@@ -72,9 +72,10 @@ def test_an_unreachable_node_rewrites_nothing_and_adds_nothing():
     assert (rewrites, found) == ({}, [])
 
 
-def test_skip_preflight_warns_of_each_path_sent_as_written():
+def test_a_path_sent_as_written_gets_a_warning():
     (w,) = unexpanded({"data.train_files": ["~/d/t.parquet"], "data.val_files": ["/abs/v.parquet"]})
-    assert w.level == "warning" and w.message.startswith("data.train_files: ~/d/t.parquet sent to verl as written")
+    assert w.level == "warning" and w.message.startswith("data.train_files: ~/d/t.parquet sent to verl as written, not "
+                                                         "expanded on every node")
 
 
 def test_the_real_probe_expands_home_and_the_jobs_env_on_a_localhost_cluster(tmp_path, monkeypatch):
@@ -97,3 +98,26 @@ def test_the_real_probe_expands_home_and_the_jobs_env_on_a_localhost_cluster(tmp
                         "data.val_files": [str(data / "val.parquet")]}
     assert not [f for f in found if f.level == "error"], found
     assert "2 data file(s) on every node" in " ".join(f.message for f in found)
+
+
+def test_without_the_checks_the_paths_are_still_expanded_on_the_nodes(tmp_path, monkeypatch):
+    """--skip-preflight and a watched run's next attempt (plan_submission(run_checks=False)) send verl the same
+    absolute paths; where no node answers, the paths go as written with a warning each."""
+    from verl_cluster.errors import RunnerError
+    from verl_cluster.launch import preflight
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    c = tmp_path / "c.yaml"
+    c.write_text("cluster_name: np\nhead: {host: localhost}\n")
+    spec = load_cluster(c)
+    overrides = {"data.train_files": ["~/d/train.parquet"], "trainer.default_local_dir": "~/ckpt"}
+    rewrites, found = preflight.expand_paths(spec, PPO, overrides)
+    assert rewrites == {"data.train_files": [f"{tmp_path}/d/train.parquet"],
+                        "trainer.default_local_dir": f"{tmp_path}/ckpt"}
+    assert [f.level for f in found] == ["ok"]
+    monkeypatch.setattr(preflight, "probe_node_files",
+                        lambda *a, **kw: {"localhost": RunnerError("localhost", "no answer")})
+    rewrites, found = preflight.expand_paths(spec, PPO, overrides)
+    assert rewrites == {}
+    assert [f.message.split(":")[0] for f in found if f.level == "warning"] == ["data.train_files",
+                                                                               "trainer.default_local_dir"]

@@ -133,8 +133,8 @@ def rewritten(overrides: Mapping[str, Any], done: Mapping[str, str]) -> dict[str
 
 
 def unexpanded(overrides: Mapping[str, Any]) -> list:
-    """Warnings for the paths sent as written when nothing was asked of the nodes (--skip-preflight)."""
-    return [Finding("warning", _check(key), f"{key}: {', '.join(raws)} sent to verl as written (--skip-preflight "
-                                            "expands nothing on the nodes); verl does not expand `~` or `$VAR`",
-                    "write the absolute path, or run the preflight")
+    """Warnings for the paths sent as written, not expanded on every node (no node answered, or they disagree)."""
+    return [Finding("warning", _check(key), f"{key}: {', '.join(raws)} sent to verl as written, not expanded on "
+                                            "every node; verl does not expand `~` or `$VAR`",
+                    "write the absolute path")
             for key, raws in to_expand(overrides).items()]

@@ -205,6 +205,24 @@ def check_nodes(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -
     return out, rewrites
 
 
+def expand_paths(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -> tuple[dict, list[Finding]]:
+    """Without the checks (--skip-preflight, a watched run's next attempt): still the paths verl opens as every
+    node expands them, where they agree; the others are sent as written, each with a warning."""
+    from verl_cluster.launch.node_paths import judge, to_expand, unexpanded
+
+    wanted = to_expand(overrides)
+    if not wanted:
+        return {}, []
+    try:
+        results = probe_node_files(spec, [], None, expand=list(dict.fromkeys(v for vs in wanted.values() for v in vs)),
+                                   job=job)
+    except Exception:  # noqa: BLE001 - no node answered: the paths go as written, with the warning
+        results = {}
+    rewrites, found = judge(overrides, results) if results else ({}, [])
+    warned = [Finding("warning" if f.level == "error" else f.level, f.check, f.message, f.hint) for f in found]
+    return rewrites, warned or unexpanded(overrides)  # none: no node could be asked
+
+
 # ---- verl's own config ----
 def check_verl(job: JobSpec, overrides: Mapping[str, Any]) -> list[Finding]:
     if not is_verl_module(job.entrypoint):

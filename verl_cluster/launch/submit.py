@@ -18,8 +18,8 @@ from verl_cluster.config.job import JobSpec, is_verl_module, job_cluster_path
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launchers import load_cluster
 from verl_cluster.launch.integrations import cached_backend_env, placement_plan, plan_metadata
-from verl_cluster.launch.node_paths import unexpanded
-from verl_cluster.launch.preflight import Finding, PreflightReport, check_flash_attn_needs, run_preflight
+from verl_cluster.launch.preflight import (Finding, PreflightReport, check_flash_attn_needs, expand_paths,
+                                          run_preflight)
 from verl_cluster.launch.request import (NotApplied, RayJobRequest, TorchrunRequest, build_ray_request,
                                          build_torchrun_request, merge_overrides, secret_values)
 
@@ -149,10 +149,12 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
     extra += check_flash_attn_needs(job, plan.flash_attn, plan.flash_attn_note)
     overrides, not_applied = merge_overrides(job, plan.overrides)
     secrets = secret_values(job, os.environ if environ is None else environ)
-    report = run_preflight(spec, job, overrides, status if chosen == "ray" else None, extra) if run_checks \
-        else PreflightReport([Finding("warning" if f.level == "error" else f.level, f.check, f.message, f.hint)
-                              for f in extra] + unexpanded(overrides) + [Finding("skipped", "preflight",
-                                                                                  "--skip-preflight")])
+    if run_checks:
+        report = run_preflight(spec, job, overrides, status if chosen == "ray" else None, extra)
+    else:  # the paths are still expanded: verl cannot open `~` whoever skipped the checks
+        paths, found = expand_paths(spec, job, overrides)
+        report = PreflightReport([Finding("warning" if f.level == "error" else f.level, f.check, f.message, f.hint)
+                                  for f in extra] + found + [Finding("skipped", "preflight", "--skip-preflight")], paths)
     overrides = report.with_paths(overrides)  # verl opens paths as written: `~` and $VAR as the nodes expand them
     if chosen == "ray":
         env, warnings = benv.merged()
