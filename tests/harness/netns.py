@@ -310,7 +310,7 @@ class NetnsLab:
                 lines.append(f"    ray_executable: {node_ray[w.name]}")
         lines += ["ssh:", "  user: root", f"  key_file: {self.client_key}", f"  known_hosts_file: {self.known_hosts}",
                   "  connect_timeout_s: 5",
-                  "ray:", f"  ray_executable: {ray}", f"  temp_dir: /tmp/vc-{name}",
+                  "ray:", f"  ray_executable: {ray}",  # temp_dir: the default, /tmp/vc-<uid>/<name>
                   "  object_store_memory: 209715200",
                   "security:", f"  token_file: {self.dir}/{name}-token"]
         text = "\n".join(lines) + "\n" + extra

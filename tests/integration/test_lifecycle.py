@@ -1,6 +1,7 @@
 """up / status / down on real hosts: network namespaces with real sshd and real Ray."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -112,7 +113,7 @@ def test_lifecycle_on_three_hosts(lab, capsys):
     rc, rep = cli_json(capsys, "down", str(cfg))
     assert rc == 0 and rep["ok"] and all(n["stopped"] > 0 for n in rep["nodes"])
     for h in (head, w1, w2):
-        assert h.pids("temp.dir=/tmp/vc-life") == [] and h.pids("raylet.*vc-life") == []
+        assert h.pids(f"temp.dir={spec.temp_dir}") == [] and h.pids(f"raylet.*{spec.temp_dir}") == []
     assert head.pids(f"ray.util.client.server --address={head.ip}:6379") == []
     assert set(others_before) <= set(w2.pids("temp.dir=/tmp/other")), "down killed a Ray it did not start"
     rc, st = cli_json(capsys, "status", str(cfg))
@@ -122,6 +123,7 @@ def test_lifecycle_on_three_hosts(lab, capsys):
 def test_unreachable_worker_is_named_others_stay_up(lab, capsys):
     head, good, bad = lab.add_host("head"), lab.add_host("good"), lab.add_host("bad", sshd=False)
     cfg = lab.cluster_yaml(head, [good, bad], name="unr")
+    temp_dir = load_cluster(cfg).temp_dir
     t0 = time.monotonic()
     rc, rep = cli_json(capsys, "up", str(cfg))
     assert rc == 1
@@ -135,7 +137,7 @@ def test_unreachable_worker_is_named_others_stay_up(lab, capsys):
     assert rc == 1 and bad.ip in out and "refused" in out
     rc, rep = cli_json(capsys, "down", str(cfg))
     assert rc == 1 and not rep["ok"]  # the unreachable host could not be verified
-    assert head.pids("temp.dir=/tmp/vc-unr") == [] and good.pids("temp.dir=/tmp/vc-unr") == []
+    assert head.pids(f"temp.dir={temp_dir}") == [] and good.pids(f"temp.dir={temp_dir}") == []
 
 
 def test_unknown_host_key_is_refused_unless_trusted(lab, capsys, tmp_path):
@@ -173,8 +175,10 @@ def local_ports_lock():
         yield
 
 
-def test_local_cycle(tmp_path, capsys, local_ports_lock):
-    """cluster_configs/local.yaml as shipped, with ports moved so it cannot meet a Ray already here."""
+def test_local_cycle(tmp_path, capsys, local_ports_lock, monkeypatch):
+    """cluster_configs/local.yaml as shipped, with ports moved so it cannot meet a Ray already here. `up` runs from
+    a folder that is then removed: Ray's daemons run from the temp dir (a removed cwd made every Jobs API submit
+    answer 500), and the bundle check's jobs below go through the Jobs API."""
     root = Path(__file__).resolve().parents[2]
     over = ["cluster_name=vctest", "head.gcs_port=6479", "head.dashboard_port=8365", "head.ray_client_port=10101",
             "ray.ports.node_manager=6800", "ray.ports.object_manager=6801", "ray.ports.dashboard_agent_grpc=6802",
@@ -182,9 +186,19 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock):
             "ray.ports.runtime_env_agent=6804", "ray.ports.min_worker=20002", "ray.ports.max_worker=20999",
             "ray.object_store_memory=209715200", f"security.token_file={tmp_path}/token"]
     cfg = str(root / "cluster_configs/local.yaml")
+    temp_dir = load_cluster(cfg, over).temp_dir
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
     try:
         rc, rep = cli_json(capsys, "up", cfg, *over)
         assert rc == 0, rep
+        monkeypatch.chdir(tmp_path)
+        gone.rmdir()
+        pids = subprocess.run(["pgrep", "-f", f"temp.dir={temp_dir}"], capture_output=True, text=True).stdout.split()
+        cwds = {p: os.readlink(f"/proc/{p}/cwd") for p in pids if os.path.exists(f"/proc/{p}")}
+        assert pids and set(cwds.values()) == {temp_dir}, cwds
+        assert oct(os.stat(os.path.dirname(temp_dir)).st_mode & 0o777) == "0o700"
         rc, st = cli_json(capsys, "status", cfg, *over)
         assert rc == 0 and st["healthy"] and st["nodes"][0]["host"] == "localhost"
         rc, rep = cli_json(capsys, "up", cfg, *over)
@@ -192,7 +206,7 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock):
         # watch's hang bundle and clean slate through the product's code, on an actor in a pooled worker (no
         # RAY_JOB_ID of its job): SIGSTOPped, named with its own frames and log, then gone
         r = subprocess.run([sys.executable, str(root / "scripts/gpu_bundle_check.py"), "--cpu", "--cluster", cfg,
-                            *over], capture_output=True, text=True, timeout=300)
+                            *over], capture_output=True, text=True, timeout=300, cwd=root)
         doc = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
         assert r.returncode == 0 and doc["problems"] == [], (doc.get("problems"), r.stdout[-3000:], r.stderr[-3000:])
         assert doc["stuck"].startswith(f"127.0.0.1 pid {doc['actor_pid']} (worker, stopped) ray::Holder")
@@ -200,5 +214,5 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock):
     finally:
         rc, rep = cli_json(capsys, "down", cfg, *over)
     assert rc == 0 and rep["nodes"][0]["stopped"] > 0
-    left = subprocess.run(["pgrep", "-f", "temp.dir=/tmp/vc-vctest"], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-f", f"temp.dir={temp_dir}"], capture_output=True, text=True).stdout
     assert left.strip() == ""

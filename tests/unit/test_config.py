@@ -1,5 +1,6 @@
 """cluster.yaml parsing: valid files, every bad-input path, and fuzzed YAML (never a traceback)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def test_local_defaults():
     assert spec.head_ip == "127.0.0.1"
     assert spec.gcs_address == "127.0.0.1:6379"
     assert spec.security.auth == "token" and spec.dashboard_bind_host() == "127.0.0.1"
-    assert spec.temp_dir == "/tmp/vc-local"
+    assert spec.temp_dir == f"/tmp/vc-{os.getuid()}/local"  # per user: its parent is made 0700 on each node
     assert spec.token_file.name == "auth_token" and "local" in str(spec.token_file)
 
 

@@ -42,7 +42,7 @@ def test_head_and_worker_commands(tmp_path):
                      "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port", "--metrics-export-port",
                      "--runtime-env-agent-port"):
             assert flag in c.argv
-        assert arg(c.argv, "--temp-dir") == "/tmp/vc-c"
+        assert arg(c.argv, "--temp-dir") == f"/tmp/vc-{os.getuid()}/c"
         assert c.env["RAY_AUTH_MODE"] == "token" and c.env["RAY_AUTH_TOKEN_PATH"].endswith("c/auth_token")
 
 

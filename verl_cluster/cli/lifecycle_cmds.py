@@ -92,13 +92,15 @@ def run_up(args) -> int:
     warn_open(spec)
     if args.dry_run:
         if args.json:
-            print_json({"cluster": spec.cluster_name, "nodes": [p.command.to_json() for p in planned]})
+            print_json({"cluster": spec.cluster_name,
+                        "nodes": [p.command.to_json() | {"cwd": spec.temp_dir} for p in planned]})
         else:
             for p in planned:
                 c = p.command
                 out.print(f"[bold]{c.role} {escape(c.host)}[/] ({c.ip})")
                 out.print("  env:  " + escape(" ".join(f"{k}={v}" for k, v in sorted(c.masked_env().items()))))
                 out.print("  argv: " + escape(" ".join(c.argv)))
+                out.print(f"  cwd:  {escape(spec.temp_dir)} (made on the node, its parent 0700)")
                 if p.via:  # how it reaches the node, e.g. one Slurm step that holds Ray
                     out.print("  via:  " + escape(" ".join(p.via)))
             out.print("(dry run: nothing was started; backend env from `check` is added at `up` time)")

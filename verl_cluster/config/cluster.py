@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,9 @@ from verl_cluster.errors import ConfigError
 LOCAL_HOSTS = ("localhost", "local", "127.0.0.1")
 # what a field holds, checked at load (verl_cluster/config/names.py)
 USER, PATH, EXE, ENV = {"kind": "user"}, {"kind": "path"}, {"kind": "executable"}, {"keys": "env_name"}
+DEFAULT_TEMP_DIR = "/tmp/vc-{uid}/{cluster_name}"
+LEGACY_TEMP_DIR = "/tmp/vc-{cluster_name}"  # the earlier default, in the shared /tmp: status/down still find it
+MAX_TEMP_DIR = 60  # Ray's unix socket paths (temp dir + session + sockets/...) must stay under 107 chars
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,9 @@ class PortsSpec:
 class RaySpec:
     # absolute path on the nodes; default: the `ray` beside this Python
     ray_executable: Optional[str] = field(default=None, metadata=EXE)
-    # short: Ray's unix sockets must stay under 107 chars
-    temp_dir: str = field(default="/tmp/vc-{cluster_name}", metadata=PATH)
+    # short: Ray's unix sockets must stay under 107 chars. {uid}: this user's id; the folder holding the temp dir
+    # must be this user's alone (0700): Ray makes the temp dir writable by everyone (docs/security.md)
+    temp_dir: str = field(default=DEFAULT_TEMP_DIR, metadata=PATH)
     object_store_memory: Optional[int] = None
     start_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict, metadata=ENV)
@@ -148,13 +153,25 @@ class ClusterSpec:
     def gcs_address(self) -> str:
         return f"{self.head_ip}:{self.head.gcs_port}"
 
+    def _fill(self, template: str) -> str:
+        # literal replacement, never str.format: `{0}` or a width spec in a path must not run format's machinery
+        return template.replace("{cluster_name}", self.cluster_name).replace("{uid}", str(os.getuid()))
+
     @property
     def temp_dir(self) -> str:
-        return self.ray.temp_dir.format(cluster_name=self.cluster_name)
+        return self._fill(self.ray.temp_dir)
+
+    @property
+    def legacy_temp_dir(self) -> Optional[str]:
+        """Where a cluster started before the per-user default runs: only when the config keeps the default (a
+        numeric cluster name is left out: /tmp/vc-<number> is a user's parent folder now)."""
+        if self.ray.temp_dir != DEFAULT_TEMP_DIR or self.cluster_name.isdigit():
+            return None
+        return self._fill(LEGACY_TEMP_DIR)
 
     @property
     def token_file(self) -> Path:
-        return Path(os.path.expanduser(self.security.token_file.format(cluster_name=self.cluster_name)))
+        return Path(os.path.expanduser(self._fill(self.security.token_file)))
 
     def ray_executable(self, node: NodeSpec) -> str:
         if node.ray_executable:
@@ -196,11 +213,41 @@ def _check_semantics(spec: ClusterSpec) -> None:
     p = spec.ray.ports
     if not 0 < p.min_worker <= p.max_worker < 65536:
         raise ConfigError(f"{src}: ray.ports.min_worker..max_worker must be a valid port range")
-    if len(spec.temp_dir) > 60:
-        raise ConfigError(f"{src}: ray.temp_dir `{spec.temp_dir}` is too long ({len(spec.temp_dir)} chars)",
-                          "Ray's unix socket paths must stay under 107 chars: keep temp_dir under 60")
+    if len(spec.temp_dir) > MAX_TEMP_DIR:
+        default = spec.ray.temp_dir == DEFAULT_TEMP_DIR
+        raise ConfigError(f"{src}: ray.temp_dir `{spec.temp_dir}` is too long ({len(spec.temp_dir)} chars"
+                          + (", the default for this cluster_name)" if default else ")"),
+                          f"Ray's unix socket paths must stay under 107 chars: keep temp_dir under {MAX_TEMP_DIR}"
+                          + (" (a shorter cluster_name, or set ray.temp_dir)" if default else ""))
     if not spec.temp_dir.startswith("/"):
         raise ConfigError(f"{src}: ray.temp_dir must be an absolute path, got `{spec.temp_dir}`")
+    if os.path.normpath(spec.temp_dir) in ("/", "/tmp", "/var/tmp", "/dev/shm"):
+        raise ConfigError(f"{src}: ray.temp_dir `{spec.temp_dir}` is a folder every user shares",
+                          f"leave ray.temp_dir out for the default {DEFAULT_TEMP_DIR}")
+    _check_ray_overrides(spec)
+
+
+# `ray start` flags that the config sets from its own fields (Ray keeps the last of a repeated flag, so one in
+# ray.start_args would win over the field and its checks), with the field to use instead
+_OWN_FLAGS = {"--dashboard-host": "security.dashboard_host", "--ray-client-server-port": "head.ray_client_port",
+              "--temp-dir": "ray.temp_dir", "--node-ip-address": "node_ip (per node)"}
+
+
+def _check_ray_overrides(spec: ClusterSpec) -> None:
+    """Settings that would undo security.* behind its back: Ray's auth variables in an env, and the flags above in
+    ray.start_args (also as --flag=value), are refused with the setting that owns them."""
+    src = spec.source
+    envs = [("ray.env", spec.ray.env)] + [(f"{role} `{n.host}` env", n.env) for role, n in spec.nodes()]
+    for where_, env in envs:
+        for key in env:
+            if key.startswith("RAY_AUTH_"):
+                raise ConfigError(f"{src}: {where_} sets {key}: Ray's authentication is set by security.auth, "
+                                  "not by the environment", f"remove {key}; use security.auth: token (or none)")
+    for arg in spec.ray.start_args:
+        flag = re.split(r"[=\s]", str(arg).strip(), maxsplit=1)[0]
+        if flag in _OWN_FLAGS:
+            raise ConfigError(f"{src}: ray.start_args holds {flag}: the config sets it from {_OWN_FLAGS[flag]}, "
+                              "with its checks", f"remove it from ray.start_args; set {_OWN_FLAGS[flag]} instead")
 
 
 def load_cluster(path: str | os.PathLike, overrides: list[str] | None = None, prepare=None) -> ClusterSpec:

@@ -113,6 +113,7 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
         problems += ray_versions.ray_verdicts({h: f.versions.get("ray") for h, f in facts.items()}, spec.head.host,
                                               ray_versions.local_ray_version(), spec.security.auth == "token")
         problems += mtu_verdicts(facts, choice.interfaces)
+        problems += _temp_dir_problems(spec, runners, [n.host for _, n in spec.nodes() if n.host in facts])
 
         # 3. port matrix (and the perf servers, on the same listeners process)
         matrix, links = None, []
@@ -186,6 +187,22 @@ def keep_bus(cluster: str, c: collective.CollectiveResult) -> None:
     m = measured_bus.measure_of(cluster, c.backend, nodes, c.world, c.results)
     if m is not None:
         measured_bus.record(m)
+
+
+def _temp_dir_problems(spec: ClusterSpec, runners: Mapping[str, CommandRunner], hosts: list[str]) -> list[Problem]:
+    """Per node, judged there: a temp dir other local users can reach (its parent loosened, someone else's folder),
+    or this cluster's Ray still under the earlier default temp dir in the shared /tmp."""
+    from verl_cluster.lifecycle.nodes import Node, temp_dir_findings
+
+    nodes = {n.host: (role, n) for role, n in spec.nodes()}
+    out = []
+    for r in fan_out(hosts, lambda h: Node(spec, nodes[h][0], nodes[h][1], runners[h]).probe()):
+        if r.ok:
+            out += [Problem(r.host, what, fix) for what, fix in temp_dir_findings(spec, r.value)]
+        else:
+            out.append(Problem(r.host, f"the temp dir could not be judged: {r.reason}", "see the node's Python",
+                               WARNING))
+    return out
 
 
 def _listeners(spec, runners, hosts, matrix, problems, skipped, say) -> dict[str, list[dict]]:

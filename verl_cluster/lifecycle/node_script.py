@@ -1,8 +1,12 @@
 """Node-side helper, shipped as source and run with the node's Python (`python -c SOURCE CMD ARGS`).
 
-Stdlib only (ray is imported where present); shipped after the NVML reader's source (facts/nvml_node.py). Commands:
-  probe TEMP_DIR [GCS]    versions, GPUs (NVML), this cluster's Ray processes, saved start state
-  kill TEMP_DIR [GCS]     stop exactly the Ray processes of this TEMP_DIR (and their children), verify
+Stdlib only (ray is imported where present); shipped after the NVML reader's source (facts/nvml_node.py) and the
+temp dir rules (lifecycle/temp_dir_node.py). Commands:
+  probe TEMP_DIR [GCS [OLD]]  versions, GPUs (NVML), this cluster's Ray processes (or those of its OLD temp dir),
+                          saved start state, what is unsafe about TEMP_DIR here
+  kill TEMP_DIR [GCS [OLD]]   stop exactly the Ray processes of this TEMP_DIR (and OLD) and their children, verify
+  start TEMP_DIR -- ARGV  create TEMP_DIR (new folders 0700), refuse it if unsafe, then exec ARGV (`ray start`)
+                          from inside it: Ray's daemons keep that cwd, which no one removes under them
   gcs ADDR [DASHBOARD]    node table from the GCS (+ jobs from the Jobs API)
   wait ADDR HEAD EXPECT T poll the GCS until the expected nodes are alive (one process, not one per poll)
   stacks TEMP_DIR SID JOB PYSPY LIMIT ACTORS  py-spy dumps of one Ray job's Python processes here
@@ -22,6 +26,8 @@ import time
 
 if "open_nvml" not in globals():  # imported here as a module; shipped, the reader's source comes first
     from verl_cluster.facts.nvml_node import NvmlError, open_nvml
+if "prepare_temp_dir" not in globals():
+    from verl_cluster.lifecycle.temp_dir_node import prepare_temp_dir, temp_dir_problem
 
 MARK = "@@VC-JSON@@"
 
@@ -76,6 +82,15 @@ def ours(temp_dir, procs=None, gcs_address=None):
     return {pid: procs[pid][1] for pid in found}
 
 
+def ours_and_old(temp_dir, old_temp_dir, procs, gcs_address=None):
+    """(processes of TEMP_DIR, of the cluster's earlier temp dir): both name the same GCS address, so the client
+    server found by it goes with the earlier one only when Ray runs there and not under TEMP_DIR."""
+    old = ours(old_temp_dir, procs) if old_temp_dir else {}
+    if old and not ours(temp_dir, procs):
+        return {}, ours(old_temp_dir, procs, gcs_address)
+    return ours(temp_dir, procs, gcs_address), old
+
+
 def kind(cmd):
     for k in ("gcs_server", "raylet", "dashboard.py", "log_monitor", "monitor.py", "agent.py", "ray.util.client"):
         if k in cmd.split(" ", 1)[0] or (k.endswith(".py") and k in cmd):
@@ -121,12 +136,16 @@ def version(dist):
         return None
 
 
-def cmd_probe(temp_dir, gcs_address=None):
-    found = ours(temp_dir, gcs_address=gcs_address)
+def cmd_probe(temp_dir, gcs_address=None, old_temp_dir=None):
+    """A cluster that runs under its OLD temp dir only is reported as running (its kinds, pids, state), with
+    old_kinds saying so."""
+    found, old = ours_and_old(temp_dir, old_temp_dir, read_procs(), gcs_address)
+    where = temp_dir if found or not old else old_temp_dir
+    found = found or old
     kinds = sorted({kind(c) for c in found.values()})
     state = None
     try:
-        with open(os.path.join(temp_dir, "vc-node.json")) as f:
+        with open(os.path.join(where, "vc-node.json")) as f:
             state = json.load(f)
     except (OSError, ValueError):
         pass
@@ -134,11 +153,27 @@ def cmd_probe(temp_dir, gcs_address=None):
     emit({"hostname": socket.gethostname(), "home": os.path.expanduser("~"),
           "python": sys.version.split()[0], "ray_version": version("ray"),
           "gpus": g, "nvml_error": nvml_error, "kinds": kinds, "pids": sorted(found),
-          "raylet": "raylet" in kinds, "gcs": "gcs_server" in kinds, "state": state})
+          "raylet": "raylet" in kinds, "gcs": "gcs_server" in kinds, "state": state,
+          "old_kinds": sorted({kind(c) for c in old.values()}), "temp_dir_problem": temp_dir_problem(temp_dir)})
 
 
-def cmd_kill(temp_dir, gcs_address=None):
-    found = ours(temp_dir, gcs_address=gcs_address)
+def cmd_start(temp_dir, sep, *argv):
+    """Exec `ray start` from inside its temp dir, once the temp dir is ready and judged safe; a refusal is one JSON
+    line ({"refused": [what, fix]}) and exit 2, before anything is started."""
+    if sep != "--" or not argv:
+        sys.exit("usage: start TEMP_DIR -- ARGV")
+    problem = prepare_temp_dir(temp_dir)
+    if problem:
+        emit({"refused": problem})
+        sys.exit(2)
+    os.chdir(temp_dir)
+    sys.stdout.flush()
+    os.execvp(argv[0], list(argv))
+
+
+def cmd_kill(temp_dir, gcs_address=None, old_temp_dir=None):
+    found, old = ours_and_old(temp_dir, old_temp_dir, read_procs(), gcs_address)
+    found.update(old)
     for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
         for pid in found:
             try:
@@ -152,10 +187,11 @@ def cmd_kill(temp_dir, gcs_address=None):
                 break
             time.sleep(0.1)
     left = [p for p in found if os.path.exists(f"/proc/{p}") and not zombie(p)]
-    try:
-        os.remove(os.path.join(temp_dir, "vc-node.json"))
-    except OSError:
-        pass
+    for folder in filter(None, (temp_dir, old_temp_dir)):
+        try:
+            os.remove(os.path.join(folder, "vc-node.json"))
+        except OSError:
+            pass
     emit({"stopped": len(found) - len(left), "left": left,
           "kinds": sorted({kind(c) for c in found.values()})})
 
@@ -499,6 +535,6 @@ def cmd_stacks(temp_dir, sid, job_id="", pyspy="", limit="24", actors=""):
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"probe": cmd_probe, "kill": cmd_kill, "gcs": cmd_gcs, "wait": cmd_wait, "stacks": cmd_stacks,
+    {"probe": cmd_probe, "kill": cmd_kill, "start": cmd_start, "gcs": cmd_gcs, "wait": cmd_wait, "stacks": cmd_stacks,
      "gpuhealth": cmd_gpuhealth, "jobprocs": cmd_jobprocs,
      "joblogs": cmd_joblogs}[cmd](*args)

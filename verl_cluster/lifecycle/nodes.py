@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from verl_cluster.config.cluster import ClusterSpec, NodeSpec
 from verl_cluster.errors import RunnerError
 from verl_cluster.facts import nvml_node
 from verl_cluster.launchers import runner_for
-from verl_cluster.lifecycle import node_script
+from verl_cluster.lifecycle import node_script, temp_dir_node
 from verl_cluster.lifecycle.auth import ray_auth_env
 from verl_cluster.runners import CommandRunner, HostResult, fan_out
 from verl_cluster.runners.remote_python import run_python, script_source
 
-SCRIPT = script_source(node_script.__file__, nvml_node.__file__)
+SCRIPT = script_source(node_script.__file__, nvml_node.__file__, temp_dir_node.__file__)
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class Probe:
     raylet: bool = False
     gcs: bool = False
     state: dict | None = None  # what `up` saved when it started this node
+    old_kinds: list[str] = field(default_factory=list)  # our Ray running under the earlier default temp dir
+    temp_dir_problem: list[str] | None = None  # [what, fix]: the temp dir is not safe here (temp_dir_node.py)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Probe":
@@ -50,11 +52,21 @@ class Node:
     def script(self, *args: str, timeout: float = 30.0, env: dict | None = None) -> Any:
         return run_python(self.runner, self.python, SCRIPT, args, env=env, timeout=timeout)
 
+    def _dirs(self) -> tuple[str, ...]:
+        old = self.spec.legacy_temp_dir
+        return (self.spec.temp_dir, self.spec.gcs_address) + ((old,) if old else ())
+
     def probe(self) -> Probe:
-        return Probe.from_json(self.script("probe", self.spec.temp_dir, self.spec.gcs_address))
+        return Probe.from_json(self.script("probe", *self._dirs()))
 
     def kill(self) -> dict:
-        return self.script("kill", self.spec.temp_dir, self.spec.gcs_address, timeout=30)
+        """Stop this cluster's Ray here: under its temp dir, and under the earlier default one."""
+        return self.script("kill", *self._dirs(), timeout=30)
+
+    def start_argv(self, argv: Sequence[str]) -> list[str]:
+        """`argv` (`ray start ...`) run through the node script: the temp dir made and judged first, on the node,
+        and the daemons started from inside it (they keep that cwd; the caller's may be removed)."""
+        return [self.python, "-c", SCRIPT, "start", self.spec.temp_dir, "--", *argv]
 
     def gcs(self, with_jobs: bool = False, token_path: str | None = None) -> dict:
         """Node table from the GCS, queried on this node (the head) so no port has to be open to us."""
@@ -75,6 +87,20 @@ class Node:
 
     def close(self) -> None:
         self.runner.close()
+
+
+def temp_dir_findings(spec: ClusterSpec, probe: Probe) -> list[tuple[str, str]]:
+    """(what, fix) about where a node's Ray keeps its files: a temp dir others can reach, or our Ray still running
+    under the earlier default temp dir in the shared /tmp."""
+    out = []
+    if probe.temp_dir_problem:
+        what, fix = probe.temp_dir_problem
+        out.append((f"ray.temp_dir: {what}", fix))
+    if probe.old_kinds:
+        out.append((f"this cluster's Ray runs under the earlier default temp dir {spec.legacy_temp_dir}, which "
+                    f"other local users can write into ({', '.join(probe.old_kinds[:4])})",
+                    f"`verl-cluster up --restart {spec.source}` moves it to {spec.temp_dir} (running jobs end)"))
+    return out
 
 
 def cluster_nodes(spec: ClusterSpec) -> list[Node]:

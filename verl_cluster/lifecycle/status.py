@@ -11,7 +11,7 @@ from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, RunnerError
 from verl_cluster.launchers import Launcher, launcher_for
 from verl_cluster.lifecycle.auth import node_token_path, open_cluster_warnings
-from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip
+from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip, temp_dir_findings
 from verl_cluster.runners import fan_out
 
 
@@ -108,6 +108,8 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
             known = {by_ip[n.ip]["node_id"] for n in nodes if n.ip in by_ip}
             st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["node_id"] not in known]
         st.problems += open_cluster_warnings(spec)
+        st.problems += [f"{n.host}: {what}; fix: {fix}" for n in nodes if probes[n.host].ok
+                        for what, fix in temp_dir_findings(spec, probes[n.host].value)]
         st.problems += _ray_version_problems(spec, st)
         st.problems += [f"{node}: {what}; fix: {fix}" for node, what, fix in launcher.node_problems()]
         versions = {(n.ray_version, n.python_version) for n in st.nodes if n.state != NodeState.UNREACHABLE}

@@ -17,11 +17,12 @@ from typing import Callable, Optional
 from verl_cluster.enums import StrEnum
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
-from verl_cluster.errors import ConnectError, RunnerError
+from verl_cluster.errors import ClusterError, ConfigError, ConnectError, RunnerError
 from verl_cluster.launchers import launcher_for
 from verl_cluster.lifecycle.auth import ensure_token, node_token_path, refuse_open_dashboard, remote_token_path
 from verl_cluster.lifecycle.commands import NodeCommand, plan_start
 from verl_cluster.lifecycle.nodes import Node, Probe, cluster_nodes, index_by_ip
+from verl_cluster.runners.remote_python import MARK
 from verl_cluster.runners import fan_out
 
 Progress = Callable[[str, str], None]  # (host, what is happening)
@@ -112,6 +113,7 @@ class _Up:
             o.log_tail = getattr(r.error, "hint", "") or ""
             self.say(r.host, f"[red]{o.action}[/]: {o.reason}")
         self.refuse_incompatible()
+        self.refuse_unsafe_temp_dir()
         tokens = {h: node_token_path(self.spec, p.home) for h, p in self.probes.items()}
         self.cmds = {c.host: c for c in plan_start(self.spec, self.node_env, tokens)}
 
@@ -130,6 +132,21 @@ class _Up:
                 del self.probes[n.host]  # nothing more is done on it
                 self.say(n.host, f"[red]failed[/]: {why}")
 
+    def refuse_unsafe_temp_dir(self) -> None:
+        """Before anything starts: a temp dir that other local users can reach (judged on each node), or a cluster
+        still running under the earlier default temp dir (it moves only with --restart)."""
+        bad = [(h, p.temp_dir_problem) for h, p in self.probes.items() if p.temp_dir_problem]
+        if bad:
+            host, (what, fix) = bad[0]
+            more = f" (and on {len(bad) - 1} more node(s))" if len(bad) > 1 else ""
+            raise ConfigError(f"{self.spec.source}: {host}: ray.temp_dir {self.spec.temp_dir}: {what}{more}", fix)
+        old = [h for h, p in self.probes.items() if p.old_kinds]
+        if old and not self.restart:
+            raise ClusterError(
+                f"cluster {self.spec.cluster_name} runs under the earlier default temp dir "
+                f"{self.spec.legacy_temp_dir} (on {', '.join(old)}), which other local users can write into",
+                f"`verl-cluster up --restart {self.spec.source}` moves it to {self.spec.temp_dir} (running jobs end)")
+
     def _running(self, n: Node) -> bool:
         p = self.probes[n.host]
         return self.launcher.running(n.role, p.raylet, p.gcs)
@@ -140,7 +157,7 @@ class _Up:
 
     def start(self, n: Node, restarting: bool) -> None:
         o, cmd, t0 = self.out[n.host], self.cmds[n.host], time.monotonic()
-        if self.probes[n.host].kinds:
+        if self.probes[n.host].kinds or self.probes[n.host].old_kinds:
             self.say(n.host, "stopping leftovers of this cluster")
             n.kill()
         if self.token:
@@ -149,8 +166,14 @@ class _Up:
         self.say(n.host, "ray start")
         if n.role == "head":
             self.head_launching.set()  # old processes are gone: from now on an open GCS port is the new head
-        res = self.launcher.start_ray(n.runner, cmd.argv, env=cmd.env, timeout=self.spec.ray.start_timeout_s)
+        res = self.launcher.start_ray(n.runner, n.start_argv(cmd.argv), env=cmd.env,
+                                      timeout=self.spec.ray.start_timeout_s)
         o.seconds = time.monotonic() - t0
+        refused = _refusal(res.stdout)
+        if refused:  # the temp dir, judged again on the node as it was made: nothing was started
+            o.action, o.reason, o.log_tail = NodeAction.FAILED, f"ray.temp_dir: {refused[0]}", f"fix: {refused[1]}"
+            self.say(n.host, f"[red]refused[/]: {refused[0]}")
+            return
         if not res.ok:
             o.action, o.reason = NodeAction.FAILED, f"ray start failed (exit {res.rc})"
             o.log_tail = res.tail(12)
@@ -261,6 +284,20 @@ class _Up:
     def close(self) -> None:
         for n in self.nodes:
             n.close()
+
+
+def _refusal(stdout: str) -> list[str] | None:
+    """[what, fix] when the node script refused the temp dir instead of starting Ray."""
+    import json
+
+    for line in stdout.splitlines():
+        if line.startswith(MARK):
+            try:
+                found = json.loads(line[len(MARK):]).get("refused")
+            except (ValueError, AttributeError):
+                return None
+            return [str(x) for x in found][:2] if isinstance(found, list) and len(found) == 2 else None
+    return None
 
 
 def _state_json(cmd: NodeCommand) -> str:
