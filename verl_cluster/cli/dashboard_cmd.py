@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import signal
 import sys
 import time
@@ -81,9 +82,10 @@ def _describe(args, spec, link, version: str, token_ok: bool, headers: dict) -> 
     if not headers:
         out.print("auth: none (security.auth: none) — anyone who reaches the port can run code on the cluster")
         return
-    out.print(f"token: in {escape(token_file)} (`cat {escape(token_file)}`); the page asks for it once and keeps "
+    quoted = escape(shlex.quote(token_file))  # pasted into a shell: a crafted path must stay one word
+    out.print(f"token: in {escape(token_file)} (`cat {quoted}`); the page asks for it once and keeps "
               f"it in the cookie {TOKEN_COOKIE}")
-    out.print(f"API: curl -H \"Authorization: Bearer $(cat {escape(token_file)})\" {link.url}/api/jobs/")
+    out.print(f"API: curl -H \"Authorization: Bearer $(cat {quoted})\" {link.url}/api/jobs/")
     if args.show_token:
         out.print(f"token value: {escape(headers['Authorization'].split(' ', 1)[1])}")
     if not token_ok:
