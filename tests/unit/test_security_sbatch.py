@@ -69,3 +69,33 @@ def test_odd_but_legal_values_stay_inside_their_lines(tmp_path):
 def test_script_refuses_control_characters_directly(tmp_path):
     with pytest.raises(ConfigError, match="new line of the batch script"):
         script(BatchRequest(job_file="/j\n.yaml", job_name="j", nodes=1, log_dir="/tmp/l"))
+
+
+def _write(capsys, *argv):
+    rc = main(["sbatch", *argv, "--json"])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_a_job_name_never_puts_the_script_outside_the_log_dir(job_dir, capsys):
+    (job_dir / "job.yaml").write_text(JOB.replace("name: smoke", "name: ../../x"))
+    logs = job_dir / "a" / "b" / "logs"
+    rc, out, err = _write(capsys, "job.yaml", "--log-dir", str(logs))
+    assert rc == 0, err
+    import json
+
+    written = json.loads(out)["script"]
+    assert written.startswith(str(logs) + "/") and "/" not in written[len(str(logs)) + 1:], written
+    assert not (job_dir / "x.sbatch").exists() and not (job_dir / "a" / "x.sbatch").exists()
+
+
+def test_a_symlink_at_the_script_path_is_not_followed(job_dir, capsys):
+    logs = job_dir / "logs"
+    logs.mkdir()
+    victim = job_dir / "victim"
+    victim.write_text("keep me\n")
+    victim.chmod(0o600)
+    (logs / "smoke.sbatch").symlink_to(victim)
+    rc, out, err = _write(capsys, "job.yaml", "--log-dir", str(logs))
+    assert victim.read_text() == "keep me\n" and oct(victim.stat().st_mode & 0o777) == "0o600"
+    assert rc == 2 and "symbolic link" in err and "Traceback" not in err, err

@@ -37,7 +37,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from verl_cluster.launch.script_import import load_job_input
-    from verl_cluster.slurm.batch import BatchRequest, resolve_log_dir, script, submit_script, write_script
+    from verl_cluster.slurm.batch import BatchRequest, resolve_log_dir, safe_name, script, submit_script, write_script
     from verl_cluster.slurm.fit import check_fits, job_shape
 
     job, _ = load_job_input(args.job, list(args.overrides))
@@ -62,7 +62,7 @@ def run(args) -> int:
         else:
             out.print(text, markup=False, highlight=False, end="")
         return EXIT_OK
-    path = write_script(text, Path(args.output or Path(log_dir) / f"{req.job_name}.sbatch"), log_dir)
+    path = write_script(text, Path(args.output or Path(log_dir) / f"{safe_name(req.job_name)}.sbatch"), log_dir)
     job_id = None
     if args.submit:
         job_id, said = submit_script(path)

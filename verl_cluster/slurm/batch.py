@@ -64,11 +64,16 @@ def validate(req: BatchRequest) -> None:
             raise ConfigError(f"`{v}` is not a Slurm partition/account name")
 
 
+def safe_name(job_name: str) -> str:
+    """A job's name as one plain file name (Slurm's --job-name, the script's file): no `/`, no leading dot."""
+    return re.sub(r"[^\w.-]", "-", job_name)[:60].lstrip(".") or "verl"
+
+
 def script(req: BatchRequest) -> str:
     """The batch script's text."""
     validate(req)
     q = shlex.quote
-    name = re.sub(r"[^\w.-]", "-", req.job_name)[:60] or "verl"
+    name = safe_name(req.job_name)
     head = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={req.nodes}",
             "#SBATCH --ntasks-per-node=1"]
     if req.gpus_per_node:
@@ -123,12 +128,24 @@ def resolve_log_dir(log_dir: str) -> str:
 
 
 def write_script(text: str, path: Path, log_dir: str) -> Path:
-    """The script at `path` (absolute, executable), and the log folder Slurm's --output needs (it makes none)."""
-    path = path.resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Path(log_dir).mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    os.chmod(path, 0o755)
+    """The script at `path` (absolute, executable), and the log folder Slurm's --output needs (it makes none).
+    Written to a new file beside it, then renamed over it: a link at `path` is refused, never followed."""
+    path = Path(os.path.abspath(path))
+    if path.is_symlink():
+        raise ConfigError(f"{path} is a symbolic link: refusing to write the batch script through it",
+                          "remove the link, or write the script elsewhere with --output")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            os.fchmod(f.fileno(), 0o755)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ConfigError(f"cannot write the batch script {path}: {e.strerror or e}",
+                          "choose a folder you can write with --log-dir or --output")
     return path
 
 
