@@ -216,17 +216,20 @@ def job_from_data(data: Any, src: str, cli_overrides: list[str] | None = None, l
     return job
 
 
+def beside_job(job: JobSpec, name: str) -> Path:
+    """A path a job file names: relative to the job file only, never to the directory the command runs in (a file
+    planted there, in /tmp say, would be taken instead)."""
+    p = Path(name).expanduser()
+    return p if p.is_absolute() else Path(job.source).parent / p
+
+
 def job_factors_path(job: JobSpec) -> Optional[str]:
     """The factors file a job names (placement.factors), resolved relative to the job file."""
-    if not job.placement.factors:
-        return None
-    p = Path(job.placement.factors).expanduser()
-    return str(p if p.is_absolute() or p.exists() else Path(job.source).parent / p)
+    return str(beside_job(job, job.placement.factors)) if job.placement.factors else None
 
 
 def job_cluster_path(job: JobSpec, default: str | None = None) -> Optional[Path]:
     """The cluster file a job names, resolved relative to the job file."""
     if job.cluster:
-        p = Path(job.cluster)
-        return p if p.is_absolute() or p.exists() else Path(job.source).parent / p
+        return beside_job(job, job.cluster)
     return Path(default) if default else None
