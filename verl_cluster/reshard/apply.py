@@ -203,8 +203,9 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
                     else:
                         stats = reshard_file_set([Path(s) for s in srcs], [Path(o.dest) for o in ops], target,
                                                  plan.device, progress, fsdp1=fsdp1)
-                except UnsupportedContent as e:
-                    raise NotReshardable(str(e), FSDP1_OPTIM_HINT if fsdp1 else FSDP2_HINT)
+                except UnsupportedContent as e:  # a refused pickle carries its own hint
+                    hint = getattr(e, "hint", None) or (FSDP1_OPTIM_HINT if fsdp1 else FSDP2_HINT)
+                    raise NotReshardable(str(e), hint)
                 result.bytes_written += stats.bytes_written
                 if stats.largest_tensor_bytes > result.largest_tensor_bytes:
                     result.largest_tensor_bytes = stats.largest_tensor_bytes
@@ -266,8 +267,11 @@ def _sync_tree(root: Path) -> None:
 
 def _replace_file(dest: Path, text: str) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp")
-    tmp.write_text(text)
-    with open(tmp) as f:
+    tmp.unlink(missing_ok=True)  # whatever is there (a planted link would be followed): the folder is untrusted
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, dest)
 

@@ -20,8 +20,9 @@ import torch
 
 from verl_cluster.reshard.shards import (MeshShape, Pieces, assemble, chunk_bounds, fresh_dtensor, fresh_mesh,
                                          gather_pieces, new_mesh, new_spec, segments)
-from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, TensorRef, TorchFile, UnsupportedContent,
-                                            WrapperRef, normalize_location, open_torch_file, write_torch_file)
+from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, RefusedPickle, TensorRef, TorchFile,
+                                            UnsupportedContent, WrapperRef, normalize_location, open_torch_file,
+                                            write_torch_file)
 
 
 @dataclass
@@ -115,6 +116,8 @@ def reshard_file_set(sources: list[Path], dests: list[Path], target: MeshShape, 
         for p in sources:
             try:
                 files.append(open_torch_file(str(p), keep_plain=plain_source))
+            except RefusedPickle:
+                raise  # names the file already, and carries its own hint
             except UnsupportedContent as e:
                 raise UnsupportedContent(f"{p}: {e}") from None
         pairs: dict[int, tuple[str, list[WrapperRef]]] = {}

@@ -16,9 +16,9 @@ import itertools
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, TensorRef, TorchFile, UnsupportedContent,
-                                            WrapperRef, _itemsize, normalize_location, open_torch_file,
-                                            write_torch_file)
+from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, RefusedPickle, TensorRef, TorchFile,
+                                            UnsupportedContent, WrapperRef, _itemsize, normalize_location,
+                                            open_torch_file, write_torch_file)
 
 
 def model_params(tf: TorchFile) -> list[tuple[str, int]]:
@@ -112,6 +112,8 @@ def reshard_flat_file_set(sources: list[Path], dests: list[Path], model_file: Pa
         for p in sources:
             try:
                 files.append(open_torch_file(str(p), keep_plain=True))
+            except RefusedPickle:
+                raise  # names the file already, and carries its own hint
             except UnsupportedContent as e:
                 raise UnsupportedContent(f"{p}: {e}") from None
         ids, chunks = _moments(files[0].obj)

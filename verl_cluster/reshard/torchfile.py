@@ -26,12 +26,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from verl_cluster.reshard.safe_pickle import RefusedPickle, RestrictedUnpickler, UnsupportedContent  # noqa: F401
+
 DTENSOR_CLASS = ("torch.distributed.tensor", "DTensor")
 SHARD_MODULE = "torch.distributed._shard"  # ShardedTensor and its metadata
-
-
-class UnsupportedContent(Exception):
-    """The file holds something this reader does not reshard (named in the message)."""
 
 
 @dataclass
@@ -115,69 +113,36 @@ def _storage_dtype(storage_type: Any) -> torch.dtype:
         for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
                    torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128):
             _STORAGE_DTYPES[_storage_type_name(dt)] = dt
-    name = getattr(storage_type, "__name__", str(storage_type))
+    name = storage_type.__name__ if isinstance(storage_type, type) else type(storage_type).__name__
     if name not in _STORAGE_DTYPES:
         raise UnsupportedContent(f"storage type {name}")
     return _STORAGE_DTYPES[name]
 
 
-class _MetaUnpickler(pickle.Unpickler):
-    """Unpickles a torch.save pickle with tensors as references; classes load as they are."""
+class _MetaUnpickler(RestrictedUnpickler):
+    """Unpickles a torch.save pickle with tensors as references, under `safe_pickle`'s table of globals."""
 
     def __init__(self, data: bytes, path: str):
-        super().__init__(io.BytesIO(data))
-        self.path = path
+        super().__init__(data, path, {("torch._utils", "_rebuild_tensor_v2"): _rebuild_ref,
+                                      ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_wrapper_ref})
         self.storages: dict[str, StorageRef] = {}
 
     def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise UnsupportedContent(f"an unknown persistent record {pid!r:.80}")
         _, storage_type, key, location, numel = pid
-        dtype = torch.uint8 if storage_type is torch.UntypedStorage else _storage_dtype(storage_type)
-        ref = self.storages.get(key)
+        dtype = _storage_dtype(storage_type)
+        ref = self.storages.get(str(key))
         if ref is None:
-            ref = self.storages[key] = StorageRef(self.path, key, dtype, int(numel), str(location))
+            ref = self.storages[str(key)] = StorageRef(self.path, str(key), dtype, int(numel), str(location))
         return ref
 
-    def find_class(self, module: str, name: str):
-        if module == "torch._utils" and name == "_rebuild_tensor_v2":
-            return _rebuild_ref
-        if module == "torch._tensor" and name == "_rebuild_from_type_v2":
-            return WrapperRef
+    def unlisted(self, module: str, name: str) -> None:
         if module.startswith(SHARD_MODULE):
             raise UnsupportedContent("ShardedTensor values (FSDP1's sharded state dict without a device mesh; "
                                      "verl gives FSDP1 one and saves DTensors)")
-        if module == "torch._utils" and name.startswith("_rebuild_") and name not in _REBUILDERS:
-            raise UnsupportedContent(f"a tensor kind this tool does not read ({name})")
-        found = super().find_class(module, name)
-        if _allowed(module, name, found):
-            return found
-        raise UnsupportedContent(f"a pickled {module}.{name}, which this reader does not load: it loads tensors, "
-                                 "DTensors and plain data only, and runs no other code from a checkpoint")
-
-
-# what verl's model and optimizer files pickle besides tensors: DTensor metadata and plain data. Anything else is
-# refused rather than called (a pickle can name any function)
-_REBUILDERS = ("_rebuild_parameter", "_rebuild_wrapper_subclass")
-_FUNCTIONS = {("torch._utils", n) for n in _REBUILDERS} | {("torch.serialization", "_get_layout")}
-_CLASS_MODULES = ("torch.distributed.tensor", "torch.distributed.device_mesh", "torch.distributed._mesh_layout")
-_CLASSES = {("collections", "OrderedDict"), ("torch", "Size"), ("torch", "device"), ("torch", "Tensor"),
-            ("torch.nn.parameter", "Parameter")} | {
-    (b, n) for b in ("builtins", "__builtin__") for n in ("set", "frozenset", "complex", "slice")}
-
-
-def _allowed(module: str, name: str, found: Any) -> bool:
-    if (module, name) in _FUNCTIONS:
-        return True
-    if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
-        return True
-    if not isinstance(found, type):
-        return False
-    if (module, name) in _CLASSES or (module == "torch" and issubclass(found, torch.storage._StorageBase)):
-        return True
-    if module == "torch" and name.endswith("Storage") and issubclass(found, torch.storage.TypedStorage):
-        return True
-    return any(module == m or module.startswith(m + ".") for m in _CLASS_MODULES)
+        if module == "torch._utils" and name.startswith("_rebuild_"):
+            raise UnsupportedContent(f"a tensor kind this tool does not read ({name[:60]})")
 
 
 def plain_ref(o: Any) -> "TensorRef | None":
@@ -191,7 +156,25 @@ def plain_ref(o: Any) -> "TensorRef | None":
 
 
 def _rebuild_ref(storage: StorageRef, offset, shape, stride, requires_grad=False, *extra) -> TensorRef:
-    return TensorRef(storage, int(offset), tuple(shape), tuple(stride), bool(requires_grad), tuple(extra))
+    if not (isinstance(storage, StorageRef) and type(offset) is int and _ints(shape) and _ints(stride)
+            and len(shape) == len(stride)):
+        raise UnsupportedContent("a tensor record unlike torch's (storage, offset, shape, stride)")
+    return TensorRef(storage, offset, tuple(shape), tuple(stride), bool(requires_grad), tuple(extra))
+
+
+def _ints(v: Any) -> bool:
+    return isinstance(v, tuple) and all(type(x) is int and x >= 0 for x in v)
+
+
+def _rebuild_wrapper_ref(func, new_type, args, state) -> WrapperRef:
+    """`torch._tensor._rebuild_from_type_v2`, kept as a reference: a DTensor (rebuilt by
+    `_rebuild_wrapper_subclass`) or a plain tensor with attributes; nothing of it is called here."""
+    from torch.distributed.tensor import DTensor
+
+    if not (new_type in (torch.Tensor, DTensor) and type(args) is tuple
+            and (func is _rebuild_ref or func is torch._utils._rebuild_wrapper_subclass)):
+        raise UnsupportedContent("a tensor subclass record unlike torch's for a tensor or DTensor")
+    return WrapperRef(func, new_type, args, state)
 
 
 @dataclass
@@ -255,22 +238,25 @@ def open_torch_file(path: str, keep_plain: bool = False) -> TorchFile:
         reader = torch._C.PyTorchFileReader(path)
     except RuntimeError as e:
         raise UnsupportedContent(f"not a torch.save zip file ({str(e).splitlines()[0]})") from None
-    data = reader.get_record("data.pkl")
-    unpickler = _MetaUnpickler(data, path)
     mesh_log = logging.getLogger("torch.distributed.device_mesh")
     level = mesh_log.level
     mesh_log.setLevel(logging.ERROR)  # "unpickling of the DeviceMesh occurred before the PGs were created": expected
     try:
+        unpickler = _MetaUnpickler(reader.get_record("data.pkl"), path)
         obj = unpickler.load()
+        offsets = {key: reader.get_record_offset(f"data/{key}") for key in unpickler.storages}
+        size = os.path.getsize(path)
+        for key, ref in unpickler.storages.items():
+            if ref.numel < 0 or offsets[key] + ref.nbytes > size:
+                raise UnsupportedContent(f"storage record {key[:40]!r} runs past the end of the file")
+        return _materialize_plain(TorchFile(path, obj, unpickler.storages, offsets), keep_plain)
     except UnsupportedContent:
         raise
-    except (pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError) as e:
-        raise UnsupportedContent(f"its pickle does not load here ({type(e).__name__}: {e})") from None
+    except Exception as e:  # noqa: BLE001 - whatever a malformed file makes the reader raise, it is the file's
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+        raise UnsupportedContent(f"its pickle does not load here ({type(e).__name__}: {first[:200]})") from None
     finally:
         mesh_log.setLevel(level)
-    offsets = {key: reader.get_record_offset(f"data/{key}") for key in unpickler.storages}
-    tf = TorchFile(path, obj, unpickler.storages, offsets)
-    return _materialize_plain(tf, keep_plain)
 
 
 def _materialize_plain(tf: TorchFile, keep_plain: bool = False) -> TorchFile:
