@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -84,11 +85,24 @@ class StepCheckpoint:
 
 
 def _tracker_step(root: Path) -> Optional[int]:
+    """The step `latest_checkpointed_iteration.txt` names: a small regular file, never followed through a
+    symbolic link (the folder is untrusted; a link could make the error echo another file's first bytes)."""
     f = root / TRACKER
+    if f.is_symlink():
+        raise NotReshardable(f"{f}: a symbolic link; verl writes the tracker as a plain file",
+                             "replace it with a file holding the step number (or remove it to use the newest step)")
     if not f.is_file():
         return None
-    text = f.read_text().strip()
-    if not text.isdigit():
+    try:
+        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise NotReshardable(f"{f}: cannot read it ({e.strerror})") from None
+    try:
+        raw = os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+    text = raw.decode("utf-8", "replace").strip()
+    if not text.isdigit() or not text.isascii():
         raise NotReshardable(f"{f}: expected a step number, found {text[:40]!r}")
     return int(text)
 
