@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import replace
 from typing import Any, Iterable, Optional
 
@@ -16,6 +18,9 @@ from verl_cluster.errors import ConfigError
 from verl_cluster.placement.check_run import STEP_PHASES
 
 MIN_RUNS = 2  # a figure from fewer runs is shown, not applied
+FACTOR_RANGE = (0.05, 20.0)  # measured / predicted: a plan 20 times off is a wrong plan, not a factor to apply
+MAX_RUNS = 10**6
+MAX_FILE_BYTES = 2**20
 STEP, HOST, SAVE = "step", "host_gib", "save_checkpoint_s"
 FIGURES = STEP_PHASES + (STEP, SAVE, HOST)
 
@@ -59,12 +64,7 @@ def compute(runs: Iterable[list[dict]], min_runs: int = MIN_RUNS) -> dict[str, d
 def read_factors(path: str) -> dict[str, tuple[float, Optional[int], bool]]:
     """{figure: (factor, runs or None, enough)} from a factors file ({"factors": {figure: {factor, runs, ...} or a
     number}}). ConfigError naming the file and field for anything else."""
-    from verl_cluster.config.loader import read_text_bounded
-
-    try:
-        text = read_text_bounded(path, "factors file")
-    except ConfigError as e:
-        raise ConfigError(f"--factors {e.message}", e.hint) from None
+    text = _read_regular(path)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -85,11 +85,38 @@ def read_factors(path: str) -> dict[str, tuple[float, Optional[int], bool]]:
         f, runs = entry.get("factor"), entry.get("runs")
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0:
             raise ConfigError(f"{where}.factor: must be a positive number, got {json.dumps(f)}", "e.g. 1.15")
-        if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 0):
-            raise ConfigError(f"{where}.runs: must be a whole number of runs, got {json.dumps(runs)}")
+        lo, hi = FACTOR_RANGE
+        if not lo <= f <= hi:
+            raise ConfigError(f"{where}.factor: {f:g} is out of range: a factor (measured / predicted) is from {lo:g} "
+                              f"to {hi:g}", "make the file with scripts/plan_factors.py from runs of this job")
+        if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or not 0 <= runs <= MAX_RUNS):
+            raise ConfigError(f"{where}.runs: must be a whole number of runs (0 to {MAX_RUNS}), got "
+                              f"{json.dumps(runs)[:40]}")
         enough = entry.get("enough", True if runs is None else runs >= MIN_RUNS)
-        out[name] = (float(f), runs, bool(enough))
+        if not isinstance(enough, bool):
+            raise ConfigError(f"{where}.enough: must be true or false, got {json.dumps(enough)[:40]}")
+        out[name] = (float(f), runs, enough)
     return out
+
+
+def _read_regular(path: str) -> str:
+    """The factors file's text: a regular file (a FIFO would hang the read, a device never end), at most 1 MiB."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ConfigError(f"--factors {path}: file not found", "make it with scripts/plan_factors.py --out FILE")
+    except OSError as e:
+        raise ConfigError(f"--factors {path}: cannot read: {e.strerror or e}")
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ConfigError(f"--factors {path}: not a regular file", "name the JSON file plan_factors.py wrote")
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"--factors {path}: larger than 1 MiB; not a factors file")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--factors {path}: not UTF-8 text (byte {e.start})")
 
 
 def _scaled_time(t: Optional[dict], f: dict[str, float]) -> Optional[dict]:
