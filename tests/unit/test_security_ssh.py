@@ -106,3 +106,25 @@ def test_recorded_key_is_what_ssh_keygen_looks_up(server, tmp_path, monkeypatch)
     server.host_key = paramiko.ECDSAKey.generate()
     with pytest.raises(HostKeyError, match="does not match"):
         SshRunner(_target(server, tmp_path)).connect()
+
+
+@pytest.mark.parametrize("proxy, why", [
+    ('sh -c "echo no route >&2; exit 1"', "exited"),  # starts, then fails: paramiko's thread printed a traceback
+    ("/nonexistent/proxy %h", "could not start"),
+])
+def test_a_failing_proxycommand_is_one_line_naming_it(tmp_path, proxy, why):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text(f"Host jumpy\n  ProxyCommand {proxy}\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("cluster_name: pc\nhead: {host: jumpy}\nssh: {connect_timeout_s: 3}\n")
+    r = subprocess.run([sys.executable, "-m", "verl_cluster", "status", "-c", str(cfg), "--json"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
+    assert "Traceback" not in r.stderr and "Exception (client)" not in r.stderr, r.stderr
+    import json
+
+    reason = json.loads(r.stdout)["nodes"][0]["reason"]
+    assert "ProxyCommand" in reason and why in reason and "~/.ssh/config" in reason, reason

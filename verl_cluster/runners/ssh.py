@@ -8,6 +8,7 @@ changed one). Every network step has a timeout.
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import secrets
 import select
@@ -24,6 +25,10 @@ import paramiko
 from verl_cluster.config.names import env_name_problem, host_problem, user_problem
 from verl_cluster.errors import ConfigError, ConnectError, HostKeyError, RunnerError
 from verl_cluster.runners.base import CommandTimeout, Result
+
+# paramiko's transport thread logs every failed connection with its traceback (a ProxyCommand that exits, a port
+# that closes before the banner); the same failure reaches the caller as an exception, said in one line
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,28 @@ def _resolve(target: SshTarget) -> tuple[str, int, str, list[str], Optional[str]
     if target.key_file:
         keys = [os.path.expanduser(target.key_file)]
     return hostname, port, user or getpass.getuser(), keys, proxy
+
+
+PROXY_HINT = "run the ProxyCommand by hand to see why, or fix or remove its line for this host in ~/.ssh/config"
+
+
+def _start_proxy(host: str, proxy: str) -> paramiko.ProxyCommand:
+    try:
+        return paramiko.ProxyCommand(proxy)
+    except (OSError, ValueError) as e:
+        raise ConnectError(host, f"the ProxyCommand for {host} in ~/.ssh/config (`{proxy[:120]}`) could not start: "
+                                 f"{getattr(e, 'strerror', None) or e}", PROXY_HINT)
+
+
+def _proxy_exited(host: str, proxy: str, sock: paramiko.ProxyCommand) -> ConnectError:
+    said = ""
+    try:
+        said = sock.process.stderr.read(4000).decode(errors="replace").strip().splitlines()[-1:]
+        said = f": {said[0][:200]}" if said else ""
+    except (OSError, ValueError, AttributeError):
+        pass
+    return ConnectError(host, f"the ProxyCommand for {host} in ~/.ssh/config (`{proxy[:120]}`) exited with status "
+                              f"{sock.process.returncode} before SSH started{said}", PROXY_HINT)
 
 
 def _check_env_names(env: Mapping[str, str]) -> None:
@@ -150,13 +177,18 @@ class SshRunner:
                                       "fix or remove the broken line")
             client.set_missing_host_key_policy(
                 _RememberNewKey(known) if t.accept_new_host_keys else paramiko.RejectPolicy())
-            sock = paramiko.ProxyCommand(proxy) if proxy else None
+            sock = _start_proxy(t.host, proxy) if proxy else None
             where = f"{user}@{hostname}:{port}"
             try:
-                client.connect(hostname, port=port, username=user, key_filename=keys or None,
-                               look_for_keys=not keys, allow_agent=True, timeout=t.connect_timeout_s,
-                               banner_timeout=t.connect_timeout_s, auth_timeout=t.connect_timeout_s,
-                               channel_timeout=t.connect_timeout_s, sock=sock)
+                try:
+                    client.connect(hostname, port=port, username=user, key_filename=keys or None,
+                                   look_for_keys=not keys, allow_agent=True, timeout=t.connect_timeout_s,
+                                   banner_timeout=t.connect_timeout_s, auth_timeout=t.connect_timeout_s,
+                                   channel_timeout=t.connect_timeout_s, sock=sock)
+                except (paramiko.SSHException, EOFError, OSError):
+                    if sock is not None and sock.process.poll() is not None:  # the ProxyCommand gave up: say why
+                        raise _proxy_exited(t.host, proxy, sock) from None
+                    raise
             except paramiko.BadHostKeyException:
                 raise HostKeyError(t.host, f"host key for {hostname}:{port} does not match {known} — refusing",
                                    f"if the host was reinstalled, remove its line: ssh-keygen -R "
