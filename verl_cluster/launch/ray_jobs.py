@@ -20,6 +20,7 @@ from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ClusterError
 from verl_cluster.launch.request import RayJobRequest
 from verl_cluster.launchers import runner_for
+from verl_cluster.lifecycle.token_bind import token_for_sending
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -27,7 +28,7 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 def auth_headers(spec: ClusterSpec) -> dict[str, str]:
     if spec.security.auth != "token":
         return {}
-    path = spec.token_file
+    path = token_for_sending(spec)  # this cluster's own token, and only to the head it was made for
     try:
         token = path.read_text().strip()
     except FileNotFoundError:
@@ -43,7 +44,13 @@ def auth_headers(spec: ClusterSpec) -> dict[str, str]:
 def _api_errors() -> tuple[type, ...]:
     from ray.exceptions import RayError  # AuthenticationError (bad/missing token) is one
 
-    return (RuntimeError, ConnectionError, OSError, ValueError, RayError)
+    return (RuntimeError, ConnectionError, OSError, ValueError, RayError) + REPLY_ERRORS
+
+
+# what Ray's client raises on a reply of the wrong shape (a list for an object, a number for text): the server's
+# answer is untrusted input, said as an error naming the server, never an internal error
+REPLY_ERRORS = (TypeError, KeyError, AttributeError, IndexError)
+RETURNS = {"get_job_logs": str, "submit_job": str, "list_jobs": list, "stop_job": bool}  # what each call gives
 
 
 def _explain(e: BaseException, where: str) -> ClusterError:
@@ -66,12 +73,22 @@ class JobsApi:
 
     def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         try:
-            return fn(*args, **kw)
+            out = fn(*args, **kw)
         except _api_errors() as e:
+            if isinstance(e, REPLY_ERRORS):
+                raise self.not_ray(f"{type(e).__name__}: {str(e)[:200]}") from None
             if "does not exist" in str(e):
                 raise ClusterError(f"no such job on this cluster: {str(e).splitlines()[0][:200]}",
                                    "list them with `verl-cluster jobs`")
             raise _explain(e, self.where) from e
+        want = RETURNS.get(getattr(fn, "__name__", ""))
+        if want is not None and not isinstance(out, want):
+            raise self.not_ray(f"{fn.__name__} gave {type(out).__name__}, not {want.__name__}")
+        return out
+
+    def not_ray(self, what: str) -> ClusterError:
+        return ClusterError(f"the Jobs API at {self.where} answered with something that is not a Ray Jobs API "
+                            f"reply ({what})", "is that this cluster's head? check head.host and head.dashboard_port")
 
 
 def dashboard_target(spec: ClusterSpec) -> tuple[str, int, bool]:
@@ -158,7 +175,9 @@ def probe_dashboard(link: DashboardLink, headers: dict[str, str], timeout_s: flo
     req = urllib.request.Request(f"{link.url}/api/version", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return json.loads(r.read() or b"{}").get("ray_version", "?"), True
+            doc = json.loads(r.read() or b"{}")
+            version = doc.get("ray_version") if isinstance(doc, dict) else None
+            return (version if isinstance(version, str) else "?"), True
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
             return "?", False
@@ -236,11 +255,12 @@ def state_list(api: JobsApi, resource: str, filters: tuple[tuple[str, str], ...]
             doc = json.loads(r.read() or b"{}")
     except (OSError, ValueError) as e:
         raise ClusterError(f"Ray's State API at {api.where} ({resource}): {str(e)[:200] or type(e).__name__}")
-    data = (doc.get("data") or {}).get("result")
+    data = doc.get("data") if isinstance(doc, dict) else None
+    data = data.get("result") if isinstance(data, dict) else None
     rows = data.get("result") if isinstance(data, dict) else data
     if not isinstance(rows, list):
         raise ClusterError(f"Ray's State API at {api.where} answered {resource} without rows: {str(doc)[:200]}")
-    return rows
+    return [r for r in rows if isinstance(r, dict)]  # a server's reply: a row is an object, or it is not a row
 
 
 def list_jobs(api: JobsApi) -> list[JobRow]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ConfigError
+from verl_cluster.lifecycle.token_bind import bind, own_token
 from verl_cluster.runners.local import private_dirs
 
 
@@ -22,20 +23,23 @@ def node_token_path(spec: ClusterSpec, home: str) -> str:
 
 
 def ensure_token(spec: ClusterSpec) -> Path | None:
-    """Create the cluster's token file once (0600 in a 0700 dir); None when auth is off."""
+    """Create the cluster's token file once (0600 in a 0700 dir) and bind it to this cluster's head; None when auth
+    is off."""
     if spec.security.auth == "none":
         return None
     path = spec.token_file
+    own_token(spec)  # never another cluster's token: it would be bound to this head below
     if path.exists():
         if path.stat().st_mode & 0o077:
             os.chmod(path, 0o600)  # tighten, never loosen
         if not path.read_text().strip():
             raise ConfigError(f"token file {path} is empty", "delete it; `up` generates a new one")
-        return path
-    private_dirs(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
+    else:
+        private_dirs(path.parent)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    bind(spec, Path(os.path.realpath(path)))  # the token goes to this head only (lifecycle/token_bind.py)
     return path
 
 
