@@ -113,6 +113,8 @@ def test_node_script_start_runs_from_inside_the_temp_dir(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [str(temp), "x y"]  # exec'd from there, argv passed as is
     assert mode(temp.parent) == 0o700
+    r = run_script("start", str(temp), "--", str(tmp_path / "no-ray"), "start")
+    assert r.returncode == 1 and r.stderr.strip() == f"cannot run {tmp_path}/no-ray: No such file or directory"
 
 
 def test_node_script_start_refuses_before_running_anything(tmp_path):

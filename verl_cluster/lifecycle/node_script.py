@@ -168,7 +168,10 @@ def cmd_start(temp_dir, sep, *argv):
         sys.exit(2)
     os.chdir(temp_dir)
     sys.stdout.flush()
-    os.execvp(argv[0], list(argv))
+    try:
+        os.execvp(argv[0], list(argv))
+    except OSError as e:  # one line in `up`'s report, not a traceback
+        sys.exit(f"cannot run {argv[0]}: {e.strerror or e}")
 
 
 def cmd_kill(temp_dir, gcs_address=None, old_temp_dir=None):
