@@ -275,3 +275,19 @@ def test_collective_json_is_read_within_bounds_from_a_regular_file_only(home):
     finally:
         tracemalloc.stop()
     assert peak < 16 * 2**20
+
+
+def test_a_run_json_that_is_a_fifo_or_a_link_is_no_run(home):
+    from verl_cluster.watch.runs import RunState, run_dir
+
+    folder = run_dir("c", "r1")
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "run.json")
+    result = []
+    t = threading.Thread(target=lambda: result.append(RunState.load("c", "r1")), daemon=True)
+    t.start()
+    t.join(10)
+    assert result == [None], "reading run.json hung"
+    (folder / "run.json").unlink()
+    (folder / "run.json").symlink_to("/dev/zero")
+    assert RunState.load("c", "r1") is None

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from verl_cluster.config.state_files import read_state_json
 from verl_cluster.enums import StrEnum
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launch import job_records
@@ -77,11 +78,13 @@ class RunState:
 
     @classmethod
     def load(cls, cluster: str, run: str) -> Optional["RunState"]:
+        doc = read_state_json(run_dir(cluster, run) / "run.json")  # bounded, a regular file of ours only
+        if not isinstance(doc, dict):
+            return None
         try:
-            doc = json.loads((run_dir(cluster, run) / "run.json").read_text())
             if "state" in doc:
                 doc["state"] = RunStatus(doc["state"])
-        except (OSError, ValueError):
+        except (TypeError, ValueError):
             return None
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
