@@ -121,3 +121,21 @@ def test_without_the_checks_the_paths_are_still_expanded_on_the_nodes(tmp_path, 
     assert rewrites == {}
     assert [f.message.split(":")[0] for f in found if f.level == "warning"] == ["data.train_files",
                                                                                "trainer.default_local_dir"]
+
+
+def test_omegaconfs_interpolations_are_left_to_verl():
+    """`${oc.env:DATA}` is OmegaConf's (verl resolves it when it composes its config): not a shell variable, not
+    an error; a bare `$VAR` beside it is expanded."""
+    from verl_cluster.launch import node_files
+
+    assert to_expand({"data.train_files": ["${oc.env:DATA}/t.parquet"], "trainer.default_local_dir": "/c/${x}"}) == {}
+    assert to_expand({"data.val_files": "${oc.env:DATA}/$SPLIT.parquet"}) == {"data.val_files":
+                                                                             ["${oc.env:DATA}/$SPLIT.parquet"]}
+    import os
+
+    os.environ["VC_TEST_SPLIT"] = "val"
+    try:
+        got = node_files.expansion("${oc.env:DATA}/$VC_TEST_SPLIT/$VC_TEST_UNSET_VAR.parquet")
+    finally:
+        del os.environ["VC_TEST_SPLIT"]
+    assert got == {"path": "${oc.env:DATA}/val/$VC_TEST_UNSET_VAR.parquet", "unset": ["VC_TEST_UNSET_VAR"]}

@@ -89,7 +89,7 @@ def _expand(path: str, env: dict) -> str:
     import re
 
     path = os.path.expanduser(path)
-    return re.sub(r"\$(\w+)|\$\{([^}]*)\}", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), path)
+    return re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), m.group(0)), path)  # ${...}: OmegaConf's, verl's own
 
 
 def measure_on_cluster(spec, job: JobSpec, timeout: float = 180.0) -> tuple[Optional[PromptStats], str]:

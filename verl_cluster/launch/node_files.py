@@ -3,7 +3,7 @@
 Run as `python -c SOURCE '{"data": [...], "model": "...", "expand": [...], "env": {...}}'`; prints one MARK line
 (see runners.remote_python). Also imported locally for `type_tree` and `expand`.
 
-Paths are expanded as the job's processes on this node will see them: `~` and `$VAR` with the node's login
+Paths are expanded as the job's processes on this node will see them: `~` and `$VAR` (not OmegaConf's `${...}`) with the node's login
 environment plus `env` (the cluster's Ray env, the node's env and the job's env: what the Ray daemons and the job
 start with). verl opens paths as written, so submit sends it the expansion, once every node agrees on it.
 """
@@ -35,18 +35,19 @@ def type_tree(t):
     return {"kind": "other"}
 
 
-_VAR = re.compile(r"\$(\w+|\{[^}]*\})")
+# `$VAR` only: `${...}` in a verl value is OmegaConf's interpolation (`${oc.env:DATA}`), which verl resolves itself
+_VAR = re.compile(r"\$(\w+)")
 
 
 def expand(path):
-    """`~` then `$VAR`/`${VAR}`, as a shell would on this node (an unset variable stays as written)."""
-    return os.path.expandvars(os.path.expanduser(path))
+    """`~` then `$VAR`, as a shell would on this node (an unset variable stays as written)."""
+    return _VAR.sub(lambda m: os.environ.get(m.group(1), m.group(0)), os.path.expanduser(path))
 
 
 def expansion(path):
     """{"path": the expansion, "unset": variables still unexpanded in it}."""
     p = expand(path)
-    return {"path": p, "unset": [m.group(1).strip("{}") for m in _VAR.finditer(p)]}
+    return {"path": p, "unset": [m.group(1) for m in _VAR.finditer(p)]}
 
 
 def probe_data(path):

@@ -10,6 +10,7 @@ they agree on. Nodes that expand a path differently (another HOME, another value
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from verl_cluster.launch.findings import Finding
@@ -35,8 +36,10 @@ PATH_KEYS = (
 
 
 def needs_expanding(value: Any) -> bool:
-    """A local path with `~` or a variable in it (verl would open it as written)."""
-    return isinstance(value, str) and not value.startswith(REMOTE_SCHEMES) and (value.startswith("~") or "$" in value)
+    """A local path starting with `~` or holding a `$VAR` (verl would open it as written); OmegaConf's `${...}`
+    is verl's to resolve."""
+    return isinstance(value, str) and not value.startswith(REMOTE_SCHEMES) and (
+        value.startswith("~") or re.search(r"\$\w", value) is not None)
 
 
 def to_expand(overrides: Mapping[str, Any]) -> dict[str, list[str]]:
