@@ -3,7 +3,7 @@
 Every module under verl_cluster/ is parsed with `ast`; every `import` counts, at module level and inside
 functions. The layers, lowest first (docs/architecture.md draws them):
 
-    errors, enums     typed exceptions, StrEnum for every Python we support
+    errors, enums     typed exceptions, StrEnum for every Python we support, the terminal sanitizer
     config            cluster.yaml / job YAML -> frozen specs
     runners           the transports: a command run locally or over SSH
     slurm             the allocation, its job-step runner, the batch script
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "verl_cluster"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("errors", ("verl_cluster", "verl_cluster.errors", "verl_cluster.enums")),
+    ("errors", ("verl_cluster", "verl_cluster.errors", "verl_cluster.enums", "verl_cluster.terminal_text")),
     ("config", ("verl_cluster.config",)),
     ("runners", ("verl_cluster.runners",)),
     ("slurm", ("verl_cluster.slurm",)),

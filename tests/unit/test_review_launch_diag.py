@@ -157,33 +157,25 @@ def test_check_rejects_a_non_positive_connect_timeout(tmp_path, monkeypatch, cap
 
 
 def test_follow_turns_a_refused_log_stream_into_one_line():
-    """`logs ID --follow` for a job the log websocket refuses (a driver job listed by `jobs`: 'Can only get
-    logs of submission type jobs', HTTP 400) raised aiohttp's WSServerHandshakeError: an internal error."""
+    """`logs ID --follow` for a job Ray keeps no log of (a driver job listed by `jobs`: its log websocket answered
+    'Can only get logs of submission type jobs', HTTP 400, and that was an internal error): one line saying why."""
     import io
     import types
 
-    import aiohttp
     import pytest
-    import yarl
 
     from verl_cluster.errors import ClusterError
-    from verl_cluster.launch import ray_jobs
+    from verl_cluster.launch import job_log, ray_jobs
 
     class Client:
-        async def tail_job_logs(self, job_id):
-            url = yarl.URL(f"http://127.0.0.1:8265/api/jobs/{job_id}/logs/tail")
-            raise aiohttp.WSServerHandshakeError(request_info=aiohttp.RequestInfo(url, "GET", {}, url), history=(),
-                                                 status=400, message="Invalid response status")
-            yield  # pragma: no cover - an async generator
-
         def get_job_info(self, job_id):
             return types.SimpleNamespace(submission_id=None, job_id=job_id, status="SUCCEEDED", entrypoint="",
                                          start_time=None, end_time=None, message="", metadata={})
 
     api = ray_jobs.JobsApi(Client(), "http://127.0.0.1:8265")
     with pytest.raises(ClusterError) as e:
-        ray_jobs.follow(api, "02000000", out=io.StringIO(), status_out=io.StringIO())
-    assert "400" in e.value.message and "127.0.0.1:8265" in e.value.message
+        job_log.follow(api, "02000000", out=io.StringIO(), status_out=io.StringIO())
+    assert "02000000 was not submitted through the Jobs API" in e.value.message and e.value.hint
 
 
 def test_jobs_client_times_out_on_a_dashboard_that_never_answers(monkeypatch):

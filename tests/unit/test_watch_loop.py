@@ -48,6 +48,15 @@ def _failed(log: str, progress_text: str = "") -> Outcome:
     return Outcome("FAILED", diagnose(lines, "", made_progress=p.first_step is not None), tail=lines[-5:], progress=p)
 
 
+def _verl(text: str, predicted=None):
+    """The attempt's verl progress as the watcher's reader leaves it (fed as the log streams, steps folded)."""
+    from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
+
+    p = VerlProgress(predicted=predicted, keep_steps=KEEP_STEPS)
+    p.feed(text)
+    return p
+
+
 KILLED = (LOGS / "h100_grpo_tiny_worker_killed.log").read_text()
 RESUMED = (LOGS / "h100_grpo_tiny_resumed.log").read_text()
 STARTUP_DEATH = ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
@@ -100,7 +109,7 @@ def test_a_watched_attempt_keeps_the_lengths_verl_logged(tmp_path, monkeypatch):
 
     w, st = _watcher(tmp_path, monkeypatch, [])
     job_records.record("r-r1", st.cluster_file, "local", "gsm8k-grpo")
-    w._after_attempt("r-r1", RESUMED, "")
+    w._after_attempt("r-r1", _verl(RESUMED))
     kept = length_store.lookup("gsm8k-grpo")
     assert kept and kept["response_length_mean"] > 0 and kept["prompt_length_mean"] > 60
 
@@ -110,7 +119,7 @@ def test_a_watched_attempt_is_held_against_its_plan(tmp_path, monkeypatch):
     one event with the pairs and a warning line for each figure off by more than 25%."""
     import json
 
-    from verl_cluster.launch.integrations import PlanInfo, plan_metadata
+    from verl_cluster.launch.integrations import PlanInfo, plan_metadata, plan_predictions
 
     w, st = _watcher(tmp_path, monkeypatch, [])
     measured = {"gen": 4.05, "old_log_prob": 0.76, "ref": 0.43, "update_actor": 1.48}  # the 1.5B GRPO run's means
@@ -118,14 +127,14 @@ def test_a_watched_attempt_is_held_against_its_plan(tmp_path, monkeypatch):
     log = (LOGS / runs_["fit-grpo15"]["logs"][0]).read_text()
     predicted = {"phases_s": {**measured, "gen": 8.1}, "step_s": 10.8}  # gen twice what it was, the rest right
     meta = plan_metadata(PlanInfo({}, True, {}, "planned", predicted=predicted))
-    w._after_attempt("r", log, meta)
+    w._after_attempt("r", _verl(log, plan_predictions(meta)))
     ev = [json.loads(x) for x in (st.dir / "events.jsonl").read_text().splitlines()]
     vs = [e for e in ev if e["action"] == "verl vs plan"]
     assert len(vs) == 1 and "time gen (s) 8.1 predicted / 4.05 measured (+100%)" in vs[0]["evidence"]
     assert vs[0]["lines"][0] == ("warning: time gen (s) is +100% off the plan (more than 25%): the plan's model "
                                  "does not hold for this run")
     assert [x.split(" is ")[0] for x in vs[0]["lines"]] == ["warning: time gen (s)", "warning: time step (s)"]
-    w._after_attempt("r", log, "")  # a job submitted without a plan: nothing to hold it against
+    w._after_attempt("r", _verl(log))  # a job submitted without a plan: nothing to hold it against
     assert len((st.dir / "events.jsonl").read_text().splitlines()) == len(ev)
 
 

@@ -263,35 +263,6 @@ def test_recorded_hang_bundle_names_the_stopped_worker():
                       "<module> (ray/_private/workers/default_worker.py:323)"]
 
 
-def test_follow_returns_on_the_jobs_status_when_the_log_stream_stays_open():
-    """A real verl run that SUCCEEDED kept `submit` following for minutes: processes it left behind held the log
-    stream open. follow() ends on the job's status, drains for a moment, and prints what the stream had not."""
-    import asyncio
-    import io
-    import time
-    import types
-
-    from verl_cluster.launch import ray_jobs
-
-    class Client:
-        async def tail_job_logs(self, job_id):
-            yield "step:1 - a:1.0\n"
-            await asyncio.sleep(3600)  # the stream never closes
-
-        def get_job_info(self, job_id):
-            return types.SimpleNamespace(submission_id=job_id, job_id="02000000", status="SUCCEEDED", entrypoint="",
-                                         start_time=None, end_time=None, message="", metadata={})
-
-        def get_job_logs(self, job_id):
-            return "step:1 - a:1.0\nstep:2 - a:1.0\n"
-
-    out = io.StringIO()
-    t0 = time.monotonic()
-    res = ray_jobs.follow(ray_jobs.JobsApi(Client(), "here"), "j", out=out, status_out=io.StringIO(), poll_s=0.05)
-    assert res.status == "SUCCEEDED" and time.monotonic() - t0 < ray_jobs.DRAIN_S + 2
-    assert out.getvalue() == "step:1 - a:1.0\nstep:2 - a:1.0\n"  # the line the stream had not delivered, once
-
-
 def test_plan_takes_the_job_words_before_the_command(capsys):
     """`plan placement.fill=0.2 -- python3 -m verl...` as submit takes it (the words were dropped)."""
     import json as _json
@@ -308,6 +279,8 @@ def test_plan_takes_the_job_words_before_the_command(capsys):
 
 def test_progress_fed_in_pieces_reads_as_the_whole_log():
     """The watcher feeds each poll's new text (lines cut anywhere) instead of reading the whole log again."""
+    from tests.unit.agent_log_server import AgentLogServer, fake_api
+    from verl_cluster.launch.job_log import AgentLog
     from verl_cluster.watch.detect import LogTracker
     from verl_cluster.watch.progress import Progress
 
@@ -318,9 +291,16 @@ def test_progress_fed_in_pieces_reads_as_the_whole_log():
         pieces.feed(text[i:i + 777])
     pieces.flush()
     assert (pieces.steps, pieces.saves, pieces.resumed_from) == (whole.steps, whole.saves, whole.resumed_from)
-    tracker = LogTracker()
-    tracker.update(text[:5000])
-    tracker.update(text)
-    assert tracker.progress.flush().steps == whole.steps == [1, 2]
-    tracker.update("step:1 - a:1.0\n")  # a shorter log: it started over
-    assert tracker.progress.steps == [1] and tracker.progress.saves == []
+    server = AgentLogServer()
+    try:
+        tracker = LogTracker(AgentLog(fake_api(server), "j"))
+        server.write("j", text[:5000])
+        tracker.update()
+        server.write("j", text[5000:])
+        tracker.update()
+        assert tracker.progress.flush().steps == whole.steps == [1, 2]
+        server.logs["job-driver-j.log"] = bytearray(b"step:1 - a:1.0\n")  # a shorter log: it started over
+        tracker.update()
+        assert tracker.progress.steps == [1] and tracker.progress.saves == []
+    finally:
+        server.close()

@@ -8,17 +8,19 @@ from rich.markup import escape
 
 from verl_cluster.cli.output import err, print_json
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
-from verl_cluster.launch import ray_jobs
+from verl_cluster.launch import job_log, ray_jobs
+from verl_cluster.terminal_text import for_terminal
 
 
 def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: bool = False,
-               verl: bool = False, predicted=None) -> int:
-    """`predicted`: the plan's predictions (kept in the job's metadata), held against what verl logs."""
-    from verl_cluster.launch.verl_log import VerlProgress, describe
+               verl: bool = False, predicted=None, offset: int = 0) -> int:
+    """`predicted`: the plan's predictions (kept in the job's metadata), held against what verl logs; `offset`:
+    the byte of the log to start printing at."""
+    from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress, describe
 
-    progress = VerlProgress(predicted=predicted) if verl else None
+    progress = VerlProgress(predicted=predicted, keep_steps=KEEP_STEPS) if verl else None
     try:
-        res = ray_jobs.follow(api, sid, out=sys.stderr if as_json else sys.stdout, progress=progress)
+        res = job_log.follow(api, sid, out=sys.stderr if as_json else sys.stdout, progress=progress, offset=offset)
     except KeyboardInterrupt:
         if stop_on_interrupt:
             row = ray_jobs.stop(api, sid)
@@ -34,17 +36,22 @@ def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: b
             doc["failure"] = res.failure
         print_json(doc)
     for line in describe(res.verl or {}):
-        err.print(escape(line))
+        err.print(_safe(line))
     if res.status == "SUCCEEDED":
         err.print(f"[green]{sid} SUCCEEDED[/]")
         return EXIT_OK
-    err.print(f"[bold red]{sid} {res.status}[/]" + (f": {escape(res.message)}" if res.message else ""))
+    err.print(f"[bold red]{sid} {res.status}[/]" + (f": {_safe(res.message)}" if res.message else ""))
     if res.failure:
         f = res.failure
-        err.print(f"[bold red]cause ({f['class']}):[/] {escape(f['what'])}: {escape(f['evidence'])}")
+        err.print(f"[bold red]cause ({f['class']}):[/] {escape(f['what'])}: {_safe(f['evidence'])}")
         err.print(f"[yellow]hint:[/] {escape(f['fix'])}")
     if res.tail and not as_json:
         err.print("last lines:")
         for line in res.tail:
-            err.print("  " + escape(line))
+            err.print("  " + _safe(line))
     return EXIT_UNHEALTHY
+
+
+def _safe(text: str) -> str:
+    """A line of the job's output (or its status message, which quotes it) as rich prints it to a person."""
+    return escape(for_terminal(text))

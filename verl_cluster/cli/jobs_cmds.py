@@ -17,7 +17,7 @@ from verl_cluster.cli.follow import follow_job
 from verl_cluster.cli.output import err, one_line, out, print_json
 from verl_cluster.launchers import load_cluster
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY, ConfigError
-from verl_cluster.launch import all_jobs, job_records, ray_jobs
+from verl_cluster.launch import all_jobs, job_log, job_records, ray_jobs
 
 _DEFAULT = f"the job's cluster when it was submitted from here, else {DEFAULT_CLUSTER}"
 _EVERY = f"every cluster brought up or submitted to from here, else {DEFAULT_CLUSTER}"
@@ -32,7 +32,9 @@ or `submit` uses it again.
 A job submitted with a placement plan also gets "vs_plan": the plan's predictions against what
 verl logged (seconds per phase and step at the run's own lengths, the checkpoint save, host RAM;
 rows of what, predicted, measured, error), read from its log within --timeout; with no rows
-(no step after the first yet, or a log not read in time) "vs_plan_reason" says why.
+(no step after the first yet, or a log not read in time) "vs_plan_reason" says why. A job
+submitted from here keeps them in its record (~/.verl-cluster/jobs): once it has ended its log
+is not read again; while it runs, only what it wrote since the last `jobs --json` is read.
 scripts/plan_factors.py turns a set of them into factors for `plan --factors`. The table
 does not read logs.
 
@@ -71,6 +73,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     job_id_arg(p)
     add_cluster_args(p, default=_DEFAULT)
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the job ends")
+    p.add_argument("-n", "--tail", type=int, metavar="N",
+                   help="only the last N lines (with --follow: start there); the log is never read whole")
     p.set_defaults(func=run_logs)
 
     p = sub.add_parser("stop", parents=[common], help="stop a job")
@@ -164,17 +168,20 @@ def _watch_note(cluster: str, r) -> str:
 
 
 def run_logs(args) -> int:
+    if args.tail is not None and not 0 <= args.tail <= 10_000_000:
+        raise ConfigError(f"--tail {args.tail}: must be a number of lines from 0 to 10000000", "e.g. --tail 200")
     spec = load_for_job(args, args.job_id)
     with ray_jobs.connect(spec) as api:
         if not args.follow:
-            sys.stdout.write(ray_jobs.logs(api, args.job_id))
-            sys.stdout.flush()
+            if not job_log.print_log(api, args.job_id, sys.stdout, args.tail):
+                err.print(f"{escape(args.job_id)} has no log yet: its driver has not started (see `verl-cluster jobs`)")
             return EXIT_OK
         from verl_cluster.launch.integrations import plan_predictions
 
         row = ray_jobs.job_info(api, args.job_id)
+        offset = job_log.tail_offset(api, args.job_id, args.tail) if args.tail is not None else 0
         return follow_job(api, args.job_id, False, f"verl-cluster logs {args.job_id} -c {args.cluster} --follow",
-                          verl="verl." in row.entrypoint, predicted=plan_predictions(row.plan))
+                          verl="verl." in row.entrypoint, predicted=plan_predictions(row.plan), offset=offset)
 
 
 def run_stop(args) -> int:

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from verl_cluster.cli.output import err, print_json
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
+from verl_cluster.terminal_text import for_terminal
 from verl_cluster.watch.private import append_private
 from verl_cluster.watch.runs import FINAL, RunLock, RunState, find_run, new_run
 
@@ -55,8 +56,9 @@ def watch_foreground(st: RunState, as_json: bool) -> int:
         job = st.job_input().job()
         settings = settings_for(job)
         spec = load_cluster(st.cluster_file)
+        # events quote the job's log lines (evidence, the tail): made safe for the terminal they are printed on
         reporter = Reporter(st.dir / "events.jsonl", settings.notify, as_json=as_json,
-                            say=lambda text: err.print(escape(text)))
+                            say=lambda text: err.print(escape(for_terminal(text))))
         w = Watcher(st, spec, job, settings, reporter, stream=None if as_json else sys.stdout)
         try:
             rc = w.run()
@@ -79,7 +81,7 @@ def _summary(st: RunState, as_json: bool, note: str = "") -> int:
         err.print(note)
     err.print(f"run {st.run}: {st.state}, {st.restarts} restart(s)")
     for a in st.attempts:
-        cause = f" ({a['class']}: {escape(str(a.get('evidence', ''))[:120])})" if a.get("class") else ""
+        cause = f" ({a['class']}: {escape(for_terminal(str(a.get('evidence', ''))[:120]))})" if a.get("class") else ""
         err.print(f"  {a['submission_id']}: {a.get('status', '?')}{_steps(a)}{cause}")
     last = (st.attempts[-1].get("class") == "user-code") and st.state == "failed"
     if last:

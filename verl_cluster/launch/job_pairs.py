@@ -1,7 +1,9 @@
 """For `jobs --json`: each planned job's predicted vs measured pairs (check_run.pairs), read from its log.
 
-Only jobs whose metadata keeps the plan's predictions are read; their logs are fetched side by side, all within
-one deadline; a log that cannot be read in time gives no pairs and the reason."""
+Only jobs whose metadata keeps the plan's predictions are read; their logs are read side by side, by byte ranges,
+parsed as they stream, all within one deadline. A job submitted from here keeps what was read in its record
+(launch/job_records.py): a finished job's pairs once and for all, a running one's parse state and offset, so the
+next `jobs --json` reads only what the job wrote since. A log not read in time gives no pairs and the reason."""
 
 from __future__ import annotations
 
@@ -9,50 +11,91 @@ import threading
 import time
 from typing import Any, Sequence
 
-from verl_cluster.launch import ray_jobs
+from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.launch.integrations import plan_predictions
 
-PARALLEL = 8  # logs fetched at once: a dashboard serves them from the nodes' files
+PARALLEL = 8  # logs read at once
 
 
 def pairs_of(text: str, predicted: dict[str, Any]) -> dict[str, Any]:
-    """{"vs_plan": rows} for a log, with "vs_plan_reason" when there are none."""
+    """{"vs_plan": rows} for a whole log, with "vs_plan_reason" when there are none."""
     from verl_cluster.launch.verl_log import VerlProgress
 
     prog = VerlProgress(predicted=predicted)
     prog.feed(text)
     prog.flush()
+    return progress_pairs(prog)
+
+
+def progress_pairs(prog: Any) -> dict[str, Any]:
     rows = prog.vs_plan()
     if rows:
         return {"vs_plan": rows}
-    why = "no verl step in its log" if not prog.steps else "no verl step after the first in its log yet"
+    why = "no verl step in its log" if not prog.any_step else "no verl step after the first in its log yet"
     return {"vs_plan": [], "vs_plan_reason": why}
 
 
+def read_pairs(api: ray_jobs.JobsApi, row: ray_jobs.JobRow, predicted: dict[str, Any], deadline: float) -> dict:
+    """The pairs of one job: from its record when a finished job's were kept there; else its log read from where
+    the record's state left off (or from the start), kept in the record when there is one."""
+    from verl_cluster.launch.job_log import AgentLog, LogFollower
+    from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
+
+    rec = job_records.lookup(row.submission_id) or {}
+    if isinstance(rec.get("vs_plan_final"), dict):
+        return rec["vs_plan_final"]
+    state = rec.get("vs_plan_log") if isinstance(rec.get("vs_plan_log"), dict) else {}
+    try:
+        prog = VerlProgress.from_json(state.get("progress") or {}, predicted, KEEP_STEPS)
+        offset = int(state.get("offset") or 0)
+    except (TypeError, ValueError, AttributeError):  # a record written by hand or cut short: read it afresh
+        prog, offset = VerlProgress(predicted=predicted, keep_steps=KEEP_STEPS), 0
+    f = LogFollower(AgentLog(api, row.submission_id), offset, [prog.feed])
+    try:
+        f.poll()
+        while f.behind and time.monotonic() < deadline:
+            f.poll()
+    finally:
+        f.source.close()
+    final = not f.behind and row.status in ray_jobs.TERMINAL and f.size is not None
+    if final:
+        f.flush()
+    got = progress_pairs(prog)
+    if rec:
+        keep = {"vs_plan_final": got} if final else {"vs_plan_log": {"offset": f.line_offset,
+                                                                      "progress": prog.to_json()}}
+        job_records.update(row.submission_id, **keep)
+    if f.behind:
+        raise TimeoutError
+    return got
+
+
 def job_pairs(api: ray_jobs.JobsApi, rows: Sequence[ray_jobs.JobRow], timeout_s: float) -> dict[str, dict]:
-    """submission id -> pairs_of(its log) for every row with predictions kept; a log not read within timeout_s,
-    or refused, gives {"vs_plan": [], "vs_plan_reason": why}. Fetches run in daemon threads: one that hangs never
+    """submission id -> its pairs for every row with predictions kept; a log not read within timeout_s, or
+    refused, gives {"vs_plan": [], "vs_plan_reason": why}. Reads run in daemon threads: one that hangs never
     keeps this process alive."""
-    todo = [(r.submission_id, p) for r in rows if (p := plan_predictions(r.plan))]
+    todo = [(r, p) for r in rows if (p := plan_predictions(r.plan))]
     got: dict[str, dict] = {}
     gate = threading.Semaphore(PARALLEL)
+    deadline = time.monotonic() + timeout_s
 
-    def read(sid: str, predicted: dict) -> None:
+    def read(row: ray_jobs.JobRow, predicted: dict) -> None:
         with gate:
             try:
-                got[sid] = pairs_of(ray_jobs.logs(api, sid), predicted)
+                got[row.submission_id] = read_pairs(api, row, predicted, deadline)
+            except TimeoutError:
+                pass  # said below, as for a read that never returned
             except Exception as e:  # noqa: BLE001 - one unreadable log is that job's reason, not the command's end
                 why = getattr(e, "message", None) or f"{type(e).__name__}: {str(e)[:200]}"
-                got[sid] = {"vs_plan": [], "vs_plan_reason": f"its log could not be read: {why}"}
+                got[row.submission_id] = {"vs_plan": [], "vs_plan_reason": f"its log could not be read: {why}"}
 
-    threads = [threading.Thread(target=read, args=t, name=f"logs-{t[0]}", daemon=True) for t in todo]
+    threads = [threading.Thread(target=read, args=t, name=f"logs-{t[0].submission_id}", daemon=True) for t in todo]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + timeout_s
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     late = {"vs_plan": [], "vs_plan_reason": f"its log was not read within {timeout_s:g}s (--timeout)"}
-    return {sid: dict(got.get(sid) or late) for sid, _ in todo}
+    return {r.submission_id: dict(got.get(r.submission_id) or late) for r, _ in todo}
 
 
 def with_pairs(rows: Sequence[ray_jobs.JobRow], pairs: dict[str, dict]) -> list[dict]:

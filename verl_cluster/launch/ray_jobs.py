@@ -6,15 +6,14 @@ environment (Ray would otherwise cache it process-wide), into the job, or into i
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import json
-import sys
+import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, TextIO
+from typing import Any, Callable, Iterator, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ClusterError
@@ -58,18 +57,55 @@ def _explain(e: BaseException, where: str) -> ClusterError:
     if type(e).__name__ == "AuthenticationError" or "Authentication" in text or "401" in text or "403" in text or "Unauthorized" in text or "Forbidden" in text:
         return ClusterError(f"the Jobs API at {where} refused our token",
                             "the token file does not match the running cluster: run `verl-cluster up` again")
-    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    first = _first_line(text) or type(e).__name__
     if isinstance(e, ConnectionError) or "Failed to connect" in text or "Connection refused" in text:
         return ClusterError(f"cannot reach the Ray Jobs API at {where}: {first[:200]}",
                             "is the cluster up? try `verl-cluster status`")
     return ClusterError(f"Ray Jobs API at {where}: {first[:300]}")
 
 
+def _first_line(text: str) -> str:
+    """The line of a server's error that says what went wrong: its first line, or where that line only opens a
+    Python traceback (an HTTP 500 of the dashboard), the traceback's last line (the exception) after the prefix."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    if not lines:
+        return ""
+    head, cut, _ = lines[0].partition("Traceback (most recent call last):")
+    if cut and len(lines) > 1:
+        return f"{head}{lines[-1]}"
+    return lines[0]
+
+
 class JobsApi:
     """A connected JobSubmissionClient plus what it needs to stay connected (the tunnel)."""
 
-    def __init__(self, client: Any, where: str, url: str = "", headers: Optional[dict[str, str]] = None):
+    def __init__(self, client: Any, where: str, url: str = "", headers: Optional[dict[str, str]] = None,
+                 spec: Optional[ClusterSpec] = None, stack: Optional[contextlib.ExitStack] = None,
+                 runner: Optional[Any] = None):
         self.client, self.where, self.url, self.headers = client, where, url, dict(headers or {})
+        self.spec, self.stack, self.runner = spec, stack, runner  # to reach the nodes' agents (launch/job_log.py)
+        self._routes: dict[tuple[str, int], tuple[tuple[str, int], Any]] = {}
+        self._routes_lock = threading.Lock()
+
+    def agent_route(self, host: str, port: int) -> tuple[str, int]:
+        """Where this machine reaches a node's dashboard agent: directly, or, when the dashboard itself is behind
+        an SSH tunnel (or the agent's port is not reachable from here), through a tunnel from the head."""
+        with self._routes_lock:
+            found = self._routes.get((host, port))
+            if found and (found[1] is None or found[1].alive):
+                return found[0]
+            spec = self.spec
+            _, _, tunnel_needed = dashboard_target(spec)
+            if spec.head.is_local or (not tunnel_needed and reachable(host, port)):
+                self._routes[(host, port)] = ((host, port), None)
+                return host, port
+            if self.runner is None:
+                self.runner = runner_for(spec, spec.head)
+                self.stack.callback(self.runner.close)
+            tunnel = self.runner.open_tunnel(host, port)
+            self.stack.callback(tunnel.close)
+            self._routes[(host, port)] = (("127.0.0.1", tunnel.local_port), tunnel)
+            return "127.0.0.1", tunnel.local_port
 
     def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         try:
@@ -89,6 +125,14 @@ class JobsApi:
     def not_ray(self, what: str) -> ClusterError:
         return ClusterError(f"the Jobs API at {self.where} answered with something that is not a Ray Jobs API "
                             f"reply ({what})", "is that this cluster's head? check head.host and head.dashboard_port")
+
+
+def reachable(host: str, port: int, timeout_s: float = 5.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def dashboard_target(spec: ClusterSpec) -> tuple[str, int, bool]:
@@ -129,7 +173,6 @@ def close_all() -> None:
 atexit.register(close_all)
 
 
-DRAIN_S = 3.0  # after a job's terminal status, how long the log stream may still deliver its last lines
 REQUEST_TIMEOUT_S = 60.0  # per HTTP read; Ray's client sets none, so a dashboard that never answers hangs it
 
 
@@ -150,6 +193,7 @@ class DashboardLink:
     url: str  # as this machine reaches it
     where: str  # for messages
     tunnel: Optional[Any] = None  # the runners.ssh.Tunnel, when the dashboard is on a remote head's loopback
+    runner: Optional[Any] = None  # the head's runner the tunnel goes through
 
 
 def open_dashboard(spec: ClusterSpec, stack: contextlib.ExitStack, local_port: int = 0) -> DashboardLink:
@@ -162,7 +206,7 @@ def open_dashboard(spec: ClusterSpec, stack: contextlib.ExitStack, local_port: i
     stack.callback(runner.close)
     tunnel = runner.open_tunnel(host, port, local_port)
     stack.callback(tunnel.close)
-    return DashboardLink(tunnel.url, f"{spec.head.host} 127.0.0.1:{port} (SSH tunnel)", tunnel)
+    return DashboardLink(tunnel.url, f"{spec.head.host} 127.0.0.1:{port} (SSH tunnel)", tunnel, runner)
 
 
 def probe_dashboard(link: DashboardLink, headers: dict[str, str], timeout_s: float = 10.0) -> tuple[str, bool]:
@@ -201,7 +245,7 @@ def _open(spec: ClusterSpec) -> tuple[JobsApi, contextlib.ExitStack]:
     except BaseException:
         stack.close()
         raise
-    return JobsApi(client, where, url, headers), stack
+    return JobsApi(client, where, url, headers, spec, stack, link.runner), stack
 
 
 def submit(api: JobsApi, req: RayJobRequest) -> str:
@@ -273,6 +317,8 @@ def job_info(api: JobsApi, job_id: str) -> JobRow:
 
 
 def logs(api: JobsApi, job_id: str) -> str:
+    """The whole log in one string, as the Jobs SDK gives it: for small logs in scripts only; the product reads
+    logs by byte ranges (launch/job_log.py)."""
     return api.call(api.client.get_job_logs, job_id)
 
 
@@ -294,104 +340,3 @@ def wait_running(api: JobsApi, job_id: str, timeout_s: float = 120.0, poll_s: fl
         if status != "PENDING" or time.monotonic() > deadline:
             return status
         time.sleep(poll_s)
-
-
-@dataclass(frozen=True)
-class FollowResult:
-    status: str  # a terminal status, or "DETACHED"
-    message: str
-    tail: list[str]
-    verl: Optional[dict] = None  # verl_log.VerlProgress.summary() when the job is a verl trainer
-    failure: Optional[dict] = None  # verl_log.Failure.to_json() when the job did not succeed
-
-
-def follow(api: JobsApi, job_id: str, out: TextIO = sys.stdout, status_out: TextIO = sys.stderr,
-           poll_s: float = 1.0, tail_lines: int = 20, progress: Optional[Any] = None) -> FollowResult:
-    """Stream the job's logs until it ends; status changes go to `status_out`. Ctrl-C raises KeyboardInterrupt
-    (the caller decides: detach or stop). `progress` (a verl_log.VerlProgress) is fed every chunk."""
-    t0 = time.monotonic()
-    seen = {"status": ""}
-    recent: list[str] = []
-
-    def show_status(status: str) -> None:
-        if status != seen["status"]:
-            seen["status"] = status
-            print(f"── {job_id}: {status} ({time.monotonic() - t0:.1f}s)", file=status_out, flush=True)
-
-    async def poll_status() -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            row = await loop.run_in_executor(None, job_info, api, job_id)
-            show_status(row.status)
-            if row.status in TERMINAL:
-                return
-            await asyncio.sleep(poll_s)
-
-    streamed = [0]
-
-    def show(chunk: str) -> None:
-        out.write(chunk)
-        out.flush()
-        streamed[0] += len(chunk)
-        if progress is not None:
-            progress.feed(chunk)
-        recent.extend(chunk.splitlines())
-        del recent[:-tail_lines]
-
-    async def tail() -> None:
-        try:
-            async for chunk in api.client.tail_job_logs(job_id):
-                show(chunk)
-        except RuntimeError:
-            pass  # websocket dropped: the rest of the log is fetched below
-
-    async def stream() -> None:
-        # the job's end is decided by its status, not by the log stream: processes the job left behind (vLLM's
-        # workers, say) can hold the stream open long after the job SUCCEEDED
-        tailer, poller = asyncio.ensure_future(tail()), asyncio.ensure_future(poll_status())
-        await asyncio.wait([tailer, poller], return_when=asyncio.FIRST_COMPLETED)
-        if not tailer.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(tailer), timeout=DRAIN_S)  # the last lines still in flight
-            except asyncio.TimeoutError:
-                tailer.cancel()
-        else:
-            tailer.result()  # a stream refused at the start (HTTP 400/401) is the caller's error to see
-            await poller  # the stream ended first: wait for the status to say so
-
-    try:
-        asyncio.run(stream())
-    except KeyboardInterrupt:  # detached: what the run logged so far still tells the next plan its lengths
-        _remember_lengths(job_id, progress)
-        raise
-    except (ConnectionError, OSError) as e:
-        raise ClusterError(f"lost the log stream from {api.where}: {e}", "re-attach with `verl-cluster logs JOB --follow`")
-    except Exception as e:
-        import aiohttp
-
-        if isinstance(e, aiohttp.ClientError):  # e.g. the log websocket refused (HTTP 400/401/404)
-            raise _explain(e, api.where) from e
-        raise
-    row = job_info(api, job_id)
-    show_status(row.status)
-    text = logs(api, job_id)
-    if len(text) > streamed[0]:  # what the stream had not delivered when it was cut
-        show(text[streamed[0]:])
-    failure = None
-    if row.status in TERMINAL and row.status != "SUCCEEDED":
-        recent = text.splitlines()[-tail_lines:]
-        if progress is not None:
-            from verl_cluster.launch.verl_log import classify
-
-            found = classify(text.splitlines()[-2000:])
-            failure = found.to_json() if found else None
-    summary = progress.summary() if progress is not None else None
-    _remember_lengths(job_id, progress)
-    return FollowResult(row.status, row.message, recent, summary, failure)
-
-
-def _remember_lengths(job_id: str, progress: Optional[Any]) -> None:
-    if progress is not None:
-        from verl_cluster.launch.length_store import remember_run
-
-        remember_run(job_id, progress)

@@ -8,7 +8,7 @@ actor's lines with `(TaskRunner pid=...)`); validation metrics are keys starting
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 _STEP = re.compile(r"step:(\d+) - (.*)$")
@@ -131,15 +131,66 @@ def _error_line(block: list[str]) -> str:
                 errors[-1] if errors else (after[-1] if after else ""))
 
 
+KEEP_STEPS = 32  # steps a reader of a live log keeps whole; older ones are folded into sums (a week holds 10^4+)
+_PEAKS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
+_LENGTH_MAXES = ("response_length/max", "prompt_length/max", "response_length/clip_ratio")
+WINDOW_LINE_CHARS = 2000
+
+
+@dataclass
+class Folded:
+    """What summary(), vs_plan() and lengths() need of the steps VerlProgress no longer keeps."""
+    train: int = 0  # steps with a training metric
+    step_time: list = field(default_factory=lambda: [0.0, 0])  # timing_s/step: sum, count
+    peaks: dict = field(default_factory=dict)  # key suffix -> the largest value
+    val: dict = field(default_factory=dict)  # val-* key -> its latest value
+    means: dict = field(default_factory=dict)  # placement.check_run.StepMeans.to_json()
+    resp: list = field(default_factory=lambda: [0, None, 0.0])  # response_length/mean: count, max, sum
+    prompt: list = field(default_factory=lambda: [0.0, 0])  # prompt_length/mean: sum, count
+    maxes: dict = field(default_factory=dict)  # _LENGTH_MAXES key -> the largest value
+
+    def add(self, m: dict[str, float], counted: bool) -> None:
+        from verl_cluster.placement.check_run import StepMeans
+
+        if any(not k.startswith("val-") for k in m):
+            self.train += 1
+            if "timing_s/step" in m:
+                self.step_time = [self.step_time[0] + m["timing_s/step"], self.step_time[1] + 1]
+        for k, v in m.items():
+            if k.startswith("val-"):
+                self.val[k] = v
+            for suffix in _PEAKS:
+                if k.endswith(suffix):
+                    self.peaks[suffix] = v if suffix not in self.peaks else max(self.peaks[suffix], v)
+        means = StepMeans(self.means)
+        means.add(m, counted)
+        self.means = means.to_json()
+        if "response_length/mean" in m:
+            n, top, total = self.resp
+            v = m["response_length/mean"]
+            self.resp = [n + 1, v if top is None else max(top, v), total + v]
+            if "prompt_length/mean" in m:
+                self.prompt = [self.prompt[0] + m["prompt_length/mean"], self.prompt[1] + 1]
+            for key in _LENGTH_MAXES:
+                if key in m:
+                    self.maxes[key] = m[key] if key not in self.maxes else max(self.maxes[key], m[key])
+
+
 @dataclass
 class VerlProgress:
-    """Fed log lines as they arrive; keeps per-step metrics, checkpoints and a bounded window for classify()."""
+    """Fed log lines as they arrive; keeps per-step metrics, checkpoints and a bounded window for classify().
+    With `keep_steps`, only the newest steps are kept whole and older ones are folded (`folded`), so a reader
+    of a long run holds the same few kilobytes at step 10 and at step 100,000; summary(), vs_plan() and
+    lengths() read the same either way."""
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
     checkpoints: list[str] = field(default_factory=list)
     window: list[str] = field(default_factory=list)
     window_lines: int = 400
     partial: str = ""  # a line not yet ended by a newline
     predicted: Optional[dict[str, Any]] = None  # the plan's predictions (Plan.predictions()), to hold the run against
+    keep_steps: Optional[int] = None  # None: every step kept whole (the scripts that read a finished run's steps)
+    first: Optional[int] = None  # the lowest step logged: vs_plan() leaves it out (it pays for the warm-up)
+    folded: Folded = field(default_factory=Folded)
 
     def feed(self, text: str) -> None:
         lines = (self.partial + text).split("\n")
@@ -153,36 +204,67 @@ class VerlProgress:
 
     def _lines(self, lines: list[str]) -> None:
         for line in lines:
-            got = parse_metrics(line)
+            got = parse_metrics(line) if "step:" in line else None
             if got:
                 step, metrics = got
                 self.steps.setdefault(step, {}).update(metrics)
-            saved = _SAVED.search(line)
+                self.first = step if self.first is None else min(self.first, step)
+                if self.keep_steps and len(self.steps) > self.keep_steps:
+                    self._fold()
+            saved = _SAVED.search(line) if "heckpoint" in line or "global_step_folder" in line else None
             if saved:
                 path = saved.group(1) or saved.group(2)
                 if path and path not in self.checkpoints:
                     self.checkpoints.append(path)
-            self.window.append(line)
+                    if self.keep_steps:
+                        del self.checkpoints[:-16]
+            self.window.append(line[:WINDOW_LINE_CHARS])
         del self.window[:-self.window_lines]
+
+    def _fold(self) -> None:
+        oldest = min(self.steps)
+        self.folded.add(self.steps.pop(oldest), counted=oldest != self.first)
+
+    def to_json(self) -> dict[str, Any]:
+        """What a reader that resumes later needs (the window is rebuilt from the log's tail)."""
+        return {"steps": {str(k): v for k, v in self.steps.items()}, "checkpoints": list(self.checkpoints),
+                "first": self.first, "folded": asdict(self.folded)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], predicted: Optional[dict[str, Any]] = None,
+                  keep_steps: Optional[int] = KEEP_STEPS) -> "VerlProgress":
+        return cls(steps={int(k): dict(v) for k, v in (doc.get("steps") or {}).items()},
+                   checkpoints=list(doc.get("checkpoints") or []), predicted=predicted, keep_steps=keep_steps,
+                   first=doc.get("first"), folded=Folded(**(doc.get("folded") or {})))
+
+    @property
+    def any_step(self) -> bool:
+        return bool(self.steps) or self.folded.train > 0 or bool(self.folded.val)
 
     def summary(self) -> dict[str, Any]:
         self.flush()
+        fo = self.folded
         if not self.steps:
             return {"steps": 0, "checkpoints": list(self.checkpoints)}
         train = {s: m for s, m in self.steps.items() if any(not k.startswith("val-") for k in m)}
         last = max(train) if train else max(self.steps)
         lm = self.steps[last]
-        val = {k: v for m in self.steps.values() for k, v in m.items() if k.startswith("val-")}
+        val = dict(fo.val)
+        val.update({k: v for m in self.steps.values() for k, v in m.items() if k.startswith("val-")})
 
         def peak(key: str) -> Optional[float]:
-            vals = [v for m in self.steps.values() for k, v in m.items() if k.endswith(key)]
+            vals = ([fo.peaks[key]] if key in fo.peaks else []) + [
+                v for m in self.steps.values() for k, v in m.items() if k.endswith(key)]
             return round(max(vals), 3) if vals else None
 
-        times = [m["timing_s/step"] for m in train.values() if "timing_s/step" in m]
+        total, n = fo.step_time
+        for m in train.values():
+            if "timing_s/step" in m:
+                total, n = total + m["timing_s/step"], n + 1
         return {
-            "steps": len(train), "last_step": last,
+            "steps": fo.train + len(train), "last_step": last,
             "step_time_s": round(lm["timing_s/step"], 2) if "timing_s/step" in lm else None,
-            "mean_step_time_s": round(sum(times) / len(times), 2) if times else None,
+            "mean_step_time_s": round(total / n, 2) if n else None,
             "throughput_tokens_per_gpu_s": round(lm["perf/throughput"], 1) if "perf/throughput" in lm else None,
             "max_memory_allocated_gb": peak("perf/max_memory_allocated_gb"),
             "max_memory_reserved_gb": peak("perf/max_memory_reserved_gb"),
@@ -192,10 +274,10 @@ class VerlProgress:
 
     def vs_plan(self) -> list[dict[str, Any]]:
         """Predicted vs measured (steps after the first; placement/check_run.py), once a step after the first is in."""
-        from verl_cluster.placement.check_run import measured, pairs
+        from verl_cluster.placement.check_run import StepMeans, measured, pairs
 
-        first = min(self.steps) if self.steps else 0
-        got = measured(self.steps, skip=(first,))
+        first = self.first if self.first is not None else 0
+        got = measured(self.steps, skip=(first,), before=StepMeans(self.folded.means))
         return pairs(self.predicted or {}, got) if got else []
 
     def failure(self) -> Optional[Failure]:
@@ -205,18 +287,24 @@ class VerlProgress:
         """The sequence lengths verl logged (its per-step prompt_length/* and response_length/* over the batch):
         the prompts' mean over the steps, and the largest per-step response mean (responses grow as RL trains),
         which is what a plan for the next run of the job should hold."""
+        fo = self.folded
         train = [m for m in self.steps.values() if "response_length/mean" in m]
-        if not train:
+        n, top, total = fo.resp
+        if not train and not n:
             return {"steps": 0}
-        prompts = [m["prompt_length/mean"] for m in train if "prompt_length/mean" in m]
-        out: dict[str, Any] = {"steps": len(train),
-                               "response_length_mean": round(max(m["response_length/mean"] for m in train), 1),
-                               "response_length_mean_avg": round(
-                                   sum(m["response_length/mean"] for m in train) / len(train), 1)}
-        if prompts:
-            out["prompt_length_mean"] = round(sum(prompts) / len(prompts), 1)
-        for key in ("response_length/max", "prompt_length/max", "response_length/clip_ratio"):
-            vals = [m[key] for m in train if key in m]
+        for m in train:
+            v = m["response_length/mean"]
+            n, top, total = n + 1, v if top is None else max(top, v), total + v
+        p_total, p_n = fo.prompt
+        for m in train:
+            if "prompt_length/mean" in m:
+                p_total, p_n = p_total + m["prompt_length/mean"], p_n + 1
+        out: dict[str, Any] = {"steps": n, "response_length_mean": round(top, 1),
+                               "response_length_mean_avg": round(total / n, 1)}
+        if p_n:
+            out["prompt_length_mean"] = round(p_total / p_n, 1)
+        for key in _LENGTH_MAXES:
+            vals = ([fo.maxes[key]] if key in fo.maxes else []) + [m[key] for m in train if key in m]
             if vals:
                 out[key.replace("/", "_")] = round(max(vals), 4)
         return out

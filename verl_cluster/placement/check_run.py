@@ -12,34 +12,73 @@ WARN_OFF_BY = 0.25  # predicted vs measured: a pair further apart than this is w
 BY_FILL = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
 
 
-def measured(steps: Mapping[int, Mapping[str, float]], skip: Iterable[int] = (1,)) -> dict[str, Any]:
+class StepMeans:
+    """measured()'s sums, folded one step at a time (steps in order), so that a reader of a long run's log can drop
+    the steps it has counted: the same sums in the same order as over the whole mapping. JSON-able (to_json)."""
+
+    def __init__(self, doc: Optional[Mapping[str, Any]] = None):
+        d = doc or {}
+        self.train = int(d.get("train", 0))  # training steps counted (not skipped, with timing_s/step)
+        self.phases = {k: list(v) for k, v in (d.get("phases") or {}).items()}  # name -> [sum, count]
+        self.saves, self.tokens = list(d.get("saves") or [0.0, 0]), list(d.get("tokens") or [0.0, 0])
+        self.ram, self.gpu = d.get("ram"), d.get("gpu")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"train": self.train, "phases": self.phases, "saves": self.saves, "tokens": self.tokens,
+                "ram": self.ram, "gpu": self.gpu}
+
+    def add(self, m: Mapping[str, float], counted: bool = True) -> None:
+        if counted and "timing_s/step" in m:
+            self.train += 1
+            for name in STEP_PHASES:
+                if f"timing_s/{name}" in m:
+                    got = self.phases.setdefault(name, [0.0, 0])
+                    got[0] += m[f"timing_s/{name}"]
+                    got[1] += 1
+            if "perf/total_num_tokens" in m:
+                self.tokens[0] += m["perf/total_num_tokens"]
+                self.tokens[1] += 1
+        if m.get("timing_s/save_checkpoint", 0) > 0.5:
+            self.saves[0] += m["timing_s/save_checkpoint"]
+            self.saves[1] += 1
+        for k, v in m.items():
+            if k.endswith("perf/cpu_memory_used_gb"):
+                self.ram = v if self.ram is None else max(self.ram, v)
+            elif k.endswith("perf/max_memory_reserved_gb"):
+                self.gpu = v if self.gpu is None else max(self.gpu, v)
+
+    def result(self) -> dict[str, Any]:
+        if not self.train:
+            return {}
+        out: dict[str, Any] = {"steps": self.train}
+        phases = {}
+        for name in STEP_PHASES:
+            got = self.phases.get(name)
+            if got and got[1] == self.train:
+                phases[name] = got[0] / got[1]
+        out["phases_s"] = phases
+        out["step_s"] = sum(phases.values())
+        if self.saves[1]:
+            out["save_checkpoint_s"] = self.saves[0] / self.saves[1]
+        if self.ram is not None:
+            out["host_gib"] = self.ram  # verl divides psutil's bytes by 1024**3: GiB
+        if self.gpu is not None:
+            out["gpu_reserved_gib"] = self.gpu
+        if self.tokens[1]:
+            out["tokens_per_step"] = self.tokens[0] / self.tokens[1]
+        return out
+
+
+def measured(steps: Mapping[int, Mapping[str, float]], skip: Iterable[int] = (1,),
+             before: Optional[StepMeans] = None) -> dict[str, Any]:
     """Means over the training steps not in `skip` (a step that is first after a start pays for compilation and
-    warm-up): seconds per phase, the step as the sum of its phases, node RAM (the largest), tokens per step."""
+    warm-up): seconds per phase, the step as the sum of its phases, node RAM (the largest), tokens per step.
+    `before`: the steps already folded (older than every one in `steps`)."""
     skip = set(skip)
-    train = [m for s, m in sorted(steps.items()) if s not in skip and "timing_s/step" in m]
-    if not train:
-        return {}
-    out: dict[str, Any] = {"steps": len(train)}
-    phases = {}
-    for name in STEP_PHASES:
-        vals = [m[f"timing_s/{name}"] for m in train if f"timing_s/{name}" in m]
-        if len(vals) == len(train):
-            phases[name] = sum(vals) / len(vals)
-    out["phases_s"] = phases
-    out["step_s"] = sum(phases.values())
-    saves = [m["timing_s/save_checkpoint"] for m in steps.values() if m.get("timing_s/save_checkpoint", 0) > 0.5]
-    if saves:
-        out["save_checkpoint_s"] = sum(saves) / len(saves)
-    ram = [v for m in steps.values() for k, v in m.items() if k.endswith("perf/cpu_memory_used_gb")]
-    if ram:
-        out["host_gib"] = max(ram)  # verl divides psutil's bytes by 1024**3: GiB
-    gpu = [v for m in steps.values() for k, v in m.items() if k.endswith("perf/max_memory_reserved_gb")]
-    if gpu:
-        out["gpu_reserved_gib"] = max(gpu)
-    toks = [m["perf/total_num_tokens"] for m in train if "perf/total_num_tokens" in m]
-    if toks:
-        out["tokens_per_step"] = sum(toks) / len(toks)
-    return out
+    acc = StepMeans(before.to_json() if before is not None else None)
+    for s, m in sorted(steps.items()):
+        acc.add(m, s not in skip)
+    return acc.result()
 
 
 def at_run_lengths(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> tuple[dict[str, float], Optional[float]]:

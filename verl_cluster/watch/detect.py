@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import time
-from dataclasses import dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.errors import RunnerError
+from verl_cluster.errors import ClusterError, RunnerError
 from verl_cluster.lifecycle.auth import node_token_path
 from verl_cluster.lifecycle.nodes import Node, index_by_ip
 from verl_cluster.watch.progress import Progress
@@ -89,27 +91,125 @@ class NodeMonitor:
         self.head.close()
 
 
-@dataclass
 class LogTracker:
-    """New log text since the last look, the training progress it shows (read once, as it arrives), and when the
-    log last moved."""
-    seen: int = 0
-    last_change: float = field(default_factory=time.monotonic)
-    tail: list[str] = field(default_factory=list)
-    tail_lines: int = 40
-    progress: Progress = field(default_factory=Progress)
+    """A running attempt's log as the watcher reads it: only the bytes written since the last look
+    (launch/job_log.py), the training progress they show (read once, as they arrive: steps and checkpoints for
+    the watcher, verl's metrics for the end of the attempt), the last lines (bounded), and when the log last moved.
+    Its offset and what it parsed are kept in the run folder (`state_file`): a watcher started again resumes there
+    and never reads the log from its start again."""
 
-    def update(self, text: str) -> str:
-        """Feed the whole log (Ray's Jobs API returns it whole); returns the part not seen before."""
-        if len(text) < self.seen:  # a log that started over: read it afresh
-            self.seen, self.progress = 0, Progress()
-        new = text[self.seen:]
-        self.seen = len(text)
+    SAVE_EVERY_S = 10.0
+
+    def __init__(self, source: Any, state_file: Optional[Path] = None, predicted: Optional[dict] = None):
+        from verl_cluster.launch.job_log import LogFollower
+        from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
+
+        self.progress = Progress()
+        self.verl = VerlProgress(predicted=predicted, keep_steps=KEEP_STEPS)
+        self.state_file, self.saved_at, self.seen = state_file, 0.0, False
+        self.failures, self.error = 0, ""  # consecutive failed reads, the last one's message
+        self._out, self._skipping = None, False  # show(): the terminal writer, a backlog being skipped
+        self.last_change = time.monotonic()
+        offset = self._load(predicted)
+        self.follower = LogFollower(source, offset, [self.progress.feed, self.verl.feed], on_restart=self._afresh)
+        self.resumed_at = offset  # where this reader started (0: the log's start)
+        if offset:
+            self.follower.seed_tail()
+
+    def _load(self, predicted: Optional[dict]) -> int:
+        from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
+
+        if self.state_file is None:
+            return 0
+        try:
+            doc = json.loads(self.state_file.read_text())
+            progress = Progress.from_json(doc["progress"])
+            verl = VerlProgress.from_json(doc["verl"], predicted, KEEP_STEPS)
+            offset = int(doc["offset"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return 0  # none yet (or cut short): read from the start
+        self.progress, self.verl = progress, verl
+        return max(0, offset)
+
+    def _afresh(self) -> None:
+        """The log started over (a new one under the same name): so does what was read of it."""
+        self.progress = Progress()
+        self.verl = type(self.verl)(predicted=self.verl.predicted, keep_steps=self.verl.keep_steps)
+        self.follower.on_lines = [self.progress.feed, self.verl.feed]
+
+    @property
+    def tail(self) -> list[str]:
+        return list(self.follower.tail)
+
+    def update(self, limit: Optional[int] = None) -> str:
+        """Fetches what the job wrote since the last look (at most `limit` bytes); returns it."""
+        from verl_cluster.launch.job_log import CHUNK
+
+        new = self.follower.poll(limit or CHUNK)
         if new:
-            self.last_change = time.monotonic()
-            self.tail = (self.tail + new.splitlines())[-self.tail_lines:]
-            self.progress.feed(new)
+            self.last_change, self.seen = time.monotonic(), True
+            if time.monotonic() - self.saved_at >= self.SAVE_EVERY_S:
+                self.save()
         return new
+
+    @property
+    def behind(self) -> int:
+        return self.follower.behind
+
+    def read(self, api: Any) -> str:
+        """update() through `api` (the watcher's current connection); a failed read returns "" and counts in
+        `failures` (its message in `error`), and stops the hang clock: a log that cannot be read is no hang."""
+        self.follower.source.use(api)
+        try:
+            new = self.update()
+        except ClusterError as e:
+            self.failures, self.error = self.failures + 1, e.message
+            self.last_change = time.monotonic()
+            return ""
+        self.failures, self.error = 0, ""
+        return new
+
+    def show(self, stream: Any, new: str, sid: str) -> None:
+        """The job's new output on `stream` (made safe on a terminal); a backlog more than a chunk long (a watcher
+        attaching to a long run) is read for its progress but not printed."""
+        from verl_cluster.launch.job_log import CHUNK
+        from verl_cluster.terminal_text import TerminalWriter
+
+        if stream is None or not new:
+            return
+        if self.behind > CHUNK:
+            if not self._skipping:
+                self._skipping = True
+                stream.write(f"[watch] reading {self.behind / 2**20:.0f} MiB of log written before this watcher "
+                             f"(not shown: verl-cluster logs {sid})\n")
+            return
+        self._skipping = False
+        if self._out is None or self._out.stream is not stream:
+            self._out = TerminalWriter(stream)
+        self._out.write(new)
 
     def quiet_for(self) -> float:
         return time.monotonic() - self.last_change
+
+    def save(self) -> None:
+        """Offset and parse state into the run folder, whole or not at all, private to the user."""
+        self.saved_at = time.monotonic()
+        if self.state_file is None:
+            return
+        doc = {"offset": self.follower.line_offset, "progress": self.progress.to_json(), "verl": self.verl.to_json()}
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(doc) + "\n")
+            os.replace(tmp, self.state_file)
+        except OSError:
+            pass  # best effort: a watcher started again then reads more of the log, nothing worse
+
+    def finish(self) -> Progress:
+        """The attempt's end: a last line without its newline is read too; the state is saved."""
+        self.follower.flush()
+        self.progress.flush()
+        self.verl.flush()
+        self.save()
+        return self.progress

@@ -22,13 +22,17 @@ RESUMED = re.compile(r"Resuming from (\S*global_step_(\d+))")
 SCRATCH = re.compile(r"Training from scratch")
 
 
+KEEP = 64  # step numbers kept: the first and the newest (a week-long run logs tens of thousands)
+
+
 @dataclass
 class Progress:
     """Fed the log as it grows (`feed`); a line is read once it is complete (`flush` reads a last one without its
-    newline)."""
-    steps: list[int] = field(default_factory=list)  # step numbers in the order they were first logged
+    newline). Holds the same few hundred bytes at step 10 and at step 100,000."""
+    steps: list[int] = field(default_factory=list)  # step numbers as first logged: the first and the KEEP newest
     resumed_from: Optional[int] = None  # the step verl says it loaded; 0 for "Training from scratch"
     resume_path: str = ""
+    count: int = 0  # steps logged
     _finished: list[int] = field(default_factory=list, repr=False)  # saves followed by progress
     _pending: list[int] = field(default_factory=list, repr=False)  # saves started, nothing logged after them yet
     _partial: str = field(default="", repr=False)
@@ -51,6 +55,17 @@ class Progress:
         """The newest checkpoint this attempt finished saving (0: none)."""
         return max(self._finished, default=0)
 
+    def to_json(self) -> dict:
+        return {"steps": self.steps, "count": self.count, "resumed_from": self.resumed_from,
+                "resume_path": self.resume_path, "finished": self._finished, "pending": self._pending}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Progress":
+        p = cls([int(x) for x in doc.get("steps") or []], doc.get("resumed_from"), str(doc.get("resume_path") or ""),
+                int(doc.get("count") or 0))
+        p._finished, p._pending = [int(x) for x in doc.get("finished") or []], [int(x) for x in doc.get("pending") or []]
+        return p
+
     def lost(self, since: int = 0) -> int:
         """Steps done after the newest finished checkpoint (by this attempt or, `since`, an earlier one)."""
         return max(0, self.last_step - max(self.checkpoint, since))
@@ -69,6 +84,8 @@ class Progress:
         return self
 
     def _line(self, raw: str) -> None:
+        if "tep" not in raw and "raining from scratch" not in raw and "global_step" not in raw:
+            return  # most of a run's log is its workers' output: the patterns below need one of these
         line = _ANSI.sub("", raw)
         m = RESUMED.search(line)
         if m:
@@ -89,8 +106,12 @@ class Progress:
             n = int(m.group(1))
             if n not in self.steps:  # a step logged twice (a progress bar and the metrics line) counts once
                 self.steps.append(n)
+                self.count += 1
+                if len(self.steps) > KEEP:
+                    del self.steps[1]
             self._finished += [s for s in self._pending if s <= n]
             self._pending = [s for s in self._pending if s > n]
+            del self._finished[:-16]
 
 
 def read_progress(text: str) -> Progress:

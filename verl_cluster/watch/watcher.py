@@ -7,6 +7,7 @@ own, and no `ray stop` — a lost node is brought back by `bring_up`, which rest
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, TextIO
@@ -25,6 +26,8 @@ from verl_cluster.watch.settings import WatchSettings
 
 RESUME = ["trainer.resume_mode=auto"]
 API_FAILURES_BEFORE_LOST = 5  # consecutive Jobs API errors (one per poll) before the head counts as lost
+LOG_FAILURES_BEFORE_NOTE = 5  # consecutive failed log reads before the watcher says it watches without the log
+BUNDLE_TAIL_LINES = 500
 
 
 class AttemptEnd(StrEnum):
@@ -116,15 +119,12 @@ class Watcher:
                 self._room_after_oom(spec)
             self.resubmit(spec, wait)
 
-    def _after_attempt(self, sid: str, text: str, plan_metadata: str) -> None:
-        """The sequence lengths verl logged, kept for the next plan of this job, and the attempt held against the
-        plan it was submitted with (as `submit`'s follow does both)."""
-        from verl_cluster.launch.integrations import plan_predictions
+    def _after_attempt(self, sid: str, progress) -> None:
+        """The sequence lengths verl logged (`progress`: the attempt's verl_log.VerlProgress), kept for the next plan
+        of this job, and the attempt held against the plan it was submitted with (as `submit`'s follow does both)."""
         from verl_cluster.launch.length_store import remember_run
-        from verl_cluster.launch.verl_log import VerlProgress, vs_plan_lines
+        from verl_cluster.launch.verl_log import vs_plan_lines
 
-        progress = VerlProgress(predicted=plan_predictions(plan_metadata))
-        progress.feed(text)
         progress.flush()
         try:
             remember_run(sid, progress)
@@ -139,7 +139,7 @@ class Watcher:
         p = out.progress
         a.update(status=out.status, ended_at=time.time(), ray_job_id=out.ray_job_id, first_step=p.first_step,
                  last_step=p.last_step, checkpoint=p.checkpoint, resumed_from=p.resumed_from,
-                 steps=len(p.steps))
+                 steps=p.count)
         if out.diagnosis:
             a.update({"class": out.diagnosis.cls, "evidence": out.diagnosis.evidence, "node": out.node,
                       "signature": out.diagnosis.signature(), "steps_lost": self._lost_steps(p)})
@@ -169,9 +169,28 @@ class Watcher:
         return "; ".join(parts) or "no step logged"
 
     # ---- one attempt ----
+    def _tracker(self, sid: str) -> LogTracker:
+        """The attempt's log reader, resuming where a watcher before this one left it (its state in the run folder)."""
+        from verl_cluster.launch.job_log import AgentLog
+
+        return LogTracker(AgentLog(None, sid), self.st.dir / f"log-{sid}.json")
+
+    def _read_log(self, tracker: LogTracker, api) -> str:
+        """What the job wrote since the last look; a log that cannot be read is said once (and is no hang: the
+        status and the node checks still see a failure)."""
+        failures = tracker.failures
+        new = tracker.read(api)
+        if tracker.failures == LOG_FAILURES_BEFORE_NOTE:
+            self.emit(Note.INFO, "watching without the log for now", f"its log cannot be read: {tracker.error}")
+        elif failures >= LOG_FAILURES_BEFORE_NOTE and not tracker.failures:
+            self.emit(Note.INFO, "reading the log again", f"from byte {tracker.follower.offset}")
+        return new
+
     def watch_attempt(self, sid: str) -> Outcome:
-        tracker, expected, next_check, api_errors = LogTracker(), None, 0.0, 0
-        gpus, started, ray_job_id, text = {}, time.time(), "", ""
+        from verl_cluster.launch.integrations import plan_predictions
+
+        tracker, expected, next_check, api_errors = self._tracker(sid), None, 0.0, 0
+        gpus, started, ray_job_id = {}, time.time(), ""
         said_first = False
         resumed = len(self.st.attempts) > 1
         self.monitor.refusals.clear()
@@ -179,8 +198,6 @@ class Watcher:
             try:
                 api = self.api()
                 row = ray_jobs.job_info(api, sid)
-                text = ray_jobs.logs(api, sid)
-                new = tracker.update(text)
                 api_errors = 0
             except ClusterError as e:
                 api_errors += 1
@@ -190,20 +207,26 @@ class Watcher:
                 ray_jobs.close_all()  # the tunnel to the head is dead with it; `up` and a new connect follow
                 self.emit(FailureClass.NODE_LOST, "heal the head, resume", f"the Jobs API does not answer: {e.message}",
                           self.spec.head_ip)
+                tracker.save()
                 return Outcome(AttemptEnd.LOST, Diagnosis(FailureClass.NODE_LOST, "the head is gone", e.message),
-                               self.spec.head_ip, tracker.tail, tracker.progress, ray_job_id)
+                               self.spec.head_ip, tracker.tail[-40:], tracker.progress, ray_job_id)
+            if tracker.verl.predicted is None and row.plan:
+                tracker.verl.predicted = plan_predictions(row.plan)
+            new = self._read_log(tracker, api)
             progress = tracker.progress
             ray_job_id = row.ray_job_id or ray_job_id
-            if new:
-                if self.stream is not None:
-                    self.stream.write(new)
-                    self.stream.flush()
-                if resumed and not said_first and progress.first_step is not None:
-                    said_first = True
-                    self._say_resumed(progress)
+            tracker.show(self.stream, new, sid)
+            if new and resumed and not said_first and progress.first_step is not None:
+                said_first = True
+                self._say_resumed(progress)
             if row.status in ray_jobs.TERMINAL:
-                self._after_attempt(sid, text, row.plan)
-                out = self._ended(row, text.splitlines()[-2000:], expected, (started, gpus), progress.flush())
+                for _ in range(20):  # the driver's last lines (its traceback) are in the log once it has ended
+                    if tracker.failures or not tracker.behind:
+                        break
+                    tracker.show(self.stream, self._read_log(tracker, api), sid)
+                progress = tracker.finish()
+                self._after_attempt(sid, tracker.verl)
+                out = self._ended(row, tracker.tail, expected, (started, gpus), progress)
                 out.ray_job_id = ray_job_id
                 return out
             now = time.monotonic()
@@ -221,25 +244,28 @@ class Watcher:
                     if lost:
                         self.emit(FailureClass.NODE_LOST, "stop the job, heal the cluster, resume", lost[1], lost[0])
                         self._stop(api, sid)
+                        tracker.save()
                         return Outcome(AttemptEnd.LOST,
                                        Diagnosis(FailureClass.NODE_LOST, "a node left the cluster", lost[1]), lost[0],
-                                       tracker.tail, progress, ray_job_id)
+                                       tracker.tail[-40:], progress, ray_job_id)
                 if tracker.quiet_for() > self.s.hang_after_s:
                     ev = (f"no new log line for {tracker.quiet_for():.0f}s (hang_after {self.s.hang_after_s:g}s), "
                           f"last step {progress.last_step}")
                     self.emit(FailureClass.HANG, "collect the hang bundle, stop the job (its last lines are kept), "
                               "resume from its checkpoint", ev, lines=tracker.tail[-20:])
-                    stuck = self._hang_bundle(api, sid, ray_job_id)
+                    stuck = self._hang_bundle(api, sid, ray_job_id, tracker.tail)
                     self._stop(api, sid)
+                    tracker.save()
                     fault = self._gpu_fault(started, gpus)
                     if fault:  # a GPU that fell off the bus hangs its collective: the cause, not the symptom
                         return Outcome(AttemptEnd.HANG,
                                        Diagnosis(FailureClass.GPU_FAULT, "a GPU reports a fault", fault[1]), fault[0],
-                                       tracker.tail, progress, ray_job_id)
+                                       tracker.tail[-40:], progress, ray_job_id)
                     return Outcome(AttemptEnd.HANG, Diagnosis(FailureClass.HANG, "the job stopped making progress",
                                                               ev + (f"; stuck: {stuck}" if stuck else "")),
-                                   "", tracker.tail, progress, ray_job_id)
-            time.sleep(self.s.poll_s)
+                                   "", tracker.tail[-40:], progress, ray_job_id)
+            if not tracker.behind:  # catching up on a backlog: the next chunk at once
+                time.sleep(self.s.poll_s)
 
     def _say_resumed(self, p: Progress) -> None:
         """The first step of a resumed attempt: where verl says it started, checked against the run's checkpoint."""
@@ -296,11 +322,14 @@ class Watcher:
         return Outcome(AttemptEnd.FAILED, d, lost[0] if lost else "", traceback_block(lines, d.evidence, tail=40),
                        progress)
 
-    def _hang_bundle(self, api, sid: str, ray_job_id: str) -> str:
-        """Collect the bundle into the run folder; returns the stuck process, for the hang's evidence."""
+    def _hang_bundle(self, api, sid: str, ray_job_id: str, tail: list[str]) -> str:
+        """Collect the bundle into the run folder, with the driver log's last lines (`tail`: what the watcher's
+        reader keeps, never the whole log); returns the stuck process, for the hang's evidence."""
         from verl_cluster.watch.bundle import collect
 
         b = collect(self.run_spec, api, sid, ray_job_id, self.st.dir / f"bundle-{sid}")
+        _write_private(self.st.dir / f"bundle-{sid}" / "driver-log-tail.txt",
+                       "\n".join(tail[-BUNDLE_TAIL_LINES:]) + "\n")
         self.emit(FailureClass.HANG, "bundle collected", b.summary + (f"; stuck: {b.stuck}" if b.stuck else ""),
                   lines=b.frames)
         return b.stuck
@@ -498,3 +527,12 @@ def _world(nnodes, per_node) -> int:
         return max(0, int(nnodes or 0) * int(per_node or 0))
     except (TypeError, ValueError):
         return 0
+
+
+def _write_private(path, text: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    except OSError:
+        pass  # the bundle goes on without it
