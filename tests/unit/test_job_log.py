@@ -203,3 +203,21 @@ def test_the_watchers_reader_resumes_at_its_offset_after_a_restart(server, tmp_p
     assert (second.progress.steps, second.progress.saves, second.progress.checkpoint) == \
         (whole.steps, whole.saves, whole.checkpoint)
     assert second.verl.summary()["steps"] == 2
+
+
+def test_a_jobs_api_500_shows_the_last_line_of_the_servers_traceback():
+    """The dashboard answered HTTP 500 to every submit once its working directory was gone; the message ended at
+    'Traceback (most recent call last):' and the line that matters was cut (Ray's client puts the body after
+    `Request failed with status code 500: ` and a '.' after it)."""
+    from verl_cluster.launch.ray_jobs import JobsApi
+
+    body = ("Traceback (most recent call last):\n  File \"/ray/dashboard/modules/job/job_head.py\", line 1, in submit\n"
+            "    cwd = os.path.abspath(os.path.curdir)\nFileNotFoundError: [Errno 2] No such file or directory")
+
+    def submit():
+        raise RuntimeError(f"Request failed with status code 500: {body}.")
+
+    with pytest.raises(ClusterError) as e:
+        JobsApi(None, "http://127.0.0.1:8265").call(submit)
+    assert e.value.message == ("Ray Jobs API at http://127.0.0.1:8265: Request failed with status code 500: "
+                               "FileNotFoundError: [Errno 2] No such file or directory.")
