@@ -148,6 +148,9 @@ def test_an_unbound_token_in_its_clusters_folder_is_not_sent(home, tmp_path, lis
     rc, text = run(capsys, "jobs", "-c", str(p))
     assert rc == 1 and "does not say which head" in text and f"verl-cluster up -c {p}" in text
     assert lst.seen == []
+    (home / ".verl-cluster/old/auth_token").unlink()  # never brought up: said as before
+    rc, text = run(capsys, "jobs", "-c", str(p))
+    assert rc == 1 and "no auth token for cluster `old`" in text and lst.seen == []
 
 
 HOSTILE = [

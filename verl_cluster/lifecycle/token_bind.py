@@ -106,6 +106,8 @@ def token_for_sending(spec: ClusterSpec) -> Path:
     own = root / spec.cluster_name
     bound = read_binding(real)
     if bound is None:
+        if not real.exists():
+            return token  # never brought up: the caller says so ("no auth token ...: start it with up")
         if _inside(real, own):
             raise ClusterError(f"the token {token} does not say which head it belongs to (made by an older "
                                "verl-cluster): it is not sent anywhere until it does",
