@@ -113,8 +113,7 @@ class LogTracker:
         offset = self._load(predicted)
         self.follower = LogFollower(source, offset, [self.progress.feed, self.verl.feed], on_restart=self._afresh)
         self.resumed_at = offset  # where this reader started (0: the log's start)
-        if offset:
-            self.follower.seed_tail()
+        self._seed = offset > 0  # the lines before the offset, for the tail: read with the first update
 
     def _load(self, predicted: Optional[dict]) -> int:
         from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
@@ -145,6 +144,9 @@ class LogTracker:
         """Fetches what the job wrote since the last look (at most `limit` bytes); returns it."""
         from verl_cluster.launch.job_log import CHUNK
 
+        if self._seed:
+            self.follower.seed_tail()
+            self._seed = False
         new = self.follower.poll(limit or CHUNK)
         if new:
             self.last_change, self.seen = time.monotonic(), True
