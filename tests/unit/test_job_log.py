@@ -222,3 +222,38 @@ def test_a_jobs_api_500_shows_the_last_line_of_the_servers_traceback():
         JobsApi(None, "http://127.0.0.1:8265").call(submit)
     assert e.value.message == ("Ray Jobs API at http://127.0.0.1:8265: Request failed with status code 500: "
                                "FileNotFoundError: [Errno 2] No such file or directory.")
+
+
+def test_jobs_json_reads_a_running_job_on_from_its_record_and_keeps_a_finished_ones_pairs(server, tmp_path,
+                                                                                           monkeypatch):
+    """`jobs --json` over a week-long run: each call reads only what the job wrote since the one before (its offset
+    and parse state in the job's record); once the job has ended its pairs are kept and its log is not read again."""
+    from types import SimpleNamespace
+
+    from verl_cluster.launch import job_records
+    from verl_cluster.launch.integrations import PlanInfo, plan_metadata
+    from verl_cluster.launch.job_pairs import job_pairs, pairs_of
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    predicted = {"phases_s": {"gen": 4.0, "old_log_prob": 0.7, "ref": 0.4, "adv": 0.01, "update_actor": 1.5,
+                              "update_weights": 0.2}, "step_s": 6.8}
+    meta = plan_metadata(PlanInfo({}, True, {}, "planned", predicted=predicted))
+    job_records.record("j", str(tmp_path / "c.yaml"), "c", "job")
+    text = steps_log(60)
+    half = text.index("step:31 ")
+    half = text.rindex("\n", 0, half) + 1
+    server.write("j", text[:half])
+    api = fake_api(server)
+    row = SimpleNamespace(submission_id="j", plan=meta, status="RUNNING")
+    first = job_pairs(api, [row], 10)["j"]
+    kept = job_records.lookup("j")["vs_plan_log"]
+    assert first["vs_plan"] and kept["offset"] == half and "vs_plan_final" not in job_records.lookup("j")
+    server.write("j", text[half:])
+    before = len(server.requests)
+    row.status = "SUCCEEDED"
+    second = job_pairs(api, [row], 10)["j"]
+    ranges = [r[1] for r in server.requests[before:]]
+    assert ranges and all(int(r[6:].split("-")[0]) >= half for r in ranges)  # from where the first call stopped
+    assert second == pairs_of(text, predicted) and job_records.lookup("j")["vs_plan_final"] == second
+    before = len(server.requests)
+    assert job_pairs(api, [row], 10)["j"] == second and len(server.requests) == before  # kept: not read again
