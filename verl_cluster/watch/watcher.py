@@ -431,7 +431,10 @@ class Watcher:
         on — whether its newest checkpoint is there for the new world size or can be resharded to it."""
         from verl_cluster.launch.integrations import placement_plan
 
-        plan = placement_plan(self.job, spec)
+        # a job that states its world (a user line's trainer.nnodes) is planned at the nodes left, as resubmit sends it
+        job = self.st.job_input([f"trainer.nnodes={1 + len(spec.workers)}"]).job() if self.job.get("trainer.nnodes") \
+            else self.job
+        plan = placement_plan(job, spec)
         if plan.feasible is False:
             return False, plan.note
         # the plan's world size; a job with no plan (not a verl trainer) runs on the nodes left, each with the
