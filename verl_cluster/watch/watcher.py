@@ -80,10 +80,16 @@ class Watcher:
     def _run(self) -> int:
         self._adopt_pending()
         self.emit(Note.INFO, "watching", f"restart budget {self.st.restarts}/{self.s.max_restarts} used")
+        recorded = self._recorded_end()
         while True:
             sid = self.st.current
-            out = self.watch_attempt(sid)
-            self._record(out)
+            if recorded:  # a watcher before this one ended the attempt itself (then died healing): go on from there
+                out, recorded = recorded, None
+                self.emit(Note.INFO, "going on from the record", f"{sid} was ended by the watcher before this one "
+                          f"({out.diagnosis.cls}: {out.diagnosis.evidence}); healing and resuming", out.node)
+            else:
+                out = self.watch_attempt(sid)
+                self._record(out)
             if out.status == AttemptEnd.SUCCEEDED:
                 self.emit(Note.INFO, "done: the run SUCCEEDED", f"{len(self.st.attempts)} attempt(s), "
                           f"{self.st.restarts} restart(s), {self._steps_summary()}")
@@ -118,6 +124,21 @@ class Watcher:
             if d.cls == FailureClass.OOM:
                 self._room_after_oom(spec)
             self.resubmit(spec, wait)
+
+    def _recorded_end(self) -> Optional[Outcome]:
+        """The current attempt's end as run.json has it, when a watcher stopped that attempt itself (a lost node, a
+        hang) and did not get to resubmit: its job now reads STOPPED, which is not someone else's stop."""
+        a = self.st.attempts[-1] if self.st.attempts else {}
+        if not a.get("ended_at") or a.get("status") not in (AttemptEnd.LOST, AttemptEnd.HANG) or not a.get("class"):
+            return None
+        try:
+            cls = FailureClass(a["class"])
+        except ValueError:
+            return None
+        p = Progress(steps=[x for x in (a.get("first_step"), a.get("last_step")) if x is not None],
+                     resumed_from=a.get("resumed_from"), count=a.get("steps") or 0)
+        return Outcome(AttemptEnd(a["status"]), Diagnosis(cls, "recorded", a.get("evidence", "")), a.get("node", ""),
+                       [], p, a.get("ray_job_id", ""))
 
     def _after_attempt(self, sid: str, progress) -> None:
         """The sequence lengths verl logged (`progress`: the attempt's verl_log.VerlProgress), kept for the next plan
