@@ -257,6 +257,8 @@ def s2(lab: Lab) -> None:
 def s3(lab: Lab) -> None:
     """The worker host dies for good 3 s after global_step_2's tracker appears; the run must go on on the head."""
     c = str(lab.cluster)
+    if not any(ph in sys.argv[1:] for ph in ("s1", "s2")):  # a lab of its own: its Ray is not up yet
+        step("up-s3", vc("up", "-c", c), 240)
     name = "s3"
     shutil.rmtree(CKPT / name, ignore_errors=True)
     line = user_line(name, "tiny", 6, [])
@@ -294,7 +296,8 @@ def main() -> int:
     import resource
 
     OUT.mkdir(parents=True, exist_ok=True)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (65536, 65536))  # Ray wants it; the hosts' sshd passes it on
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # Ray wants 65536; the hosts inherit it
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, hard), hard))
     phases = sys.argv[1:] or ["setup", "lab", "s1", "s2", "s3", "down"]
     log(f"phases {' '.join(phases)} (budget {BUDGET_S:.0f}s)")
     lab = None

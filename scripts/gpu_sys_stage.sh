@@ -14,7 +14,7 @@ mkdir -p "$dst"
 pkgs="iproute2 libbpf1 libelf1 libmnl0 libxtables12 libcap2 libbsd0 libmd0 libdb5.3 libtirpc3 libtirpc-common
   libselinux1 libpcre2-8-0 openssh-server openssh-client libwrap0 libaudit1 libcap-ng0 libpam0g libsystemd0
   libkrb5-3 libgssapi-krb5-2 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2 libcrypt1 libssl3 zlib1g
-  libedit2 libfido2-1 libcbor0.8 libudev1 libtinfo6 libzstd1 liblzma5 liblz4-1 libgcrypt20 libgpg-error0 util-linux"
+  libnsl2 libedit2 libfido2-1 libcbor0.8 libudev1 libtinfo6 libzstd1 liblzma5 liblz4-1 libgcrypt20 libgpg-error0 util-linux"
 (cd "$dst" && rm -f ./*.deb && apt-get download $pkgs >/dev/null 2>&1) || {
   echo "apt-get download failed: run 'apt-get update' first (as root)" >&2; exit 1; }
 cat > "$dst/install.sh" <<'EOF'
