@@ -95,7 +95,17 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
                         findings=findings)
     return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note, flash, flash_note,
                     lengths=plans.lengths.to_dict(), findings=findings,
-                    hint="" if plan.feasible else plans.refusal_hint(), predicted=plan.predictions())
+                    hint="" if plan.feasible else plans.refusal_hint(), predicted=_with_shared_host(plan.predictions(),
+                                                                                                      facts))
+
+
+def _with_shared_host(predicted: dict[str, Any], facts) -> dict[str, Any]:
+    """Nodes that are one machine (one hostname: namespace hosts, several Ray nodes on a box) show verl one figure
+    for all of them: perf/cpu_memory_used_gb is that machine's used RAM, held against every node's plan together."""
+    names = {getattr(f, "hostname", "") for f in facts or ()}
+    if len(facts or ()) > 1 and len(names) == 1 and "" not in names:
+        predicted = {**predicted, "shared_machine": True}
+    return predicted
 
 
 def _with_factors(job: JobSpec, plan):

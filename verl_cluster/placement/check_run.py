@@ -105,7 +105,10 @@ def pairs(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> list[dict[str
     step = sum(phases.values()) if fill is not None and phases else predicted.get("step_s")
     rows.append(("time step (s)", step, got.get("step_s") if got.get("phases_s") else None))
     rows.append(("save_checkpoint (s)", predicted.get("save_checkpoint_s") or None, got.get("save_checkpoint_s")))
-    rows.append(("host RAM per node (GiB)", predicted.get("host_gib"), got.get("host_gib")))
+    if predicted.get("shared_machine") and predicted.get("host_gib_all_nodes"):  # one machine's RAM for every node
+        rows.append(("host RAM, all nodes on one machine (GiB)", predicted["host_gib_all_nodes"], got.get("host_gib")))
+    else:
+        rows.append(("host RAM per node (GiB)", predicted.get("host_gib"), got.get("host_gib")))
     rows.append(("GPU reserved, trainer (GiB)", predicted.get("gpu_reserved_gib"), got.get("gpu_reserved_gib")))
     out = []
     for what, p, m in rows:

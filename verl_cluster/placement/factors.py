@@ -32,7 +32,8 @@ def figure_of(what: str) -> Optional[str]:
     if what.startswith("time ") and what.endswith(" (s)"):
         name = what[5:-4]
         return name if name in STEP_PHASES else None
-    return {"save_checkpoint (s)": SAVE, "host RAM per node (GiB)": HOST}.get(what)
+    return {"save_checkpoint (s)": SAVE, "host RAM per node (GiB)": HOST,
+            "host RAM, all nodes on one machine (GiB)": HOST}.get(what)
 
 
 def ratio(row: dict) -> Optional[float]:
@@ -163,4 +164,5 @@ def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], s
                      f"{'the' if need > plan.host_mem_gib else '90% of the'} {plan.host_mem_gib:.0f} GiB RAM",)
     return replace(plan, time=time, time_at=None if at is None else (lambda fill: _scaled_time(at(fill), used)),
                    host_gib_per_node=need, host_parts={k: v * h for k, v in plan.host_parts.items()},
+                   host_worker_gib=plan.host_worker_gib * h,
                    warnings=warnings, reasons=reasons)

@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 # mean over the fit runs that sampled it (fit_plan_calibration.py prints it); the node's part is then fitted.
 PER_GPU_PROCESS_BYTES = 6.32 * GIB
 NODE_BYTES = 17.1 * GIB  # fitted: node used RAM with no GPU processes and no host states
+# A node that runs no driver: its raylet, agents and idle workers. verl's TaskRunner, agent-loop and reward-loop
+# actors are started once per job, whatever the node count (the fit's NODE_BYTES holds them). Measured: 2.2 GiB PSS
+# of Ray's processes for a head and a worker at rest (2x H200 namespace hosts, 2026-11-28), half each.
+WORKER_NODE_BYTES = 1.1 * GIB
+WORKER_PART = "node processes (Ray's raylet, agents, idle workers)"
 REF_HOST_COPIES = 3.42  # fitted: host bytes per byte of ref params (fp32 master dtype) on the host
 OFFLOAD_HOST_COPIES = 1.29  # fitted: host bytes per byte of offloaded params + Adam states
 BATCH_BYTES_PER_TOKEN = 80  # DataProto: ids, masks, positions (int64), log-probs, values, advantages, rewards
@@ -91,6 +96,15 @@ def save_copy_bytes(shape: "ModelShape", role: str, n: int, fsdp2: bool) -> floa
     if fsdp2 or n == 1:  # streamed tensor by tensor (FSDP2 shards; NO_SHARD's full GPU clone)
         return 4.0 * largest / n
     return 4.0 * (params + root) / n  # FSDP1 sharded state dict: the model shard on the CPU, + the root gathered
+
+
+def worker_parts(parts: tuple[Part, ...]) -> tuple[Part, ...]:
+    """Host RAM of a node other than the head, between saves: the head's parts less what runs once per job (the
+    driver's processes and the step's batch), its Ray daemons instead."""
+    out = [Part(WORKER_PART, WORKER_NODE_BYTES)]
+    out += [p for p in parts if not p.name.startswith("node processes") and not p.name.startswith("batch")
+            and p.name != CHECKPOINT_PART]
+    return tuple(out)
 
 
 def steady_bytes(parts: tuple[Part, ...]) -> float:

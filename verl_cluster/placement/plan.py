@@ -15,7 +15,7 @@ from verl_cluster.facts.model import NodeFacts
 import verl_cluster.placement.memory as mem
 from verl_cluster.placement.check_run import BY_FILL
 from verl_cluster.placement.hardware import Hardware, hardware_from_facts, with_bus
-from verl_cluster.placement.host_memory import host_parts, host_terms
+from verl_cluster.placement.host_memory import host_parts, host_terms, worker_parts
 from verl_cluster.placement.step_time import step_time
 from verl_cluster.placement.memory import GIB
 from verl_cluster.placement.model_shape import ModelShape, resolve_shape, shape_from_dir
@@ -130,6 +130,7 @@ class Plan:
     lengths: Optional[dict[str, Any]] = None
     worst_case: Optional[dict[str, Any]] = None
     host_parts: dict[str, float] = field(default_factory=dict)
+    host_worker_gib: float = 0.0  # a node that runs no driver, between saves (placement/host_memory.worker_parts)
     # predicted seconds per step and per phase at the lengths planned (placement/step_time.py StepTime.to_dict())
     time: Optional[dict[str, Any]] = None  # host RAM of the busiest node by part, GiB
     # "" when the memory verdict covers the job; else why it does not (verl's Megatron workers: the model is FSDP's)
@@ -148,12 +149,19 @@ class Plan:
 
         return self.host_gib_per_node - self.host_parts.get(CHECKPOINT_PART, 0.0)
 
+    @property
+    def host_cluster_gib(self) -> float:
+        """Host RAM of every node together between saves: the head plus the others (what one machine shows when
+        the nodes share it, as namespace hosts do)."""
+        return self.host_steady_gib + max(0, self.nnodes - 1) * self.host_worker_gib
+
     def predictions(self) -> dict[str, Any]:
         """What a run of this plan can be held against (placement/check_run.py): seconds per phase and step, one
         checkpoint save, host RAM per node between saves."""
         t = self.time or {}
         out = {"phases_s": dict(t.get("phases_s") or {}), "step_s": t.get("step_s"),
-               "save_checkpoint_s": t.get("save_checkpoint_s"), "host_gib": round(self.host_steady_gib, 2)}
+               "save_checkpoint_s": t.get("save_checkpoint_s"), "host_gib": round(self.host_steady_gib, 2),
+               "host_gib_all_nodes": round(self.host_cluster_gib, 2), "nnodes": self.nnodes}
         if self.time_at is not None and self.tokens_full:
             out["fill"], out["tokens_full"] = round(self.fill, 4), self.tokens_full
             out["by_fill"] = []  # the planned fill among them: a run at the lengths planned reads the plan itself
@@ -212,6 +220,8 @@ class Plan:
             "host_gib_per_node": round(self.host_gib_per_node, 2),
             "host_parts_gib": {k: round(v, 2) for k, v in self.host_parts.items()},
             "host_steady_gib_per_node": round(self.host_steady_gib, 2),
+            "host_steady_gib_worker_node": round(self.host_worker_gib, 2),
+            "host_steady_gib_all_nodes": round(self.host_cluster_gib, 2),
             **({"time": self.time} if self.time is not None else {}),
             "overrides": dict(self.overrides),
             "reasons": list(self.reasons),
@@ -579,7 +589,8 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
         dtype=c.prec.train_dtype, attn=c.prec.attn, fill=fill, roles=tuple(role_plans), gpus=tuple(slots),
         overrides=build_overrides(c, s), reasons=tuple(reasons), warnings=tuple(warnings),
         problems=tuple(problems), fixes=tuple(fixes), host_gib_per_node=mem.total(host) / GIB,
-        host_parts={p.name: p.gib for p in host}, time=st.to_dict(), terms={"time": st.terms, "host": host_terms(c)},
+        host_parts={p.name: p.gib for p in host}, host_worker_gib=mem.total(worker_parts(host)) / GIB,
+        time=st.to_dict(), terms={"time": st.terms, "host": host_terms(c)},
         tokens_full=s.sequences * s.seq_len, time_at=lambda f: step_time(c, s, shape, hw, f).to_dict(),
         rollout_seqs_fit=r.seqs_fit if r else 0,
         host_mem_gib=None if hw.host_mem_bytes is None else hw.host_mem_bytes / GIB,

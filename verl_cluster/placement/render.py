@@ -82,6 +82,9 @@ def render(plan: Plan, con: Console, *, brief: bool = False, lengths=None) -> No
     _gpu_map(plan, con)
     ram = f" of {plan.host_mem_gib:.0f} GiB RAM" if plan.host_mem_gib is not None else " (node RAM unknown: --host-mem)"
     con.print(f"host memory per node: needs {plan.host_gib_per_node:.1f} GiB{ram}")
+    if plan.nnodes > 1:  # the driver's processes run once per job: the other nodes need less
+        con.print(f"  the other {plan.nnodes - 1} node(s): {plan.host_worker_gib:.1f} GiB each between saves (no "
+                  f"driver); all {plan.nnodes} nodes together {plan.host_cluster_gib:.1f} GiB", style="dim")
     if plan.host_parts:
         con.print("  " + escape("; ".join(f"{k} {v:.1f}" for k, v in plan.host_parts.items() if v >= 0.05)),
                   style="dim")

@@ -1,0 +1,71 @@
+"""What verl did across a node boundary (tests/fixtures/multinode, recorded by scripts/gpu_multinode.py on 2x H200:
+two namespace hosts, one GPU each, NCCL over sockets), held against the planner: host RAM of every node together
+(the hosts share one machine, so verl's perf/cpu_memory_used_gb is all of them), and how the comparison is chosen."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from verl_cluster.launch.integrations import _with_shared_host
+from verl_cluster.placement.check_run import pairs
+
+ROOT = Path(__file__).resolve().parents[2]
+REC = json.loads((ROOT / "tests" / "fixtures" / "multinode" / "h200x2_two_hosts.json").read_text())
+# the user line the run submitted (scripts/gpu_multinode.py user_line), the model by its catalog shape
+LINE = ["python3", "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo", "data.train_batch_size=32",
+        "data.max_prompt_length=512", "data.max_response_length=384", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B",
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.rollout.enforce_eager=true", "trainer.logger=[console]", "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1", "trainer.total_training_steps=4", "trainer.save_freq=2"]
+
+
+def _plan(tmp_path) -> dict:
+    r = subprocess.run([sys.executable, "-m", "verl_cluster", "plan", "--gpus", "2x1xH200", "--json",
+                        "model.catalog=qwen2.5-0.5b", "--", *LINE], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_every_node_together_holds_the_machine_the_hosts_shared(tmp_path):
+    plan = _plan(tmp_path)
+    head, worker = plan["host_steady_gib_per_node"], plan["host_steady_gib_worker_node"]
+    assert worker < head / 2  # the driver, TaskRunner and verl's agent/reward-loop actors run once per job
+    assert plan["host_steady_gib_all_nodes"] == round(head + worker, 2)
+    used = max(s["actor/perf/cpu_memory_used_gb"] for s in REC["s2"]["steps"])  # the whole machine, both hosts
+    assert abs(plan["host_steady_gib_all_nodes"] / used - 1) <= 0.15, (plan["host_steady_gib_all_nodes"], used)
+    # the per-node figure alone, as a run on one machine per node would be held against, is not this number
+    assert abs(head / used - 1) > 0.15
+
+
+def test_one_machine_for_several_nodes_is_held_against_all_of_them():
+    predicted = {"host_gib": 26.6, "host_gib_all_nodes": 37.1, "nnodes": 2}
+    facts = [SimpleNamespace(hostname="gpu-box"), SimpleNamespace(hostname="gpu-box")]
+    rows = pairs(_with_shared_host(predicted, facts), {"host_gib": 37.67})
+    assert [r["what"] for r in rows] == ["host RAM, all nodes on one machine (GiB)"] and rows[0]["predicted"] == 37.1
+    apart = [SimpleNamespace(hostname="gpu-1"), SimpleNamespace(hostname="gpu-2")]
+    rows = pairs(_with_shared_host(predicted, apart), {"host_gib": 30.0})
+    assert [r["what"] for r in rows] == ["host RAM per node (GiB)"] and rows[0]["predicted"] == 26.6
+    assert "shared_machine" not in _with_shared_host(predicted, [SimpleNamespace(hostname="gpu-box")])
+
+
+def test_the_recorded_node_loss_waited_its_grace_before_deciding():
+    """The events of the run whose worker host died for good (before the fix in watcher._plan_fits, which now plans
+    the nodes left at their own count: tests/unit/test_watch_fewer_world.py)."""
+    events = [json.loads(x) for x in
+              (ROOT / "tests" / "fixtures" / "multinode" / "h200x2_node_lost_events.jsonl").read_text().splitlines()]
+    lost = next(e for e in events if e["action"].startswith("stop the job"))
+    grace = next(e for e in events if "watch.node_grace_s" in e["action"])
+    decided = next(e for e in events if "feasible plan" in e["action"])
+    assert lost["class"] == grace["class"] == "node-lost" and lost["node"] == "10.213.20.11"
+    assert 55 <= decided["time"] - grace["time"] <= 90  # the grace (60 s) passed before going on without the node
