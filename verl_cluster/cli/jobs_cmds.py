@@ -174,7 +174,8 @@ def run_logs(args) -> int:
     with ray_jobs.connect(spec) as api:
         if not args.follow:
             if not job_log.print_log(api, args.job_id, sys.stdout, args.tail):
-                err.print(f"{escape(args.job_id)} has no log yet: its driver has not started (see `verl-cluster jobs`)")
+                err.print(f"no log of {escape(args.job_id)} on its driver's node: its driver has not started yet, or "
+                          "Ray was restarted since it ran (see `verl-cluster jobs`)")
             return EXIT_OK
         from verl_cluster.launch.integrations import plan_predictions
 
