@@ -16,6 +16,7 @@ import itertools
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from verl_cluster.reshard.shards import mesh_sizes
 from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, RefusedPickle, TensorRef, TorchFile,
                                             UnsupportedContent, WrapperRef, _itemsize, normalize_location,
                                             open_torch_file, write_torch_file)
@@ -27,7 +28,7 @@ def model_params(tf: TorchFile) -> list[tuple[str, int]]:
     items = list(tf.obj.items()) if isinstance(tf.obj, dict) else []
     dtensors = [(k, v) for k, v in items if isinstance(v, WrapperRef) and hasattr(v.spec, "tensor_meta")]
     for _, v in dtensors:
-        if v.spec.mesh.ndim != 1:
+        if len(mesh_sizes(v.spec.mesh)) != 1:
             raise UnsupportedContent("an FSDP1 optimizer of an HSDP (2-D mesh) run")
     chosen = dtensors or [(k, v) for k, v in items if isinstance(v, TensorRef) and v.shape]
     out = []

@@ -45,8 +45,42 @@ class MeshShape:
         return (rank,) if len(self.sizes) == 1 else (rank // self.fsdp_size, rank % self.fsdp_size)
 
 
+def _numel(shape: Any) -> int:
+    n = 1
+    for s in (shape if isinstance(shape, tuple) else (shape,)):
+        if isinstance(s, tuple):
+            s = _numel(s)
+        if type(s) is not int or s < 0:
+            raise UnsupportedContent(f"a device mesh layout with a size that is not a count ({s!r:.40})")
+        n *= s
+    return n
+
+
+def _fields(o: Any) -> dict:
+    d = getattr(o, "__dict__", None)
+    if not isinstance(d, dict):
+        raise UnsupportedContent(f"a DTensor mesh holding a {type(o).__name__} where torch pickles an object")
+    return d
+
+
+def mesh_sizes(mesh: Any) -> tuple[int, ...]:
+    """The dim sizes of a pickled DeviceMesh, read from its saved fields, not through this torch's methods: the
+    pickle changes between releases (torch 2.11 saves `_MeshLayout(shape, stride)`, 2.13 `axes` of
+    `_FlatLayout`s, older ones a `mesh` tensor), and a mesh from another release is still read right."""
+    state = _fields(mesh)
+    if isinstance(state.get("mesh"), torch.Tensor):
+        return tuple(state["mesh"].shape)
+    layout = _fields(state.get("_layout"))
+    if isinstance(layout.get("axes"), tuple):
+        return tuple(_numel(_fields(axis).get("shape", ())) for axis in layout["axes"])
+    if "shape" in layout:
+        shape = layout["shape"]
+        return tuple(_numel(s) for s in (shape if isinstance(shape, tuple) else (shape,)))
+    raise UnsupportedContent("a device mesh whose layout this tool does not know (saved by another torch release?)")
+
+
 def source_mesh_shape(world_size: int, ref: WrapperRef) -> MeshShape:
-    sizes = tuple(ref.spec.mesh.mesh.shape)
+    sizes = mesh_sizes(ref.spec.mesh)
     total = 1
     for s in sizes:
         total *= s
@@ -150,8 +184,8 @@ def new_mesh(src_mesh: Any, target: MeshShape, rank: int, device: str | None) ->
     state.pop("_pg_registry", None)
     sizes = target.sizes
     strides = tuple(int(torch.tensor(sizes[i + 1:]).prod()) if i + 1 < len(sizes) else 1 for i in range(len(sizes)))
-    src_sizes = tuple(src_mesh.mesh.shape)
-    state["_layout"] = type(src_mesh._layout).from_sizes_strides(sizes, strides)
+    src_sizes = mesh_sizes(src_mesh)
+    state["_layout"] = _layout_like(src_mesh._layout, sizes, strides)
     state["_rank_map"] = torch.arange(target.world_size, dtype=src_mesh._rank_map.dtype)
     state["_flatten_rank_map"] = tuple(range(target.world_size))
     state["_mesh_dim_names"] = target.dim_names
@@ -173,6 +207,17 @@ def new_mesh(src_mesh: Any, target: MeshShape, rank: int, device: str | None) ->
     mesh.__dict__.update(state)
     mesh._pg_registry = {}
     return mesh
+
+
+def _layout_like(src: Any, sizes: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+    """A mesh layout of `sizes` in the form the source's torch pickled it: torch 2.11's (shape, stride) fields
+    are kept as such, so the new files load in the torch that wrote the old ones; else this torch's."""
+    layout = vars(src)
+    if "axes" not in layout and "shape" in layout and "stride" in layout:
+        new = object.__new__(type(src))
+        new.__dict__.update(shape=tuple(sizes), stride=tuple(strides))
+        return new
+    return type(src).from_sizes_strides(sizes, strides)
 
 
 def new_spec(src_spec: Any, mesh: Any, target: MeshShape, dim: int) -> Any:
