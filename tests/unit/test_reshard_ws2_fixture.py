@@ -2,7 +2,7 @@
 2.11 on an H200 machine) and saved `global_step_2` (model, optimizer, extra state, huggingface/), kept compressed
 as tests/fixtures/verl_ckpt_ws2_h200.tgz. Its rank files hold only globals the reshard's unpickler lists; the CLI
 reshards it 2 -> 1 -> 2 and 2 -> 3 -> 2 bit for bit (its torch-2.11 device meshes read as saved); the watcher
-reshards it for the one node left."""
+reshards it for the one node left, and refuses, with the reason, whatever a reshard of an odd file raises."""
 
 from __future__ import annotations
 
@@ -183,3 +183,28 @@ def test_the_watcher_reshards_it_for_the_one_gpu_left(ckpt, tmp_path, monkeypatc
     assert len(list(actor.glob("*_world_size_2_rank_*.pt"))) == 6  # kept: the step still resumes on 2
     assert json.loads((actor / "fsdp_config.json").read_text())["world_size"] == 1
     assert w._reshard_for(1) == (True, "")  # nothing left to do
+
+
+def _odd_model_files(ckpt: Path) -> None:
+    """Well-formed rank files the reader loads, with a DTensor whose spec has no tensor metadata."""
+    for r in (0, 1):
+        p = ckpt / "global_step_2" / "actor" / f"model_world_size_2_rank_{r}.pt"
+        sd = _load(p)
+        object.__setattr__(next(iter(sd.values()))._spec, "tensor_meta", None)
+        torch.save(sd, p)
+
+
+def test_any_reshard_failure_is_a_refusal_with_its_reason(ckpt, tmp_path, monkeypatch):
+    """Before: an odd file's AttributeError (and a symbolic-link tracker's refusal, raised before the reshard was
+    tried) ended the watcher with a traceback; now the run waits for the node, and the record says why."""
+    w = _watcher_on(tmp_path, monkeypatch, ckpt)
+    _odd_model_files(ckpt)
+    ok, why = w._reshard_for(1)
+    assert not ok and "resharding the checkpoint to 1 GPUs failed: AttributeError" in why
+    assert not list(ckpt.rglob("*world_size_1*")) and not list(ckpt.rglob(".reshard-*"))
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    tracker.unlink()
+    (tmp_path / "two").write_text("2")
+    tracker.symlink_to(tmp_path / "two")
+    ok, why = w._reshard_for(1)
+    assert not ok and "cannot be resumed on 1 GPUs" in why and "symbolic link" in why

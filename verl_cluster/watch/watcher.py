@@ -472,17 +472,20 @@ class Watcher:
         from verl_cluster.reshard import NotReshardable, apply_reshard, plan_reshard, resume_world_size_problem
 
         folder = str(self.job.get("trainer.default_local_dir") or "")
-        if not world or not folder or not resume_world_size_problem(folder, world):
+        if not world or not folder:
             return True, ""
         try:
+            if not resume_world_size_problem(folder, world):
+                return True, ""
             plan = plan_reshard(folder, world)
             if plan.nothing_to_do:
                 return True, ""
             done = apply_reshard(plan)
         except NotReshardable as e:
             return False, f"the checkpoint cannot be resumed on {world} GPUs: {e.message}"
-        except OSError as e:
-            return False, f"resharding the checkpoint to {world} GPUs failed: {e}"
+        except Exception as e:  # noqa: BLE001 - the folder is untrusted: whatever an odd file makes fail, the run waits
+            return False, (f"resharding the checkpoint to {world} GPUs failed: "
+                           f"{getattr(e, 'message', None) or f'{type(e).__name__}: {e}'}"[:400])
         return True, f"resharded the newest checkpoint to {world} GPUs ({str(done.to_dict())[:200]})"
 
     def _room_after_oom(self, spec: ClusterSpec) -> None:
