@@ -16,14 +16,15 @@ from verl_cluster.placement import parse_gpus, plan_job
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verl_scripts"
 ENV = {"HOME": "/home/u"}
-# script -> (trainer.nnodes, the catalog model the planner suggests when the script's model is not in the catalog)
+# script -> (trainer.nnodes, the catalog model the planner suggests when the script's model is not in the catalog;
+# None: the catalog has it - every model these examples use is there now, Qwen2 and Qwen2.5-Math included)
 GOOD = {
     "run_qwen3-8b.sh": (1, None),  # GRPO on GSM8K, a catalog model
-    "run_qwen2-7b.sh": (1, "qwen2.5-7b"),  # GRPO on GSM8K, Qwen2 is not in the catalog
+    "run_qwen2-7b.sh": (1, None),  # GRPO on GSM8K, Qwen/Qwen2-7B-Instruct
     "run_deepseek_math_gsm8k_megatron.sh": (1, None),  # PPO with a critic, Megatron workers, an export
-    "run_qwen2-7b_sgl_megatron.sh": (1, "qwen2.5-7b"),  # SGLang rollout, Megatron
-    "test_dapo_7b_math.sh": (8, "qwen2.5-7b"),  # ${NNODES:-8}, nested defaults, $((...)), a local model path
-    "qwen2-70b_grpo_32_h800_fsdp_vllm.sh": (4, "qwen2.5-72b"),  # 4 nodes, rollout TP 16
+    "run_qwen2-7b_sgl_megatron.sh": (1, None),  # SGLang rollout, Megatron
+    "test_dapo_7b_math.sh": (8, None),  # ${NNODES:-8}, nested defaults, $((...)), a local model path (Qwen2.5-Math-7B)
+    "qwen2-70b_grpo_32_h800_fsdp_vllm.sh": (4, None),  # 4 nodes, rollout TP 16, Qwen/Qwen2-72B-Instruct
 }
 
 
@@ -41,6 +42,7 @@ def planned(name):
         with pytest.raises(ConfigError) as e:
             plan_job(job, gpus)
         assert "not in the catalog" in e.value.message and f"model.catalog={stand_in}" in e.value.hint
+        assert "--model-config FILE" in e.value.hint
         job = imp.job([f"model.catalog={stand_in}"])
     return job, plan_job(job, gpus)
 
@@ -103,11 +105,17 @@ def test_megatron_and_pinned_token_budgets_are_not_overridden():
         assert any(n.key == key and "test_dapo_7b_math.sh:91" in n.reason for n in skipped)
 
 
+def test_scripts_models_are_planned_as_themselves():
+    for name, shape in [("run_qwen2-7b.sh", "qwen2-7b"), ("qwen2-70b_grpo_32_h800_fsdp_vllm.sh", "qwen2-72b"),
+                        ("test_dapo_7b_math.sh", "qwen2.5-math-7b")]:
+        assert planned(name)[1].model == shape, name
+
+
 def test_submit_runs_an_unknown_model_unplanned_with_a_warning():
-    job = imported("run_qwen2-7b.sh").job()
+    job = imported("run_qwen2-7b.sh").job(["model.path=acme/Widget-7B-Instruct"])
     info = placement_plan(job, spec=None)  # no shape: it returns before touching any node
     assert info.feasible is None and info.overrides == {}
-    assert "no placement plan" in info.note and "model.catalog=qwen2.5-7b" in info.unplanned
+    assert "no placement plan" in info.note and "--model-config FILE" in info.unplanned
 
 
 @pytest.mark.parametrize("name, line, what", [

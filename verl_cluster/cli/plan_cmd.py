@@ -49,8 +49,27 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="multiply each phase's predicted seconds, the checkpoint save and host RAM by the factors "
                         "measured on earlier runs (scripts/plan_factors.py --out FILE from `jobs --json`); the step "
                         "is the sum of its phases, and the notes say which factors were applied, from how many runs")
+    add_model_config(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
+
+
+def add_model_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-config", metavar="FILE",
+                   help="the model's config.json (from its Hugging Face repo) for a model the catalog lacks; the "
+                        "planner reads its shape (dense models only), verl still loads the job's model.path")
+
+
+def model_config_word(args: argparse.Namespace) -> list[str]:
+    """--model-config FILE as the job field it sets (model.config=ABSOLUTE), checked here: a file that is not a
+    dense model's config.json is bad input before anything else runs."""
+    path = getattr(args, "model_config", None)
+    if not path:
+        return []
+    from verl_cluster.placement.model_shape import shape_from_file
+
+    shape_from_file(path)  # ConfigError (exit 2): missing, not JSON, no shape, mixture-of-experts
+    return [f"model.config={Path(path).expanduser().resolve()}"]
 
 
 def read_facts_file(path: str) -> list[NodeFacts]:
@@ -125,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
     from verl_cluster.placement.length_plans import plan_lengths
 
     # the same three forms as submit, key=value words before `--` included
-    job = JobInput.from_words(args.job, list(args.overrides or []), getattr(args, "before", [])).job()
+    before = list(getattr(args, "before", None) or []) + model_config_word(args)
+    job = JobInput.from_words(args.job, list(args.overrides or []), before).job()
     factors_file = getattr(args, "factors", None) or job_factors_path(job)
     factors = read_factors(factors_file) if factors_file else None  # bad input before the work
     facts = hardware(args, job.placement.gpus)

@@ -9,6 +9,7 @@ import sys
 from rich.markup import escape
 
 from verl_cluster.cli.follow import follow_job
+from verl_cluster.cli.plan_cmd import add_model_config, model_config_word
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
 from verl_cluster.launch import job_records, ray_jobs
@@ -41,6 +42,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                    help="keep the run up: heal, resume from its checkpoint, report (job's `watch:` settings)")
     p.add_argument("--detach", action="store_true", help="with --watch: the watcher runs in the background")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    add_model_config(p)
     p.set_defaults(func=run_submit)
 
 
@@ -53,7 +55,8 @@ def print_preflight(report: PreflightReport) -> None:
 
 
 def run_submit(args) -> int:
-    args.job_input = JobInput.from_words(args.job, list(args.overrides or []), getattr(args, "before", []))
+    before = list(getattr(args, "before", None) or []) + model_config_word(args)  # kept in the job's record
+    args.job_input = JobInput.from_words(args.job, list(args.overrides or []), before)
     job, imported = args.job_input.load()
     if args.watch:
         from verl_cluster.watch.settings import check_watchable

@@ -32,6 +32,9 @@ def is_verl_trainer(module: Optional[str]) -> bool:
 class ModelSpec:
     path: Optional[str] = field(default=None, metadata=PATH)  # local HF dir (on the nodes) or hub name
     catalog: Optional[str] = None  # shape from the shipped catalog, e.g. qwen2.5-0.5b
+    # the model's config.json on this machine (plan/submit --model-config), for a model the catalog lacks;
+    # relative to the job file. Only the planner reads it: verl still loads model.path
+    config: Optional[str] = field(default=None, metadata=PATH)
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,11 @@ def beside_job(job: JobSpec, name: str) -> Path:
 def job_factors_path(job: JobSpec) -> Optional[str]:
     """The factors file a job names (placement.factors), resolved relative to the job file."""
     return str(beside_job(job, job.placement.factors)) if job.placement.factors else None
+
+
+def job_model_config(job: JobSpec) -> Optional[str]:
+    """The model config.json a job names (model.config), resolved relative to the job file."""
+    return str(beside_job(job, job.model.config)) if job.model.config else None
 
 
 def job_cluster_path(job: JobSpec, default: str | None = None) -> Optional[Path]:

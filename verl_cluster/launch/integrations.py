@@ -54,10 +54,11 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
     if not job.is_ray_only:
         return PlanInfo({}, None, {}, "no placement plan: not a verl Ray trainer")
     from verl_cluster.errors import ConfigError
+    from verl_cluster.config.job import job_model_config
     from verl_cluster.placement.model_shape import resolve_shape
 
     try:  # no shape, no plan: the job runs with its own settings (what an imported verl script has anyway)
-        resolve_shape(job.model.path, job.model.catalog)
+        resolve_shape(job.model.path, job.model.catalog, job_model_config(job))
     except ConfigError as e:
         return PlanInfo({}, None, {}, f"no placement plan: {e.message}; the job's own settings are used as they are",
                         unplanned=e.hint or "set model.catalog")

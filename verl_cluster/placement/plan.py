@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from verl_cluster.config.job import JobSpec
+from verl_cluster.config.job import JobSpec, job_model_config
 from verl_cluster.errors import ConfigError, PlanError
 from verl_cluster.facts.measured_bus import BusMeasure
 from verl_cluster.facts.model import NodeFacts
@@ -253,7 +253,7 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
     from verl_cluster.placement.lengths import check_placement_lengths
 
     check_placement_lengths(job)
-    shape = shape or resolve_shape(job.model.path, job.model.catalog)
+    shape = shape or resolve_shape(job.model.path, job.model.catalog, job_model_config(job))
     reasons: list[str] = []
     rm_shape = shape
     if s.reward_model:
