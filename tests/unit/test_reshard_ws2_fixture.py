@@ -2,12 +2,14 @@
 2.11 on an H200 machine) and saved `global_step_2` (model, optimizer, extra state, huggingface/), kept compressed
 as tests/fixtures/verl_ckpt_ws2_h200.tgz. Its rank files hold only globals the reshard's unpickler lists; the CLI
 reshards it 2 -> 1 -> 2 and 2 -> 3 -> 2 bit for bit (its torch-2.11 device meshes read as saved); the watcher
-reshards it for the one node left, and refuses, with the reason, whatever a reshard of an odd file raises."""
+reshards it for the one node left, and refuses, with the reason, whatever a reshard of an odd file raises;
+`--out` copies no link out of the folder."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickletools
 import shutil
 import sys
@@ -20,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from verl_cluster.cli import main  # noqa: E402
+from verl_cluster.reshard import apply_reshard, plan_reshard  # noqa: E402
 from verl_cluster.reshard.extra import load_extra  # noqa: E402
 from verl_cluster.reshard.torchfile import open_torch_file  # noqa: E402
 
@@ -208,3 +211,43 @@ def test_any_reshard_failure_is_a_refusal_with_its_reason(ckpt, tmp_path, monkey
     tracker.symlink_to(tmp_path / "two")
     ok, why = w._reshard_for(1)
     assert not ok and "cannot be resumed on 1 GPUs" in why and "symbolic link" in why
+
+
+# ---------------------------------------------------------------- --out never follows a link in the folder
+
+
+@pytest.mark.parametrize("plant", ["link in huggingface/", "link to a folder", "link beside the roles", "fifo"])
+def test_out_refuses_a_link_or_special_file_instead_of_copying_its_target(ckpt, tmp_path, capsys, plant):
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("hunter2-SECRET")
+    step = ckpt / "global_step_2"
+    planted = {"link in huggingface/": step / "actor" / "huggingface" / "vocab.txt",
+               "link to a folder": step / "actor" / "extra", "link beside the roles": step / "data.pt",
+               "fifo": step / "actor" / "huggingface" / "pipe"}[plant]
+    if plant == "fifo":
+        os.mkfifo(planted)  # copied by reading, a pipe would hang the reshard
+    else:
+        planted.symlink_to(secret if plant == "link to a folder" else secret / "key")
+    out = tmp_path / "out"
+    for dry in ([], ["--dry-run"]):
+        assert main(["reshard", str(ckpt), "--world-size", "1", "--out", str(out), *dry]) == 2
+        err = capsys.readouterr().err
+        assert str(planted) in err and ("symbolic link" in err or "not a regular file" in err), err
+        assert "hunter2" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_link_planted_after_the_plan_is_not_followed(ckpt, tmp_path):
+    from verl_cluster.reshard import NotReshardable
+
+    (tmp_path / "secret").write_text("hunter2-SECRET")
+    out = tmp_path / "out"
+    out.mkdir()
+    plan = plan_reshard(ckpt, 1, out_dir=out)
+    config = ckpt / "global_step_2" / "actor" / "huggingface" / "config.json"
+    config.unlink()
+    config.symlink_to(tmp_path / "secret")
+    with pytest.raises(NotReshardable, match="symbolic link"):
+        apply_reshard(plan)
+    assert os.listdir(out) == []  # the scratch folder is gone; nothing was copied

@@ -10,9 +10,11 @@ scratch folder that the next run removes.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -86,8 +88,59 @@ class ReshardResult:
         return d
 
 
+def _not_copied(p: Path, what: str) -> NotReshardable:
+    return NotReshardable(f"{p}: {what}; verl writes plain files and folders, and --out copies only those (a "
+                          "link in an untrusted folder is never followed)",
+                          "replace it with a copy of what it stands for, or remove it, then run reshard again")
+
+
+def _kind(p: Path, mode: int) -> None:
+    if stat.S_ISLNK(mode):
+        raise _not_copied(p, "a symbolic link")
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise _not_copied(p, "not a regular file or folder")
+
+
 def _size(p: Path) -> int:
-    return p.stat().st_size if p.is_file() else sum(q.stat().st_size for q in p.rglob("*") if q.is_file())
+    """Bytes `--out` copies from `p`, refusing what it does not copy (links, pipes, devices) anywhere under it."""
+    st = os.lstat(p)
+    _kind(p, st.st_mode)
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
+    return sum(_size(p / name) for name in sorted(os.listdir(p)))
+
+
+def _copy(src: Path, dest: Path) -> None:
+    """Copy a file or folder of the step without following a link: every part is opened with O_NOFOLLOW
+    relative to its folder's descriptor, so one planted after the plan is refused too."""
+    parent = os.open(src.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _copy_at(parent, src.name, src, dest)
+    finally:
+        os.close(parent)
+
+
+def _copy_at(dir_fd: int, name: str, shown: Path, dest: Path) -> None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _not_copied(shown, "a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        _kind(shown, st.st_mode)
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(dest)
+            for child in sorted(os.listdir(fd)):
+                _copy_at(fd, child, shown / child, dest / child)
+        else:
+            with open(os.dup(fd), "rb") as f, open(dest, "xb") as out:
+                shutil.copyfileobj(f, out, 8 << 20)
+        os.chmod(dest, stat.S_IMODE(st.st_mode))
+        os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(fd)
 
 
 def plan_reshard(ckpt_dir: str | os.PathLike, world_size: int, *, step: Optional[int] = None,
@@ -215,8 +268,7 @@ def apply_reshard(plan: ReshardPlan, progress: Progress = None) -> ReshardResult
                     j = int(Path(op.dest).stem.rsplit("_", 1)[1])
                     result.rng.append(_extra(write_extra, [Path(s) for s in op.sources], j, Path(op.dest)))
                 elif op.op == "copy":
-                    src = Path(op.sources[0])
-                    (shutil.copytree if src.is_dir() else shutil.copy2)(src, op.dest)
+                    _copy(Path(op.sources[0]), Path(op.dest))
                 elif op.op == "config":
                     _write_config(Path(op.dest), Path(plan.step_dir), plan)
             _sync_tree(scratch)
