@@ -210,9 +210,7 @@ def _check_semantics(spec: ClusterSpec) -> None:
             f"{src}: head is `{spec.head.host}` but the cluster has workers: they cannot reach 127.0.0.1",
             "set head.node_ip to this machine's address on the network the workers share",
         )
-    p = spec.ray.ports
-    if not 0 < p.min_worker <= p.max_worker < 65536:
-        raise ConfigError(f"{src}: ray.ports.min_worker..max_worker must be a valid port range")
+    _check_ports(spec)
     if len(spec.temp_dir) > MAX_TEMP_DIR:
         default = spec.ray.temp_dir == DEFAULT_TEMP_DIR
         raise ConfigError(f"{src}: ray.temp_dir `{spec.temp_dir}` is too long ({len(spec.temp_dir)} chars"
@@ -225,6 +223,47 @@ def _check_semantics(spec: ClusterSpec) -> None:
         raise ConfigError(f"{src}: ray.temp_dir `{spec.temp_dir}` is a folder every user shares",
                           f"leave ray.temp_dir out for the default {DEFAULT_TEMP_DIR}")
     _check_ray_overrides(spec)
+
+
+def _pinned_ports(spec: ClusterSpec) -> list[tuple[str, int]]:
+    """(field, port) of every port a node's Ray listens on besides its workers' range (the head's own first)."""
+    h, p = spec.head, spec.ray.ports
+    head = [("head.gcs_port", h.gcs_port), ("head.dashboard_port", h.dashboard_port),
+            ("head.ray_client_port", h.ray_client_port)]
+    return head + [(f"ray.ports.{name}", getattr(p, name)) for name in PortsSpec.__dataclass_fields__
+                   if name not in ("min_worker", "max_worker")]
+
+
+def _check_ports(spec: ClusterSpec) -> None:
+    """Ports are checked at load, not by `ray start` an hour into `up` (Ray raises a ValueError there when a component
+    port is in the worker range or taken twice): every port 1..65535, the worker range a range, each pinned port
+    outside it and used once (on the head every one of them listens together)."""
+    src = spec.source
+    ssh = [("ssh.port", spec.ssh.port)] + [(f"{role} `{n.host}` ssh_port", n.ssh_port) for role, n in spec.nodes()
+                                           if n.ssh_port is not None]
+    p = spec.ray.ports
+    for name, port in _pinned_ports(spec) + ssh + [("ray.ports.min_worker", p.min_worker),
+                                                    ("ray.ports.max_worker", p.max_worker)]:
+        if not 0 < port < 65536:
+            raise ConfigError(f"{src}: {name} is {port}, not a port (1-65535)")
+    if p.min_worker > p.max_worker:
+        raise ConfigError(f"{src}: ray.ports.min_worker ({p.min_worker}) is above ray.ports.max_worker "
+                          f"({p.max_worker})", "the worker range is min_worker..max_worker, e.g. 10002..19999")
+    lo, hi = p.min_worker, p.max_worker
+    inside = [(name, port) for name, port in _pinned_ports(spec) if lo <= port <= hi]
+    if inside:
+        what = ", ".join(f"{name} {port}" for name, port in inside)
+        raise ConfigError(f"{src}: {what} {'is' if len(inside) == 1 else 'are'} inside the worker port range "
+                          f"ray.ports.min_worker..max_worker ({lo}-{hi}): Ray gives those ports to worker processes "
+                          "and refuses the overlap at `ray start`",
+                          f"move {', '.join(n for n, _ in inside)} outside {lo}-{hi}, or narrow "
+                          "ray.ports.min_worker/max_worker")
+    seen: dict[int, str] = {}
+    for name, port in _pinned_ports(spec):
+        if port in seen:
+            raise ConfigError(f"{src}: {name} and {seen[port]} are both {port}: each of Ray's ports needs its own",
+                              f"change one of {name}, {seen[port]}")
+        seen[port] = name
 
 
 # `ray start` flags that the config sets from its own fields (Ray keeps the last of a repeated flag, so one in
