@@ -62,10 +62,8 @@ def weights(step):
     return torch.arange(ROWS * 4, dtype=torch.float32).reshape(ROWS, 4) + step
 
 
-def save_rank_files(actor, step, world):
-    """What verl's manager writes for `world` ranks (model as DTensor shards, extra state, fsdp_config.json)."""
-    import json
-
+def save_rank_file(actor, step, world, r):
+    """What verl's manager writes for rank `r` of `world` (its model shard as a DTensor, its extra state)."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor, Shard
@@ -74,14 +72,32 @@ def save_rank_files(actor, step, world):
     full = weights(step)
     size = -(-ROWS // world)
     os.makedirs(actor, exist_ok=True)
-    for r in range(world):
-        mesh = DeviceMesh("cpu", torch.arange(world), mesh_dim_names=("fsdp",), _init_backend=False, _rank=r)
-        spec = DTensorSpec(mesh, (Shard(0),), TensorMeta(full.shape, full.stride(), full.dtype))
-        local = full[min(r * size, ROWS):min((r + 1) * size, ROWS)].clone()
-        torch.save({"w": DTensor(local, spec, requires_grad=False)},
-                   os.path.join(actor, f"model_world_size_{world}_rank_{r}.pt"))
-        torch.save({"lr_scheduler": {"last_epoch": step}, "rng": {"cpu": torch.get_rng_state()}},
-                   os.path.join(actor, f"extra_state_world_size_{world}_rank_{r}.pt"))
+    mesh = DeviceMesh("cpu", torch.arange(world), mesh_dim_names=("fsdp",), _init_backend=False, _rank=r)
+    spec = DTensorSpec(mesh, (Shard(0),), TensorMeta(full.shape, full.stride(), full.dtype))
+    local = full[min(r * size, ROWS):min((r + 1) * size, ROWS)].clone()
+    torch.save({"w": DTensor(local, spec, requires_grad=False)},
+               os.path.join(actor, f"model_world_size_{world}_rank_{r}.pt"))
+    torch.save({"lr_scheduler": {"last_epoch": step}, "rng": {"cpu": torch.get_rng_state()}},
+               os.path.join(actor, f"extra_state_world_size_{world}_rank_{r}.pt"))
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def save_on_node(actor, step, world, r):
+    save_rank_file(actor, step, world, r)
+
+
+def save_rank_files(actor, step, world, nodes=None):
+    """Each rank's files written on its own node (`nodes`: Ray node ids, rank order), as verl's ranks do — a
+    node-local folder then holds only that node's — or all here; fsdp_config.json by the driver."""
+    import json
+
+    if nodes:
+        ray.get([save_on_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[r], soft=False))
+                 .remote(actor, step, world, r) for r in range(world)], timeout=60)
+    else:
+        for r in range(world):
+            save_rank_file(actor, step, world, r)
+    os.makedirs(actor, exist_ok=True)
     with open(os.path.join(actor, "fsdp_config.json"), "w") as f:
         json.dump({"FSDP_version": 2, "world_size": world}, f)
 
@@ -99,11 +115,11 @@ def load_rank_files(actor, step, world):
     print(f"loaded {actor} on world size {world}: every piece equal", flush=True)
 
 
-def save(folder, step, world=0):
+def save(folder, step, nodes=None, world=0):
     path = os.path.join(folder, f"global_step_{step}")
     os.makedirs(path, exist_ok=True)
-    if world:
-        save_rank_files(os.path.join(path, "actor"), step, world)
+    if nodes or world:
+        save_rank_files(os.path.join(path, "actor"), step, len(nodes) if nodes else world, nodes)
     with open(os.path.join(path, "state.txt"), "w") as f:
         f.write(f"{step}\n")
     with open(os.path.join(folder, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -166,7 +182,7 @@ def main() -> int:
             f.write(f"{job_id} {step}\n")
         print(f"step {step}", flush=True)
         if step % save_freq == 0 or step == total:
-            save(folder, step, len(nodes) if rank_files else 0)
+            save(folder, step, nodes if rank_files else None)
         time.sleep(max(0.0, step_s - (time.monotonic() - t0)))
     print(f"done: {total} steps", flush=True)
     return 0

@@ -280,6 +280,36 @@ def test_watcher_killed_reattaches_without_duplicate(lab3):
     assert attempt == list(range(1, 15))
 
 
+def test_fewer_nodes_refused_when_the_checkpoint_is_node_local(lab3):
+    """Each rank saves its own files (verl's FSDP manager does; so does the stand-in, each on its node): with the
+    checkpoint folder under each node's private /tmp, a node lost for good takes its ranks' files with it, and the
+    run is not resubmitted on the nodes left — the error names the folder, what the head holds and the node gone."""
+    lab, path, (head, w1, w2), _ = lab3
+    ck = f"/tmp/ck-local-{lab.n}"
+    j, _ = job(lab3, "localfew", steps=30, save_freq=2, step_s=0.4, rank_files=1,
+               watch="  allow_fewer_nodes: true\n  node_wait_s: 12\n  node_grace_s: 1\n")
+    j.write_text(j.read_text().replace("overrides:\n", f"overrides:\n  trainer.n_gpus_per_node: 1\n"
+                                       f"  trainer.default_local_dir: {ck}\n", 1).replace(
+        f"  trainer.default_local_dir: {lab.dir / 'ckpt-localfew'}\n", ""))
+    p = popen_cli(lab3, "submit", j, "-c", path, "--watch")
+    try:
+        wait_for(lambda: head.run(["cat", f"{ck}/latest_checkpointed_iteration.txt"]).stdout.strip() not in ("", "0"),
+                 90, "the first checkpoint")
+        lab.stop(w2)  # for good: its /tmp (and the rank files in it) is gone with it
+        out, err = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        lab.start(w2)
+    assert p.returncode != 0, err[-3000:]
+    st, events = run_state(lab3, first_sid(err))
+    assert len(st["attempts"]) == 1 and st["restarts"] == 0, show(events)  # never resubmitted
+    refusals = [e for e in events if "is not storage every node reads" in e["action"] + e["evidence"]]
+    assert refusals, show(events)
+    text = refusals[0]["action"] + refusals[0]["evidence"]
+    assert ck in text and w2.ip in text and "rank(s)" in text and f"on the head ({head.ip})" in text
+
+
 def test_node_does_not_come_back_fewer_nodes(lab3):
     """3 nodes, one rank each, checkpoints saved per rank and world size as verl's FSDP manager does: a node lost
     for good, the run goes on on 2 from the newest checkpoint resharded for 2 ranks (without which it cannot load)."""

@@ -463,6 +463,14 @@ class Watcher:
         nodes = 1 + len(spec.workers)
         world = (_world(plan.overrides.get("trainer.nnodes"), plan.overrides.get("trainer.n_gpus_per_node"))
                  or _world(nodes, self.job.get("trainer.n_gpus_per_node")))
+        folder = str(self.job.get("trainer.default_local_dir") or "")
+        gone = [n.host for _, n in self.spec.nodes() if n.host not in {x.host for _, x in spec.nodes()}]
+        if folder and gone:  # checked where the run goes on (the head), before anything is resharded or resubmitted
+            from verl_cluster.watch.shared_dir import missing_ranks
+
+            incomplete = missing_ranks(spec, folder, gone)
+            if incomplete:
+                return False, incomplete
         ok, why = self._reshard_for(world)
         return ok, plan.note + (f"; {why}" if why else "")
 
