@@ -105,7 +105,7 @@ def main() -> int:
                            timeout=120)
     actors = subprocess.run([sys.executable, "-c", ACTORS], capture_output=True, text=True, timeout=120)
     (out / "actors.txt").write_text(actors.stdout + actors.stderr[-3000:])
-    ray_dir = sorted(glob.glob("/tmp/vc-*/session_latest/logs"))
+    ray_dir = sorted(glob.glob("/tmp/vc-*/*/session_latest/logs") + glob.glob("/tmp/vc-*/session_latest/logs"))
     if ray_dir:
         dst = out / "ray-logs"
         dst.mkdir(exist_ok=True)
