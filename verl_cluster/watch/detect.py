@@ -18,16 +18,21 @@ from verl_cluster.watch.progress import Progress
 
 
 
-def _refused(ip: str, port: int, timeout: float = 1.0) -> bool:
-    """True only for a refused connection: the host answers but nothing listens (its raylet is gone). A timeout
-    proves nothing (a firewall between us and the node looks the same)."""
+SILENT_LOOKS = 4  # connects that time out in a row, to a raylet port that answered before, before asking the head
+# the head's own look at a worker's raylet port (Ray's nodes reach each other there, or the cluster could not run)
+HEAD_LOOK = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close()"
+
+
+def _port_state(ip: str, port: int, timeout: float = 1.0) -> str:
+    """open | refused (the host answers but nothing listens: its raylet is gone) | silent (no answer: a host that is
+    gone or cut off — or a firewall between us and it, so silence alone proves nothing)."""
     try:
         with socket.create_connection((ip, port), timeout=timeout):
-            return False
+            return "open"
     except ConnectionRefusedError:
-        return True
+        return "refused"
     except OSError:
-        return False
+        return "silent"
 
 
 class NodeMonitor:
@@ -38,6 +43,8 @@ class NodeMonitor:
         self.head = Node(spec, "head", spec.head)
         self.token: Optional[str] = None
         self.refusals: dict[str, int] = {}
+        self.silent: dict[str, int] = {}  # looks in a row with no answer, for ports seen open from here
+        self.seen_open: set[str] = set()
 
     def _gcs_nodes(self) -> dict[str, dict]:
         return index_by_ip(self._gcs_table(), self.spec.head_ip)
@@ -71,12 +78,22 @@ class NodeMonitor:
         head."""
         port = self.spec.ray.ports.node_manager
         for ip in sorted(expected - {self.spec.head_ip}):
-            if _refused(ip, port):
+            state = _port_state(ip, port)
+            if state == "refused":
                 self.refusals[ip] = self.refusals.get(ip, 0) + 1
                 if self.refusals[ip] >= 2:  # twice in a row: not a blip while a raylet restarts
                     return ip, f"raylet port {ip}:{port} refuses connections (the raylet or the host is gone)"
             else:
                 self.refusals.pop(ip, None)
+            if state == "open":
+                self.seen_open.add(ip)
+                self.silent.pop(ip, None)
+            elif state == "silent" and ip in self.seen_open:
+                # a host cut off (its link down) answers nothing: Ray's GCS takes ~5 x (3 s + 10 s) to mark it dead
+                self.silent[ip] = self.silent.get(ip, 0) + 1
+                if self.silent[ip] >= SILENT_LOOKS and not self._head_reaches(ip, port):
+                    return ip, (f"raylet port {ip}:{port} has not answered for {self.silent[ip]} looks, from here nor "
+                                "from the head (the host or its network is gone)")
         try:
             by_ip = self._gcs_nodes()
         except RunnerError as e:
@@ -86,6 +103,16 @@ class NodeMonitor:
             if x is None or not x["alive"]:
                 return ip, "the GCS marks this node dead" if x else "the GCS does not list this node"
         return None
+
+    def _head_reaches(self, ip: str, port: int) -> bool:
+        """Whether the head connects to that port (a failed look from the head itself counts as not reaching)."""
+        try:
+            res = self.head.runner.run([self.head.python, "-c", HEAD_LOOK, ip, str(port)], timeout=15)
+        except RunnerError:
+            return True  # the head cannot be asked: the GCS check below says what is wrong with it
+        if res.ok:
+            self.silent.pop(ip, None)  # reachable from the head: the silence is this machine's path to it
+        return res.ok
 
     def close(self) -> None:
         self.head.close()
