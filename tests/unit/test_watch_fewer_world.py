@@ -23,7 +23,8 @@ LINE = ["python3", "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo"
 
 def _two_nodes(tmp_path):
     path = tmp_path / "two.yaml"
-    path.write_text("cluster_name: two\nhead:\n  host: 10.0.0.1\n  gpus: 1\nworkers:\n  - host: 10.0.0.2\n"
+    # loopback addresses: nothing here may connect anywhere else (the head's checkpoint look is recorded below)
+    path.write_text("cluster_name: two\nhead:\n  host: 127.0.0.2\n  gpus: 1\nworkers:\n  - host: 127.0.0.3\n"
                     "    gpus: 1\n")
     return str(path), load_cluster(str(path))
 
@@ -43,10 +44,14 @@ def test_the_plan_for_the_nodes_left_carries_their_count(tmp_path, monkeypatch):
         return PlanInfo({"trainer.nnodes": 1 + len(cluster.workers)}, True, {}, "placement planned")
 
     monkeypatch.setattr(integrations, "placement_plan", plan)
+    looked = []  # the head's look at the newest checkpoint (integration: test_watch.py, node-local checkpoints)
+    monkeypatch.setattr("verl_cluster.watch.shared_dir.missing_ranks",
+                        lambda spec, folder, gone: looked.append((folder, tuple(gone))) or "")
     monkeypatch.setattr(w, "_reshard_for", lambda world: (True, ""))
     fewer = replace(spec, workers=[])
     ok, _ = w._plan_fits(fewer)
     assert ok and planned == [(1, 1)]  # planned on one node as one node, not as the line's 2
+    assert looked == [("/shared/ckpt/run", ("127.0.0.3",))]
     # and the resubmission sends the same world (resubmit's words), so verl asks for no placement group on the gone node
     st.nodes = 1
     assert "trainer.nnodes=1" in st.job_input(["trainer.nnodes=1"]).overrides
