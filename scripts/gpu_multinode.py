@@ -7,7 +7,9 @@ nodes and talks over sockets on the veth link: a socket link standing in for a c
     python3 scripts/gpu_multinode.py PHASE [PHASE ...]     # as root, on the GPU machine, from a copy under /srv/vc
 phases: setup (site, wrappers, models, data) | lab (hosts + cluster file) | s1 (up, status, check, NCCL evidence,
 bench_nccl across the hosts) | s2 (plan + submit a GRPO user line on 2 nodes, 1 GPU each) | s3 (submit --watch with
-watch.allow_fewer_nodes; the worker host dies for good after global_step_2; resumed resharded on the head) | down.
+watch.allow_fewer_nodes; the worker host dies for good after global_step_2; resumed resharded on the head) | s43 (the
+worker's raylet killed after step 2 and healed, then the host lost for good after step 4, one run) | s5 (one host
+with both GPUs, a WorkerDict killed after step 2) | down. Next session: setup lab s43 down s5 (~20 min).
 Everything goes to /srv/vc/out (steps.log: each step's exit code and seconds). The lab stays up between phases run
 by one process only: run the phases you want in one call (the hosts are this process's children).
 Expects: scripts/gpu_sys_stage.sh's install.sh ran (ip, sshd) and scripts/gpu_stage_verl.sh's site is at
@@ -119,7 +121,7 @@ def data() -> None:
 
 # ---------------------------------------------------------------- lab
 class Lab:
-    def __init__(self) -> None:
+    def __init__(self, n_hosts: int = 2, gpus_per_host: int = 1, name: str = "mn") -> None:
         sys.path.insert(0, str(REPO))
         os.environ.setdefault("VC_LAB_TMP_SIZE", "24g")
         if not Path(os.environ.get("VC_LAB_SSHD", "/usr/sbin/sshd")).exists() and Path("/usr/local/sbin/sshd").exists():
@@ -131,15 +133,18 @@ class Lab:
         why = netns.integration_ready()
         if why:
             sys.exit(f"namespace hosts cannot be made here: {why}")
-        self.lab = netns.NetnsLab("mn")
-        self.hosts = [self.lab.add_host(f"n{i}") for i in range(2)]
-        self.cluster = OUT / "mn.yaml"
+        self.gpus_per_host = gpus_per_host
+        self.lab = netns.NetnsLab(name)
+        self.hosts = [self.lab.add_host(f"n{i}") for i in range(n_hosts)]
+        self.cluster = OUT / f"{name}.yaml"
         nodes = []
         for i, h in enumerate(self.hosts):
-            e = {"CUDA_VISIBLE_DEVICES": str(i), "NCCL_HOSTID": f"vc-mn-{h.name}", "NCCL_DEBUG": "INFO",
+            gpus = ",".join(str(i * gpus_per_host + k) for k in range(gpus_per_host))
+            e = {"CUDA_VISIBLE_DEVICES": gpus, "NCCL_HOSTID": f"vc-{name}-{h.name}", "NCCL_DEBUG": "INFO",
                  "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-            nodes.append(f"host: {h.ip}\n  gpus: 1\n  env: {json.dumps(e)}\n")
-        text = (f"cluster_name: mn\nhead:\n  {nodes[0]}workers:\n  - " + nodes[1].replace("\n  ", "\n    ") +
+            nodes.append(f"host: {h.ip}\n  gpus: {gpus_per_host}\n  env: {json.dumps(e)}\n")
+        workers = "".join("  - " + n.replace("\n  ", "\n    ") for n in nodes[1:]) or " []\n"
+        text = (f"cluster_name: {name}\nhead:\n  {nodes[0]}workers:" + ("\n" if nodes[1:] else "") + workers +
                 f"ssh:\n  user: root\n  key_file: {self.lab.client_key}\n  known_hosts_file: {self.lab.known_hosts}\n"
                 f"  connect_timeout_s: 5\nray:\n  ray_executable: {BIN / 'ray'}\n  object_store_memory: 4294967296\n")
         self.cluster.write_text(text)
@@ -157,6 +162,12 @@ class Lab:
         i = self.hosts.index(host)
         subprocess.run(["ip", "link", "set", f"{self.lab.prefix}v{i}", "down"], check=False)
         return {"killed_at": t, "host": host.name, "ip": host.ip}
+
+    def kill_raylet(self, host) -> dict:
+        """The host stays (sshd answers); its raylet is SIGKILLed: `watch` heals it as `up` would."""
+        t = time.time()
+        r = host.run(["pkill", "-9", "-f", "ray/core/src/ray/raylet/raylet"], timeout=20)
+        return {"killed_at": t, "host": host.name, "ip": host.ip, "what": "raylet", "rc": r.returncode}
 
     def close(self) -> None:
         self.lab.close()
@@ -254,42 +265,65 @@ def s2(lab: Lab) -> None:
                                                     text=True).stdout[:20000])
 
 
-def s3(lab: Lab) -> None:
-    """The worker host dies for good 3 s after global_step_2's tracker appears; the run must go on on the head."""
+def watched(lab: Lab, name: str, steps: int, faults: list, extra: list[str]) -> None:
+    """`submit --watch` of the user line (tiny model) with faults injected one after another: each (tracker step,
+    delay, action) fires when latest_checkpointed_iteration.txt says that step. Keeps the run folder and figures."""
     c = str(lab.cluster)
-    if not any(ph in sys.argv[1:] for ph in ("s1", "s2")):  # a lab of its own: its Ray is not up yet
-        step("up-s3", vc("up", "-c", c), 240)
-    name = "s3"
+    if not any(ph in sys.argv[1:] for ph in ("s1", "s2")) or name == "s5":  # a lab of its own: its Ray is not up yet
+        step(f"up-{name}", vc("up", "-c", c), 240)
     shutil.rmtree(CKPT / name, ignore_errors=True)
-    line = user_line(name, "tiny", 6, [])
-    fault: dict = {}
+    line = user_line(name, "tiny", steps, [])
+    if len(lab.hosts) == 1:
+        line = [w for w in line if not w.startswith(("trainer.nnodes=", "trainer.n_gpus_per_node="))]
+        line += ["trainer.nnodes=1", f"trainer.n_gpus_per_node={lab.gpus_per_host}"]
+    done: list = []
 
     def inject() -> None:
         tracker = CKPT / name / "latest_checkpointed_iteration.txt"
-        deadline = time.time() + 900
-        while time.time() < deadline:
-            try:
-                if tracker.read_text().strip() == "2":
-                    time.sleep(3)
-                    fault.update(lab.kill_for_good(lab.hosts[1]))
-                    log(f"s3: killed {lab.hosts[1].name} for good")
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
+        deadline = time.time() + 1500
+        for at, delay, act in faults:
+            while time.time() < deadline:
+                try:
+                    if tracker.read_text().strip() == str(at):
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.5)
+            time.sleep(delay)
+            done.append({"after_step": at, **act()})
+            log(f"{name}: fault {done[-1]}")
 
-    th = threading.Thread(target=inject, daemon=True)
-    th.start()
-    step("submit-s3", vc("submit", "-c", c, "watch.allow_fewer_nodes=true", "watch.backoff_s=2",
-                         "watch.node_wait_s=600", "--watch", "--", *line), 1100)
-    (OUT / "fault-s3.json").write_text(json.dumps(fault))
-    runs = Path.home() / ".verl-cluster" / "runs"
-    if runs.exists():
-        newest = max(runs.iterdir(), key=lambda p: p.stat().st_mtime, default=None)
-        if newest:
-            shutil.copytree(newest, OUT / "run-s3", dirs_exist_ok=True)
-    (OUT / "ckpt-s3.txt").write_text(subprocess.run(["ls", "-laR", str(CKPT / name)], capture_output=True,
-                                                    text=True).stdout[:20000])
+    threading.Thread(target=inject, daemon=True).start()
+    step(f"submit-{name}", vc("submit", "-c", c, "watch.allow_fewer_nodes=true", "watch.backoff_s=2",
+                              "watch.node_grace_s=20", "watch.node_wait_s=600", *extra, "--watch", "--", *line), 1500)
+    (OUT / f"fault-{name}.json").write_text(json.dumps(done))
+    runs = sorted(Path.home().glob(".verl-cluster/*/runs/*"), key=lambda p: p.stat().st_mtime)
+    if runs:
+        shutil.copytree(runs[-1], OUT / f"run-{name}", dirs_exist_ok=True)
+    (OUT / f"ckpt-{name}.txt").write_text(subprocess.run(["ls", "-laR", str(CKPT / name)], capture_output=True,
+                                                         text=True).stdout[:20000])
+
+
+def s3(lab: Lab) -> None:
+    """Scenario 3: the worker host dies for good 3 s after global_step_2; the run goes on on the head, resharded."""
+    watched(lab, "s3", 6, [(2, 3, lambda: lab.kill_for_good(lab.hosts[1]))], [])
+
+
+def s43(lab: Lab) -> None:
+    """Scenarios 4 then 3 in one run: the worker's raylet killed after step 2 (healed, resumed on both nodes), then
+    the worker host lost for good after step 4 (resumed on the head from step 4, resharded) -> SUCCEEDED at 8."""
+    watched(lab, "s43", 8, [(2, 3, lambda: lab.kill_raylet(lab.hosts[1])),
+                            (4, 3, lambda: lab.kill_for_good(lab.hosts[1]))], [])
+
+
+def s5(lab: Lab) -> None:
+    """Scenario 5: one node with 2 GPUs, a WorkerDict SIGKILLed after step 2: detect, RUNNING again, first new step."""
+    def kill_worker() -> dict:
+        t = time.time()
+        r = lab.hosts[0].run(["pkill", "-9", "-f", "^ray::WorkerDict"], timeout=20)
+        return {"killed_at": t, "what": "ray::WorkerDict", "rc": r.returncode}
+
+    watched(lab, "s5", 4, [(2, 2, kill_worker)], [])
 
 
 def main() -> int:
@@ -313,9 +347,15 @@ def main() -> int:
                 wrappers()
             elif ph == "lab":
                 lab = Lab()
-            elif ph in ("probe", "s1", "s2", "s3"):
+            elif ph in ("probe", "s1", "s2", "s3", "s43"):
                 lab = lab or Lab()
                 globals()[ph](lab)
+            elif ph == "s5":  # a host of its own with both GPUs (the two-host lab is closed first)
+                if lab:
+                    step("down", vc("down", "-c", str(lab.cluster)), 120)
+                    lab.close()
+                lab = Lab(n_hosts=1, gpus_per_host=2, name="one")
+                s5(lab)
             elif ph == "down" and lab:
                 step("down", vc("down", "-c", str(lab.cluster)), 120)
             log(f"phase {ph} done in {time.time() - t:.0f}s")
