@@ -72,7 +72,8 @@ def print_report(r) -> None:
         nodes.add_row(host, r.choice.interfaces.get(host, "?"), f.python_version or "-", f.versions.get("ray", "-"),
                       f.versions.get("torch", "-"), f.versions.get("verl", "-"), gpus, _fmt(f.clock_offset_s, 3))
     for host, why in r.unreachable.items():
-        nodes.add_row(host, "[red]unreachable[/]", escape(why[:60]), "", "", "", "", "")
+        state = "not probed" if host in getattr(r, "not_probed", {}) else "unreachable"
+        nodes.add_row(host, f"[red]{state}[/]", escape(why[:60]), "", "", "", "", "")
     out.print(nodes)
     out.print(f"[bold]backend:[/] {r.backend}")
     for reason in r.choice.reasons:

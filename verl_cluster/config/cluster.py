@@ -211,6 +211,7 @@ def _check_semantics(spec: ClusterSpec) -> None:
             "set head.node_ip to this machine's address on the network the workers share",
         )
     _check_ports(spec)
+    _check_local_ssh(spec)
     if len(spec.temp_dir) > MAX_TEMP_DIR:
         default = spec.ray.temp_dir == DEFAULT_TEMP_DIR
         raise ConfigError(f"{src}: ray.temp_dir `{spec.temp_dir}` is too long ({len(spec.temp_dir)} chars"
@@ -223,6 +224,26 @@ def _check_semantics(spec: ClusterSpec) -> None:
         raise ConfigError(f"{src}: ray.temp_dir `{spec.temp_dir}` is a folder every user shares",
                           f"leave ray.temp_dir out for the default {DEFAULT_TEMP_DIR}")
     _check_ray_overrides(spec)
+
+
+def _check_local_ssh(spec: ClusterSpec) -> None:
+    """localhost, local and 127.0.0.1 mean this machine, run without SSH: SSH settings that only such a node would
+    use are a mistake (a container's sshd forwarded to 127.0.0.1:2222 was silently never used) - said, not ignored."""
+    src = spec.source
+    fix = ("to run on this machine, leave the SSH settings out; to go through SSH, give the host's real address or "
+           "name (for a port forwarded on this machine: 127.0.0.2 and the like reach it too)")
+    for role, n in spec.nodes():
+        own = [f for f, v in (("ssh_port", n.ssh_port), ("ssh_user", n.ssh_user), ("ssh_key_file", n.ssh_key_file))
+               if v is not None]
+        if n.is_local and own:
+            raise ConfigError(f"{src}: {role}.host `{n.host}` runs on this machine without SSH, so its "
+                              f"{', '.join(own)} would never be used", fix)
+    if all(n.is_local for _, n in spec.nodes()):
+        d, s = SshSpec(), spec.ssh
+        set_ = [f"ssh.{f}" for f in ("port", "user", "key_file") if getattr(s, f) != getattr(d, f)]
+        if set_:
+            raise ConfigError(f"{src}: every node is this machine (head.host `{spec.head.host}`), run without SSH, "
+                              f"so {', '.join(set_)} would never be used", fix)
 
 
 def _pinned_ports(spec: ClusterSpec) -> list[tuple[str, int]]:

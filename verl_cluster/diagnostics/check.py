@@ -15,7 +15,7 @@ from verl_cluster.diagnostics.backend import BackendChoice, select_backend
 from verl_cluster.diagnostics.gather import gather_facts, make_runners
 from verl_cluster.diagnostics.verdicts import (ERROR, WARNING, Problem, consistency_verdicts, mtu_verdicts,
                                                node_verdicts)
-from verl_cluster.errors import RunnerError
+from verl_cluster.errors import ConnectError, RunnerError
 from verl_cluster.facts import measured_bus
 from verl_cluster.facts.model import NodeFacts, to_dict
 from verl_cluster.launchers import launcher_for
@@ -51,6 +51,8 @@ class CheckReport:
     skipped: dict[str, str] = field(default_factory=dict)  # section -> why it did not run
     seconds: float = 0.0
     listeners: dict[str, list[dict]] = field(default_factory=dict)  # node -> every port our Ray listens on
+    # of `unreachable`, the nodes we reached but could not probe (the Python beside their `ray` is not there)
+    not_probed: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -71,6 +73,7 @@ class CheckReport:
             "collectives": [c.to_json() for c in self.collectives],
             "listeners": self.listeners,
             "unreachable": self.unreachable,
+            "not_probed": self.not_probed,
             "skipped": self.skipped,
             "facts": {h: to_dict(f) for h, f in self.facts.items()},
             "seconds": round(self.seconds, 2),
@@ -99,9 +102,12 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
         gathered = gather_facts(spec, runners, timeout=opts.facts_timeout_s, deep=opts.deep)
         facts = {h: f for h, f in gathered.items() if isinstance(f, NodeFacts)}
         unreachable = {h: e.reason for h, e in gathered.items() if isinstance(e, RunnerError)}
+        not_probed = {h: e.reason for h, e in gathered.items()
+                      if isinstance(e, RunnerError) and not isinstance(e, ConnectError)}
         for h, e in gathered.items():
-            if isinstance(e, RunnerError):
-                problems.append(Problem(h, f"unreachable: {e.reason}", _ssh_fix(e)))
+            if isinstance(e, RunnerError):  # only a failed login is "unreachable": a wrong setting says itself
+                problems.append(Problem(h, f"unreachable: {e.reason}" if isinstance(e, ConnectError) else e.reason,
+                                        _ssh_fix(e)))
 
         # 2. backend + interfaces; 5. verdicts
         choice = select_backend(spec, facts)
@@ -178,7 +184,7 @@ def run_check(spec: ClusterSpec, quick: bool = False, runners: Mapping[str, Comm
     problems += [Problem(node, what, fix, WARNING) for node, what, fix in launcher_for(spec).node_problems()]
     problems.sort(key=lambda p: (p.severity != ERROR, p.node))
     return CheckReport(spec.cluster_name, choice.backend, choice, facts, unreachable, matrix, links, ucx_links,
-                       collectives, problems, skipped, time.monotonic() - t0, listeners)
+                       collectives, problems, skipped, time.monotonic() - t0, listeners, not_probed)
 
 
 def keep_bus(cluster: str, c: collective.CollectiveResult) -> None:

@@ -225,8 +225,10 @@ class _Up:
     def _mark_changed(self, n: Node) -> None:
         o = self.out[n.host]
         o.action = NodeAction.CHANGED
-        o.reason = "running with a different config; `verl-cluster up --restart` applies the new one"
-        self.say(n.host, "[yellow]config changed[/]")
+        what = changed_settings(self.probes[n.host].state or {}, self.cmds[n.host])
+        o.reason = (f"running with another config ({'; '.join(what) if what else 'a setting differs'}): "
+                    "`verl-cluster up --restart` applies the new one (running jobs end)")
+        self.say(n.host, f"[yellow]config changed[/]: {'; '.join(what) or 'a setting differs'}")
 
     def wait_registered(self) -> None:
         """Poll the GCS (on the head) until every node we expect is ALIVE with its GPUs."""
@@ -300,11 +302,87 @@ def _refusal(stdout: str) -> list[str] | None:
     return None
 
 
+def _env_digest(env: dict[str, str]) -> dict[str, str]:
+    """Per variable, a short hash of its value: enough to say which one changed, never the value (a secret)."""
+    import hashlib
+
+    return {k: hashlib.sha256(str(v).encode()).hexdigest()[:12] for k, v in sorted(env.items())
+            if k != "RAY_AUTH_TOKEN_PATH"}  # where the token lives is not part of the config (as in the fingerprint)
+
+
 def _state_json(cmd: NodeCommand) -> str:
     import json
 
     return json.dumps({"fingerprint": cmd.fingerprint, "role": cmd.role, "ip": cmd.ip,
-                       "started_at": time.time(), "argv": list(cmd.argv)})
+                       "started_at": time.time(), "argv": list(cmd.argv), "env": _env_digest(cmd.env)})
+
+
+# `ray start` flags -> the cluster.yaml setting that writes them (lifecycle/commands.py)
+FLAG_SETTINGS = {
+    "--port": "head.gcs_port", "--dashboard-port": "head.dashboard_port",
+    "--ray-client-server-port": "head.ray_client_port", "--dashboard-host": "security.dashboard_host",
+    "--address": "the head's address (head.host/node_ip, head.gcs_port)", "--node-ip-address": "node_ip",
+    "--temp-dir": "ray.temp_dir", "--object-store-memory": "ray.object_store_memory", "--num-gpus": "gpus",
+    "--num-cpus": "cpus", "--resources": "resources", "--labels": "labels",
+    "--node-manager-port": "ray.ports.node_manager", "--object-manager-port": "ray.ports.object_manager",
+    "--dashboard-agent-grpc-port": "ray.ports.dashboard_agent_grpc",
+    "--dashboard-agent-listen-port": "ray.ports.dashboard_agent_listen",
+    "--metrics-export-port": "ray.ports.metrics_export", "--runtime-env-agent-port": "ray.ports.runtime_env_agent",
+    "--min-worker-port": "ray.ports.min_worker", "--max-worker-port": "ray.ports.max_worker",
+}
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    """`ray start` words as {--flag: value} (a flag without a value: "")."""
+    out: dict[str, str] = {}
+    words = [str(w) for w in argv[2:]]  # past `ray start`
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("--"):
+            flag, eq, value = w.partition("=")
+            if not eq and i + 1 < len(words) and not words[i + 1].startswith("--"):
+                value, i = words[i + 1], i + 1
+            out[flag] = value
+        i += 1
+    return out
+
+
+def changed_settings(state: dict, cmd: NodeCommand) -> list[str]:
+    """What differs between the Ray running on a node (its vc-node.json) and what the config would start now, as
+    cluster.yaml settings: `ray.object_store_memory 209715200 -> 419430400`, `ray.env: FOO changed`. [] when the
+    running node's record is too old to say."""
+    old_argv = state.get("argv")
+    if not isinstance(old_argv, list) or not old_argv:
+        return []
+    out: list[str] = []
+    if str(old_argv[0]) != cmd.argv[0]:
+        out.append(f"ray_executable {old_argv[0]} -> {cmd.argv[0]}")
+    old, new = _flags(old_argv), _flags(list(cmd.argv))
+    other: list[str] = []
+    for flag in sorted(set(old) | set(new), key=lambda f: (f not in FLAG_SETTINGS, f)):
+        a, b = old.get(flag), new.get(flag)
+        if a == b:
+            continue
+        name = FLAG_SETTINGS.get(flag)
+        if name is None:
+            other.append(flag)
+        elif a is None or b is None:
+            out.append(f"{name} {'set' if a is None else 'unset'}" + (f" ({b})" if b else ""))
+        else:
+            out.append(f"{name} {a} -> {b}")
+    if other:
+        out.append(f"ray.start_args: {', '.join(other)}")
+    old_env = state.get("env")
+    if isinstance(old_env, dict):
+        new_env = _env_digest(cmd.env)
+        for k in sorted(set(old_env) | set(new_env)):
+            if old_env.get(k) != new_env.get(k):
+                how = "added" if k not in old_env else "removed" if k not in new_env else "changed"
+                out.append(f"env {k} {how} (ray.env, the node's env or the network settings)")
+    elif not out:
+        out.append("the Ray environment (ray.env, the node's env or the network settings)")
+    return out
 
 
 def _port_open(host: str, port: int, timeout: float = 0.3) -> bool:

@@ -22,16 +22,33 @@ def script_source(module_file: str, *included: str) -> str:
     return "".join(Path(f).read_text() + "\n" for f in included) + Path(module_file).read_text()
 
 
+PYTHON_HINT = ("set ray.ray_executable (or the node's ray_executable) to the absolute path of `ray` in the node's "
+               "environment (`command -v ray` there): its Python is the `python` beside it")
+
+
+class PythonNotFound(RunnerError):
+    """The node answered, but the Python beside its configured `ray` is not there: a setting, not the network."""
+
+
+def missing_python(host: str, python: str, why: str = "not found") -> PythonNotFound:
+    return PythonNotFound(host, f"`{python}` {why} on {host}: the Python beside the configured `ray` "
+                                "(ray.ray_executable)", PYTHON_HINT)
+
+
 def run_python(runner: CommandRunner, python: str, source: str, args: Sequence[str] = (), *,
                env: Mapping[str, str] | None = None, timeout: float = 60.0) -> Any:
     """Run `source` with `python` on the node; return the JSON it printed after MARK."""
-    res = runner.run([python, "-c", source, *args], env=env, timeout=timeout)
+    try:
+        res = runner.run([python, "-c", source, *args], env=env, timeout=timeout)
+    except RunnerError as e:  # this machine's runner could not start it at all
+        if type(e) is RunnerError and e.reason.startswith(f"`{python}` "):
+            raise missing_python(runner.host, python, e.reason[len(python) + 3:]) from None
+        raise
     for line in reversed(res.stdout.splitlines()):
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
-    if "No such file" in res.stderr or res.rc == 127:
-        raise RunnerError(runner.host, f"`{python}` not found on the node",
-                          "set ray.ray_executable to the absolute path of `ray` in the node's environment")
+    if res.rc in (126, 127) or "No such file" in res.stderr and python in res.stderr:
+        raise missing_python(runner.host, python, "not found" if res.rc != 126 else "cannot be run")
     raise RunnerError(runner.host, f"node script failed (rc={res.rc}): {res.tail(5) or 'no output'}")
 
 

@@ -27,8 +27,12 @@ from verl_cluster.errors import ConfigError, ConnectError, HostKeyError, RunnerE
 from verl_cluster.runners.base import CommandTimeout, Result
 
 # paramiko's transport thread logs every failed connection with its traceback (a ProxyCommand that exits, a port
-# that closes before the banner); the same failure reaches the caller as an exception, said in one line
-logging.getLogger("paramiko").addHandler(logging.NullHandler())
+# that accepts and closes before the banner: "Error reading SSH protocol banner ... EOFError"); the same failure
+# reaches the caller as an exception, said in one line per host. Not propagated either: a program that set up
+# logging (a root handler) would print those tracebacks around our tables
+_PARAMIKO_LOG = logging.getLogger("paramiko")
+_PARAMIKO_LOG.addHandler(logging.NullHandler())
+_PARAMIKO_LOG.propagate = False
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,32 @@ def _resolve(target: SshTarget) -> tuple[str, int, str, list[str], Optional[str]
         if target.port == 22 and "port" in cfg:
             port = int(cfg["port"])
         user = user or cfg.get("user")
-        keys = [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
+        # as ssh does, an IdentityFile that is not there is passed over (paramiko would fail the whole connection)
+        keys = [k for k in (os.path.expanduser(k) for k in cfg.get("identityfile", [])) if os.path.isfile(k)]
         proxy = cfg.get("proxycommand")
     if target.key_file:
-        keys = [os.path.expanduser(target.key_file)]
+        keys = [_key_file(target.host, target.key_file)]
     return hostname, port, user or getpass.getuser(), keys, proxy
+
+
+KEY_HINT = ("point ssh.key_file (or the node's ssh_key_file) at the private key that logs in there, e.g. "
+            "~/.ssh/id_ed25519, or leave it out to use ~/.ssh/config, the agent and ~/.ssh/id_*")
+
+
+def _key_file(host: str, key_file: str) -> str:
+    """The configured private key, which must be a file we can read: a missing one is named as such (paramiko's
+    "No such file or directory" read as a host that cannot be reached)."""
+    path = os.path.expanduser(key_file)
+    if not os.path.exists(path):
+        raise ConnectError(host, f"SSH key file {path} (ssh.key_file / the node's ssh_key_file) does not exist",
+                           KEY_HINT)
+    if not os.path.isfile(path):
+        raise ConnectError(host, f"SSH key file {path} (ssh.key_file / the node's ssh_key_file) is not a file",
+                           KEY_HINT)
+    if not os.access(path, os.R_OK):
+        raise ConnectError(host, f"SSH key file {path} (ssh.key_file / the node's ssh_key_file) cannot be read "
+                                 "by this user", f"fix its owner/permissions (chmod 600), or {KEY_HINT}")
+    return path
 
 
 PROXY_HINT = "run the ProxyCommand by hand to see why, or fix or remove its line for this host in ~/.ssh/config"
