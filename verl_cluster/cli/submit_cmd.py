@@ -14,7 +14,7 @@ from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
 from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.launch.preflight import PreflightReport
-from verl_cluster.launch.job_input import JobInput
+from verl_cluster.launch.job_input import JobInput, working_dir_word
 from verl_cluster.launch.submit import (Submission, check_cluster_file, plan_submission, preflight_exit_code,
                                         resolve_cluster_file, warm_imports)
 
@@ -31,6 +31,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
                         "they win over the file's and the planner's")
     p.add_argument("-c", "--cluster", help="cluster.yaml (default: the job's `cluster:`, else cluster_configs/local.yaml)")
     p.add_argument("--slurm", action="store_true", help="the cluster `up --slurm` made in this Slurm allocation")
+    p.add_argument("--working-dir", metavar="DIR",
+                   help="ship DIR with the job to every node (as `ray job submit --working-dir`; job field "
+                        "working_dir): the command runs inside it, so `-- python -m my_module` finds DIR/my_module.py")
     p.add_argument("--launcher", choices=("auto", "ray", "torchrun"), help="override the job's launcher")
     p.add_argument("--dry-run", action="store_true", help="print the full request after preflight, run nothing")
     p.add_argument("--no-follow", action="store_true", help="submit and return once the job is running")
@@ -54,9 +57,14 @@ def print_preflight(report: PreflightReport) -> None:
             err.print(f"{'':>7} {'':<11} [yellow]hint:[/] {escape(f.hint)}")
 
 
+def job_input_of(args) -> JobInput:
+    """The job as typed: the key=value words before `--` and the flags that set job fields are kept in its record."""
+    before = list(getattr(args, "before", None) or []) + model_config_word(args) + working_dir_word(args.working_dir)
+    return JobInput.from_words(args.job, list(args.overrides or []), before)
+
+
 def run_submit(args) -> int:
-    before = list(getattr(args, "before", None) or []) + model_config_word(args)  # kept in the job's record
-    args.job_input = JobInput.from_words(args.job, list(args.overrides or []), before)
+    args.job_input = job_input_of(args)
     job, imported = args.job_input.load()
     if args.watch:
         from verl_cluster.watch.settings import check_watchable

@@ -39,7 +39,7 @@ class JobInput:
                 raise ConfigError(f"`{bad[0][:80]}` comes before the command: only key=value words (job fields such "
                                   "as watch.max_restarts=5, or verl overrides) may come before `-- python3 -m ...`",
                                   "put the job file first, or key=value words then `-- python3 -m MODULE ...`")
-            return cls("command", argv=tuple(words[at:]), overrides=tuple(pre))
+            return cls("command", argv=tuple(words[at:]), overrides=tuple(_absolute_working_dir(w) for w in pre))
         if not words:
             raise ConfigError("no job given", "verl-cluster submit JOB.yaml, SCRIPT.sh, or -- python3 -m MODULE ...")
         first, rest = words[0], list(before) + words[1:]
@@ -88,3 +88,23 @@ class JobInput:
         if not rec.get("job_file"):
             return None
         return cls.from_words(rec["job_file"], list(rec.get("overrides") or []))
+
+
+def working_dir_word(path: Optional[str]) -> list[str]:
+    """--working-dir DIR as the job field it sets (working_dir=ABSOLUTE, so a watcher started elsewhere ships the
+    same folder); a DIR that is not a folder is bad input before anything else runs."""
+    if not path:
+        return []
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise ConfigError(f"--working-dir {path}: not a directory", "name the folder that holds the job's code "
+                          "(e.g. --working-dir . in the folder of my_module.py)")
+    return [f"working_dir={p.resolve()}"]
+
+
+def _absolute_working_dir(word: str) -> str:
+    """`working_dir=.` before `--` means the folder the command was typed in: kept absolute in the record."""
+    key, _, value = word.partition("=")
+    if key != "working_dir" or not value:
+        return word
+    return f"working_dir={Path(value).expanduser().resolve()}"
