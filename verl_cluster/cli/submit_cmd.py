@@ -52,7 +52,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
 def print_preflight(report: PreflightReport) -> None:
     for f in report.findings:
         style = LEVEL_STYLE.get(f.level, "")
-        err.print(f"[{style}]{f.level:>7}[/] {f.check:<11} {escape(f.message)}")
+        where = f" [dim]({escape(f.where)})[/]" if getattr(f, "where", None) else ""
+        err.print(f"[{style}]{f.level:>7}[/] {f.check:<11} {escape(f.message)}{where}")
         if f.hint and f.level in ("error", "warning"):
             err.print(f"{'':>7} {'':<11} [yellow]hint:[/] {escape(f.hint)}")
 

@@ -45,9 +45,15 @@ def measure_here(job: JobSpec, files: Sequence[str]) -> PromptStats:
     for f in files:
         if not Path(f).expanduser().is_file():
             raise ConfigError(f"--data {f}: no such file", "give the training parquet (verl's format)")
+        if Path(f).expanduser().stat().st_size == 0:
+            raise ConfigError(f"--data {f}: empty file (0 bytes)", "give the training parquet (verl's format)")
     req = probe_request(job, files)
     doc = prompt_probe.measure(req["files"], req["model"], req["prompt_key"], req["limit"],
                                template_kwargs=req["template_kwargs"])
+    if doc.get("error") == "pyarrow is not installed here":
+        raise ConfigError("--data: reading parquet needs pyarrow, which is not installed here",
+                          "pip install 'verl-cluster[data]' (the data extra: pyarrow), or `plan -c CLUSTER` to "
+                          "measure the job's training files on the cluster's head node")
     if doc.get("error") or doc.get("errors"):
         why = doc.get("error") or "; ".join(f"{k}: {v}" for k, v in doc["errors"].items())
         raise ConfigError(f"--data: cannot read the prompts: {why}",

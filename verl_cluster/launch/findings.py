@@ -12,3 +12,5 @@ class Finding:
     check: str  # data | model | paths | verl-config | checkpoint | resources | cluster | env | placement
     message: str
     hint: Optional[str] = None
+    # where the check ran: "here" (this machine), "on HOST" (the head's Python), "on every node"; None: not a probe
+    where: Optional[str] = None

@@ -58,6 +58,9 @@ def probe_data(path):
     if os.path.isdir(p):
         out["error"] = "is a directory"
         return out
+    if out["size"] < 8:  # a parquet file is at least its two 4-byte PAR1 marks (seeking 4 back: EINVAL)
+        out["error"] = "empty file (0 bytes)" if not out["size"] else f"not a parquet file ({out['size']} bytes)"
+        return out
     try:
         with open(p, "rb") as f:
             head = f.read(4)

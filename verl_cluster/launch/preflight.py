@@ -191,18 +191,47 @@ def check_nodes(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -
         out += wandb_findings(results)
     if not files and not model:
         return out, rewrites
-    local = {}
+    local, unread = {}, []
     for f in files:
         if not any(isinstance(r, dict) and any(d.get("schema") for d in r.get("data", []) if d["path"] == f)
                    for r in results.values()):
             s = local_schema(f)
             if s:
                 local[f] = s
-    out += judge_node_files(job, overrides, results, local)
+            elif _no_pyarrow(results, f):
+                unread.append(f)
+    found = judge_node_files(job, overrides, results, local)
+    if unread and requirement_for(job.entrypoint, overrides) and not any(x.check == "data" and x.level == "error"
+                                                                           for x in found):
+        found.append(Finding("skipped", "data", f"columns of {', '.join(unread)} not checked: pyarrow is not "
+                                                "installed in the nodes' Python nor here",
+                             "pip install pyarrow in the nodes' environment (verl needs it to read the data), or "
+                             "pip install 'verl-cluster[data]' here"))
+    nodes = f"on {_nodes(spec)}"
+    out += [_at(x, f"{nodes}; columns read here" if x.check == "data" and x.level == "ok" and local else nodes)
+            for x in found]
     unreached = any(isinstance(r, BaseException) for r in results.values())
     if model and not unreached and not any(f.check == "model" and f.level in ("error", "warning") for f in out):
-        out.append(Finding("ok", "model", f"model {model} found on every node"))
+        out.append(Finding("ok", "model", f"model {model} found on every node", where=f"on {_nodes(spec)}"))
     return out, rewrites
+
+
+def _no_pyarrow(results: Mapping[str, Any], path: str) -> bool:
+    """Did every node that has the file lack pyarrow to read its columns?"""
+    seen = [d for r in results.values() if isinstance(r, dict) for d in r.get("data", []) if d["path"] == path]
+    return bool(seen) and all("not installed" in str(d.get("schema_error") or "") for d in seen if d.get("exists")) \
+        and any(d.get("exists") for d in seen)
+
+
+def _nodes(spec: ClusterSpec) -> str:
+    hosts = [n.host for _, n in spec.nodes()]
+    return hosts[0] if len(hosts) == 1 else f"every node ({len(hosts)})"
+
+
+def _at(f: Finding, where: str) -> Finding:
+    from dataclasses import replace
+
+    return f if f.where else replace(f, where=where)
 
 
 def expand_paths(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -> tuple[dict, list[Finding]]:
@@ -224,21 +253,49 @@ def expand_paths(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) 
 
 
 # ---- verl's own config ----
-def check_verl(job: JobSpec, overrides: Mapping[str, Any]) -> list[Finding]:
+def verl_check_where(job: JobSpec, overrides: Mapping[str, Any], spec: Optional[ClusterSpec] = None):
+    """(result, where it ran): here when this machine has verl (or VC_VERL_PYTHON names a Python that does),
+    else in the cluster's head Python, where the job's verl runs (a default install has no verl here)."""
+    from verl_cluster.launch.verl_config import check_verl_config_on, verl_available, verl_python
+
+    if spec is None or verl_available(verl_python()):
+        return check_verl_config(job.entrypoint, overrides, args=job.args), "here"
+    head = spec.head
+    runner = runner_for(spec, head)
+    where = f"on {head.host}"
+    try:
+        return check_verl_config_on(runner, spec.python_executable(head), job.entrypoint, overrides,
+                                    args=job.args), where
+    except Exception as e:  # noqa: BLE001 - an unreachable head costs this check only (the node probe says why)
+        from verl_cluster.launch.verl_config import VerlConfigCheck
+
+        why = getattr(e, "reason", None) or f"{type(e).__name__}: {e}"
+        return VerlConfigCheck(False, skipped=f"verl is not installed here and the check could not run on "
+                                              f"{head.host}: {why}"), where
+    finally:
+        runner.close()
+
+
+def check_verl(job: JobSpec, overrides: Mapping[str, Any], spec: Optional[ClusterSpec] = None) -> list[Finding]:
     if not is_verl_module(job.entrypoint):
         return []
-    res = check_verl_config(job.entrypoint, overrides, args=job.args)
+    res, where = verl_check_where(job, overrides, spec)
     out: list[Finding] = []
     for key, near in res.unknown:
         out.append(Finding("error", "verl-config", f"unknown verl key `{key}`",
-                           f"did you mean `{near}`?" if near else f"prefix it with + to add a new key: +{key}=..."))
+                           f"did you mean `{near}`?" if near else f"prefix it with + to add a new key: +{key}=...",
+                           where))
     if res.error:
-        out.append(Finding("error", "verl-config", f"verl rejects the config: {res.error}"))
+        out.append(Finding("error", "verl-config", f"verl rejects the config: {res.error}", where=where))
     if res.skipped:
-        out.append(Finding("skipped", "verl-config", res.skipped))
+        hint = None
+        if "not installed" in res.skipped:
+            hint = ("install verl where the job runs (the head's Python: ray.ray_executable's environment), or "
+                    "here with VC_VERL_PYTHON naming a Python that has it")
+        out.append(Finding("skipped", "verl-config", res.skipped, hint, where))
     if res.ran and not res.unknown and not res.error:
         out.append(Finding("ok", "verl-config", "verl's Hydra config composes with all overrides"
-                           + ("; verl's validate_config passed" if res.validated else "")))
+                           + ("; verl's validate_config passed" if res.validated else ""), where=where))
     return out
 
 
@@ -479,7 +536,7 @@ def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any],
         paths.update(rewrites)
         return found
 
-    for check in (nodes, lambda: check_verl(job, overrides), lambda: checkpoint_dir_findings(job, overrides),
+    for check in (nodes, lambda: check_verl(job, overrides, spec), lambda: checkpoint_dir_findings(job, overrides),
                   lambda: check_resources(job, overrides, status), lambda: check_placement_strategy(spec, job)):
         try:
             findings += check()

@@ -50,21 +50,40 @@ def hydra_flags(args: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def probe_arg(module: str, overrides: Mapping[str, object], args: Sequence[str] = ()) -> str:
+    return json.dumps({"module": module, "overrides": override_args(overrides), **hydra_flags(args)})
+
+
+def from_probe(d: dict) -> VerlConfigCheck:
+    if d.get("no_verl"):  # the probe ran, in a Python without verl
+        return VerlConfigCheck(False, skipped=d.get("skipped"))
+    return VerlConfigCheck(True, d.get("skipped"), [tuple(u) for u in d.get("unknown", [])], d.get("error"),
+                           bool(d.get("validated")))
+
+
 def check_verl_config(module: str, overrides: Mapping[str, object], python: Optional[str] = None,
                       timeout: float = 120.0, args: Sequence[str] = ()) -> VerlConfigCheck:
     python = python or verl_python()
     if not verl_available(python):
         return VerlConfigCheck(False, skipped="verl is not installed here: its config was not checked "
                                               "(pip install verl, or set VC_VERL_PYTHON to a Python that has it)")
-    arg = json.dumps({"module": module, "overrides": override_args(overrides), **hydra_flags(args)})
     try:
-        p = subprocess.run([python, str(PROBE), arg], capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([python, str(PROBE), probe_arg(module, overrides, args)], capture_output=True, text=True,
+                           timeout=timeout)
     except subprocess.TimeoutExpired:
         return VerlConfigCheck(False, skipped=f"verl config check did not finish within {timeout:.0f}s")
     for line in reversed(p.stdout.splitlines()):
         if line.startswith(MARK):
-            d = json.loads(line[len(MARK):])
-            return VerlConfigCheck(True, d.get("skipped"), [tuple(u) for u in d.get("unknown", [])],
-                                   d.get("error"), bool(d.get("validated")))
+            return from_probe(json.loads(line[len(MARK):]))
     tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
     return VerlConfigCheck(False, skipped=f"verl config check failed to run: {tail[:300]}")
+
+
+def check_verl_config_on(runner, python: str, module: str, overrides: Mapping[str, object],
+                         args: Sequence[str] = (), timeout: float = 180.0) -> VerlConfigCheck:
+    """The same check in a node's Python (the cluster's head, where the job's verl is): verl_probe.py is sent as
+    source (runners.remote_python), so nothing of ours needs to be installed there."""
+    from verl_cluster.runners.remote_python import run_python
+
+    return from_probe(run_python(runner, python, PROBE.read_text(), [probe_arg(module, overrides, args)],
+                                 timeout=timeout))

@@ -105,8 +105,14 @@ def nearest(key, keys):
 
 
 def main(arg):
+    import importlib.util
+
     req = json.loads(arg)
     out = {"unknown": [], "error": None, "validated": False, "skipped": None}
+    if importlib.util.find_spec("verl") is None:  # run on a node whose Python lacks verl: say so, no traceback
+        out.update(no_verl=True, skipped=f"verl is not installed in {sys.executable}: its config was not checked")
+        print(MARK + json.dumps(out))
+        return
     offline = stay_offline_if_hub_unreachable(req["overrides"])
     from hydra import compose, initialize_config_dir
 
