@@ -12,12 +12,12 @@ import pytest
 
 from tests.harness.cli import run_cli
 from verl_cluster.cli import build_parser, main
-from verl_cluster.cli.cluster_args import DEFAULT_CLUSTER, is_override, resolve_cluster
+from verl_cluster.cli.cluster_args import is_override, packaged_default, resolve_cluster
 from verl_cluster.errors import ConfigError
 from verl_cluster.launch import job_records
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCAL = str(ROOT / DEFAULT_CLUSTER)
+LOCAL = str(ROOT / "cluster_configs/local.yaml")
 CLUSTER_COMMANDS = ["up", "down", "status", "check", "jobs", "logs", "stop", "dashboard"]
 
 
@@ -37,15 +37,19 @@ def test_is_override(word, expected):
     assert is_override(word) is expected
 
 
-def test_resolve_cluster_sorts_positional_words():
+def test_resolve_cluster_sorts_positional_words(home, monkeypatch):
+    monkeypatch.chdir(home)
+    monkeypatch.delenv("VERL_CLUSTER", raising=False)
+    (home / "my.yaml").write_text("cluster_name: my\n")
     a = ns(pos="a.b=1", overrides=["c.d=2"])  # argparse put the first override in the FILE slot
-    assert resolve_cluster(a) == DEFAULT_CLUSTER and a.overrides == ["a.b=1", "c.d=2"]
+    assert resolve_cluster(a) == packaged_default() and a.overrides == ["a.b=1", "c.d=2"]
+    assert resolve_cluster(a) == packaged_default() and a.overrides == ["a.b=1", "c.d=2"]  # sorted once
     a = ns(pos="my.yaml", overrides=["c.d=2"])
     assert resolve_cluster(a) == "my.yaml" and a.overrides == ["c.d=2"]
     a = ns(cluster="my.yaml", pos="my.yaml")  # the same file both ways is fine
     assert resolve_cluster(a) == "my.yaml"
-    assert resolve_cluster(ns(), default=None) is None
-    with pytest.raises(ConfigError, match="two cluster files given: `a.yaml` and `b.yaml`"):
+    assert resolve_cluster(ns(), fallback=False) is None
+    with pytest.raises(ConfigError, match="two clusters given: `a.yaml` and `b.yaml`"):
         resolve_cluster(ns(cluster="a.yaml", pos="b.yaml"))
 
 
@@ -88,14 +92,13 @@ def test_job_records_name_the_cluster(home):
 def test_logs_and_stop_find_the_cluster_from_the_job_record(home, tmp_path, monkeypatch):
     from verl_cluster.cli.jobs_cmds import load_for_job
 
-    monkeypatch.chdir(ROOT)  # the default cluster file is relative
-
+    monkeypatch.delenv("VERL_CLUSTER", raising=False)
     other = tmp_path / "c.yaml"
     other.write_text(Path(LOCAL).read_text().replace("cluster_name: local", "cluster_name: recorded"))
     job_records.record("smoke-2", str(other), "recorded", "smoke")
     assert load_for_job(ns(), "smoke-2").cluster_name == "recorded"
     assert load_for_job(ns(cluster=LOCAL), "smoke-2").cluster_name == "local"  # -c wins
-    assert load_for_job(ns(), "unknown-job").source == DEFAULT_CLUSTER
+    assert load_for_job(ns(), "unknown-job").source == packaged_default()
 
 
 # ---- shell completion ----

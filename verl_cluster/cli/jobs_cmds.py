@@ -12,15 +12,15 @@ import time
 from rich.markup import escape
 from rich.table import Table
 
-from verl_cluster.cli.cluster_args import DEFAULT_CLUSTER, add_cluster_args, resolve_cluster
+from verl_cluster.cli.cluster_args import Chosen, add_cluster_args, resolve_cluster, say_cluster
 from verl_cluster.cli.follow import follow_job
 from verl_cluster.cli.output import err, one_line, out, print_json
 from verl_cluster.launchers import load_cluster
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY, ConfigError
 from verl_cluster.launch import all_jobs, job_log, job_records, ray_jobs
 
-_DEFAULT = f"the job's cluster when it was submitted from here, else {DEFAULT_CLUSTER}"
-_EVERY = f"every cluster brought up or submitted to from here, else {DEFAULT_CLUSTER}"
+_DEFAULT = "the job's cluster when it was submitted from here, else as every command chooses (see `up --help`)"
+_EVERY = "$VERL_CLUSTER, else every cluster brought up or submitted to from here, else this machine"
 _JOBS_HELP = """\
 Without -c: the jobs of every cluster this machine ran `up` on or submitted to (records under
 ~/.verl-cluster), all asked at once, each within --timeout; a cluster that does not answer (its
@@ -38,11 +38,12 @@ is not read again; while it runs, only what it wrote since the last `jobs --json
 scripts/plan_factors.py turns a set of them into factors for `plan --factors`. The table
 does not read logs.
 
-exit status: 0 when a cluster answered (with -c: that cluster; without: at least one, so that
-old records of clusters long gone do not make every `jobs` fail, or none was asked because
-every one is down); 1 when none answered;
-2 for bad input: a bad --timeout, or with -c an unreadable file or a misspelt override
-(without -c, a recorded cluster whose file is gone or wrong is one that did not answer)."""
+exit status: without -c, 0 once every recorded cluster has been reported (its jobs, that it is
+down, or one line saying why it did not answer): clusters long gone never make `jobs` fail
+(drop one with `verl-cluster forget NAME`); with -c NAME/FILE (or $VERL_CLUSTER), 0 when that
+cluster answered, 1 when it did not; 2 for bad input: a bad --timeout, or with -c an unreadable
+file, an unknown name or a misspelt override (without -c, a recorded cluster whose file is gone
+or wrong is one that did not answer)."""
 
 
 def job_id_arg(p: argparse.ArgumentParser) -> None:
@@ -51,11 +52,17 @@ def job_id_arg(p: argparse.ArgumentParser) -> None:
 
 
 def load_for_job(args, job_id: str):
-    """The cluster spec for a job: -c/positional FILE, else the job's local record, else the default."""
-    if resolve_cluster(args, default=None) is None:
+    """The cluster spec for a job: -c/positional (a file or a recorded name), else the job's local record, else
+    the cluster every command would use (cli/cluster_args.py)."""
+    if resolve_cluster(args, fallback=False, use_env=False) is None:
         rec = job_records.lookup(job_id)
-        args.cluster = rec["cluster_file"] if rec else DEFAULT_CLUSTER
-    return load_cluster(args.cluster, args.overrides)
+        if rec:
+            args.cluster, args.chosen = rec["cluster_file"], Chosen(rec["cluster_file"], how=f"{job_id}'s record")
+        else:
+            resolve_cluster(args)
+    spec = load_cluster(args.cluster, args.overrides)
+    say_cluster(spec.cluster_name, args.chosen)
+    return spec
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
@@ -98,14 +105,15 @@ def _check_timeout(args) -> None:
 
 
 def run_jobs(args) -> int:
-    if resolve_cluster(args, default=None) is None:
+    if resolve_cluster(args, fallback=False) is None:  # neither -c nor $VERL_CLUSTER
         known = job_records.known_clusters()
         if known:
             return _jobs_everywhere(args, known)
-        args.cluster = DEFAULT_CLUSTER
+        resolve_cluster(args)
     if args.json:
         _check_timeout(args)
     spec = load_cluster(args.cluster, args.overrides)
+    say_cluster(spec.cluster_name, args.chosen)
     with ray_jobs.connect(spec) as api:
         rows = ray_jobs.list_jobs(api)
         if args.json:  # the logs of the planned jobs only, and only here: the table stays one request
@@ -141,9 +149,10 @@ def _jobs_everywhere(args, known) -> int:
                           f"{_age(c.down_at * 1000)}  hint: bring it back with `{escape(back)}`[/]", soft_wrap=True)
             elif not c.answered:  # one line each, however wide: a script may count them
                 hint = f"  [dim]hint: {escape(one_line(c.hint))}[/]" if c.hint else ""
+                hint += f"  [dim](gone for good? verl-cluster forget {escape(c.cluster)})[/]"
                 err.print(f"[yellow]{escape(c.cluster)}[/] ({escape(c.cluster_file)}) did not answer: "
                           f"{escape(one_line(c.error))}{hint}", soft_wrap=True)
-    return EXIT_OK if answered or all(c.down for c in found) else EXIT_UNHEALTHY
+    return EXIT_OK  # every recorded cluster reported: one that did not answer is a line, not a failure
 
 
 def _table(cluster: str, rows) -> Table:

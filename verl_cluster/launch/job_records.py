@@ -71,7 +71,9 @@ def update(submission_id: str, **fields) -> bool:
 
 
 def record_cluster(cluster_name: str, cluster_file: str, overrides: list[str] | tuple[str, ...] = ()) -> None:
-    """Remember a cluster `up` was run on, with the key=value overrides it was given."""
+    """Remember a cluster `up` brought up (its head runs), with the key=value overrides it was given. Called only
+    once the head came up: a failed `up` (a typo in an override included) leaves no record, and keeps an earlier
+    one as it was."""
     if not _SAFE_ID.match(cluster_name):
         return
     doc = {"cluster": cluster_name, "cluster_file": str(Path(cluster_file).resolve()),
@@ -114,6 +116,30 @@ def recent_ids(limit: int = 200) -> list[str]:
     return [p.stem for p in files[:limit]]
 
 
+def forget(cluster_name: str) -> list[Path]:
+    """Drop what this machine recorded of a cluster: its `up` record and the records of the jobs submitted to it
+    (a cluster gone for good: `jobs` no longer asks it). Nothing is stopped, and its token stays. Returns the
+    files removed."""
+    if not _SAFE_ID.match(cluster_name):
+        return []
+    gone = []
+    paths = [clusters_dir() / f"{cluster_name}.json"]
+    paths += [jobs_dir() / f"{sid}.json" for sid in recent_ids(limit=100_000) if _cluster_of(lookup(sid)) == cluster_name]
+    for path in paths:
+        try:
+            path.unlink()
+            gone.append(path)
+        except FileNotFoundError:
+            pass
+        except OSError:  # a read-only home: said by the caller, which finds the record still there
+            pass
+    return gone
+
+
+def _cluster_of(doc: Optional[dict]) -> str:
+    return str(doc.get("cluster") or Path(doc["cluster_file"]).stem) if doc else ""
+
+
 @dataclass(frozen=True)
 class KnownCluster:
     name: str
@@ -132,23 +158,29 @@ def _when(doc: dict, key: str) -> float:
     return finite_time(doc.get(key))
 
 
-def known_clusters(job_limit: int = 500) -> list[KnownCluster]:
-    """Every cluster this machine has brought up or submitted to, one per cluster name, most recently used first.
-    A cluster `up` recorded keeps that record's file and overrides (a job record has no cluster overrides)."""
-    found: dict[str, KnownCluster] = {}
+def recorded_clusters() -> list[KnownCluster]:
+    """The clusters `up` brought up from here (~/.verl-cluster/clusters), up or taken down since, by name."""
+    found = []
     try:
         ups = sorted(clusters_dir().glob("*.json"))
     except OSError:
         ups = []
     for path in ups:
         doc = _read(path)
-        if doc and isinstance(doc.get("cluster"), str):
+        if doc and isinstance(doc.get("cluster"), str) and doc["cluster"] == path.stem:
             over = tuple(str(o) for o in doc.get("overrides") or ())
-            found[doc["cluster"]] = KnownCluster(doc["cluster"], doc["cluster_file"], over, _when(doc, "at"),
-                                                 _when(doc, "down_at"))
+            found.append(KnownCluster(doc["cluster"], doc["cluster_file"], over, _when(doc, "at"),
+                                      _when(doc, "down_at")))
+    return found
+
+
+def known_clusters(job_limit: int = 500) -> list[KnownCluster]:
+    """Every cluster this machine has brought up or submitted to, one per cluster name, most recently used first.
+    A cluster `up` recorded keeps that record's file and overrides (a job record has no cluster overrides)."""
+    found: dict[str, KnownCluster] = {k.name: k for k in recorded_clusters()}
     for sid in recent_ids(limit=job_limit):
         doc = lookup(sid)
-        name = doc and str(doc.get("cluster") or Path(doc["cluster_file"]).stem)
+        name = _cluster_of(doc)
         if not name:
             continue
         at = _when(doc, "submitted_at")
