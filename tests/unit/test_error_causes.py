@@ -124,3 +124,14 @@ def test_up_reason_carries_it():
     assert o.action == NodeAction.CHANGED and "ray.object_store_memory set (209715201)" in o.reason
     assert "up --restart" in o.reason
 
+
+
+@pytest.mark.parametrize("command", ["logs", "stop"])
+def test_an_id_one_character_short_gets_did_you_mean(command, capsys):
+    from verl_cluster.launch import job_records
+
+    sid = "raysubmit_Ab12Cd34Ef56Gh78"
+    job_records.record(sid, LOCAL, "local", "gsm8k")  # this test's own HOME (tests/conftest.py)
+    assert main([command, sid[:-1]]) == 2
+    err = capsys.readouterr().err
+    assert f"no job `{sid[:-1]}` was submitted from here" in err and f"did you mean `{sid}`?" in err

@@ -53,7 +53,15 @@ def job_id_arg(p: argparse.ArgumentParser) -> None:
 
 def load_for_job(args, job_id: str):
     """The cluster spec for a job: -c/positional (a file or a recorded name), else the job's local record, else
-    the cluster every command would use (cli/cluster_args.py)."""
+    the cluster every command would use (cli/cluster_args.py). An id not recorded here but nearly one that is (a
+    character short) is a typo: named with the recorded one, not sent to a cluster for a bare 404."""
+    if job_records.lookup(job_id) is None:
+        import difflib
+
+        near = difflib.get_close_matches(job_id, job_records.recent_ids(), n=1, cutoff=0.9)
+        if near:
+            raise ConfigError(f"no job `{job_id}` was submitted from here", f"did you mean `{near[0]}`? "
+                              "(`verl-cluster jobs` lists them)")
     if resolve_cluster(args, fallback=False, use_env=False) is None:
         rec = job_records.lookup(job_id)
         if rec:
