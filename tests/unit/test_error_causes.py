@@ -135,3 +135,20 @@ def test_an_id_one_character_short_gets_did_you_mean(command, capsys):
     assert main([command, sid[:-1]]) == 2
     err = capsys.readouterr().err
     assert f"no job `{sid[:-1]}` was submitted from here" in err and f"did you mean `{sid}`?" in err
+
+
+def test_nccl_exact_match_prefix_is_explained(tmp_path):
+    from dataclasses import replace
+
+    from verl_cluster.diagnostics.backend import select_backend
+    from verl_cluster.facts.model import NodeFacts, from_json
+
+    facts_dir = Path(__file__).resolve().parents[1] / "fixtures/facts"
+    c = tmp_path / "c.yaml"
+    c.write_text("cluster_name: t\nhead: {host: 10.0.0.1}\nworkers: [{host: 10.0.0.5}]\n")
+    f = {h: replace(from_json(NodeFacts, (facts_dir / "rdma_ucx.json").read_text()), host=h)
+         for h in ("10.0.0.1", "10.0.0.5")}
+    choice = select_backend(load_cluster(c), f)
+    iface = choice.env["10.0.0.5"]["NCCL_SOCKET_IFNAME"][1:]
+    said = [r for r in choice.reasons if r.startswith(f"NCCL_SOCKET_IFNAME=={iface}")]
+    assert said and "NCCL's exact match" in said[0] and f"starts with `{iface}`" in said[0]

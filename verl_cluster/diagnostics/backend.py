@@ -179,4 +179,8 @@ def select_backend(spec: ClusterSpec, facts: Mapping[str, NodeFacts]) -> Backend
             reasons.append(f"{n.host}: NCCL_P2P_DISABLE=1: GPUs cannot all peer "
                            f"(groups {f.p2p_islands()})")
         env[n.host] = e
+    if chosen:  # `NCCL_SOCKET_IFNAME==eth0` reads like a typo: say what the first `=` is
+        iface = next(iter(chosen.values()))
+        reasons.append(f"NCCL_SOCKET_IFNAME=={iface} is meant: a value starting with `=` is NCCL's exact match (only "
+                       f"`{iface}`; without it NCCL takes every interface whose name starts with `{iface}`)")
     return BackendChoice(backend, env, chosen, reasons, problems)
