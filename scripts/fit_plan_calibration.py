@@ -40,6 +40,13 @@ _spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "script
 CALIB = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(CALIB)
 LOGS = ROOT / "tests/fixtures/verl_logs"
+FIGURES_FILE = ROOT / "tests/fixtures/verl_runs/multi_gpu_runs.json"  # runs kept as figures (more than one GPU)
+ENVELOPE_FILE = ROOT / "verl_cluster/catalog/step_time_envelope.json"
+ENVELOPE_COMMENT = ("The step-time model's calibration envelope (placement/envelope.py): the recorded verl runs, each "
+                    "with its axes, its role (fit: the constants were fitted on it; hold-out: not fitted on; seen: "
+                    "looked at while the terms were written, not fitted on, not blind) and the model's step error "
+                    "on it. Written by scripts/fit_plan_calibration.py --write-envelope; --check fails when it "
+                    "differs from the fit.")
 HELD = ("COMPUTE_SHARE",)  # priors the runs cannot tell (step_time.py says why): kept at the module's value
 GPU_ROLES = ("worker_dict", "vllm_worker", "vllm_engine", "vllm_server")  # the sampler's roles of one GPU's processes
 
@@ -62,11 +69,48 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x
 
 
-def replays(runs: dict) -> dict:
+def replay_figures(entry: dict, tmp: Path) -> tuple:
+    """(the plan re-made for a run kept as figures, on its hardware at its fill; its means as check_run.measured
+    gives them): the nodes are the facts file's, `nodes` of them, with `check`'s NCCL figure when the run had one."""
+    import time
+    from dataclasses import replace
+
+    from verl_cluster.config.job import load_job
+    from verl_cluster.facts.measured_bus import BusMeasure
+    from verl_cluster.facts.model import NodeFacts, from_json
+    from verl_cluster.placement import plan_job
+    from verl_cluster.placement.check_run import STEP_PHASES, measured
+
+    facts = from_json(NodeFacts, (ROOT / entry["facts"]).read_text())
+    if not entry["flash_attn"]:
+        facts = replace(facts, versions={k: v for k, v in facts.versions.items() if k != "flash_attn"})
+    nodes = [replace(facts, host=f"node{i}") for i in range(entry["nodes"])]
+    args = list(entry["args"]) + ([f"model.catalog={entry['model']}"] if entry.get("model") else [])
+    if entry.get("tiny_model"):
+        from verl_cluster.launch.tiny_model import write_model
+
+        write_model(tmp / "tiny", "tiny", seed=0)
+        args.append(f"model.path={tmp / 'tiny'}")
+    b = entry.get("bus")
+    bus = (BusMeasure("recorded", b["backend"], b["nodes"], b["ranks"], b["gpus"], b["busbw_gbs"], b["size_bytes"],
+                      time.time()),) if b else ()
+    plan = plan_job(load_job(ROOT / entry["job"], args), nodes, fill=entry["fill"], bus=bus)
+    if "steps" in entry:
+        got = measured({int(k): v for k, v in entry["steps"].items()}, entry["first_steps"])
+    else:
+        phases = {k: v for k, v in entry["means"].items() if k in STEP_PHASES}
+        got = {"phases_s": phases, "step_s": sum(phases.values())}
+    return plan, got
+
+
+def replays(runs: dict, figures: dict | None = None) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, entry in runs.items():
             plan, got = CALIB.replay(entry, LOGS, Path(tmp) / name)
+            out[name] = (entry, plan, got)
+        for name, entry in (figures or {}).items():
+            plan, got = replay_figures(entry, Path(tmp) / name)
             out[name] = (entry, plan, got)
     return out
 
@@ -90,7 +134,7 @@ def fit_time(done: dict) -> dict[str, float]:
 def per_gpu_pss(done: dict) -> tuple[float, int]:
     vals = []
     for entry, _, _ in done.values():
-        if entry["host"] != "fit":
+        if entry.get("host") != "fit":
             continue
         for at in (entry.get("sampled") or {}).get("at_steps", []):
             pss, shm = at.get("roles_pss_gib"), at.get("roles_shmem_gib", {})
@@ -105,7 +149,7 @@ def fit_host(done: dict, per_gpu_gib: float) -> dict[str, float]:
     names = ("NODE_BYTES", "REF_HOST_COPIES", "OFFLOAD_HOST_COPIES")
     rows, target = [], []
     for entry, plan, got in done.values():
-        if entry["host"] != "fit" or "host_gib" not in got:
+        if entry.get("host") != "fit" or "host_gib" not in got:
             continue
         t = plan.terms["host"]
         m = got["host_gib"] * GIB
@@ -153,24 +197,45 @@ def table(done: dict, consts: dict) -> list[dict]:
     """Predicted (the fitted constants) vs measured for every run: phases, step, host RAM."""
     out = []
     for name, (entry, plan, got) in done.items():
-        phases = {ph: sum(c * value_of(k, consts) for k, c in terms.items())
+        phases = {ph: sum(c * value_of(k, consts) for k, c in terms.items() if c)
                   for ph, terms in plan.terms["time"].items()}
         rows = [(f"{ph}", phases[ph], got["phases_s"][ph]) for ph in phases if got["phases_s"].get(ph)]
-        rows.append(("step", sum(phases.values()), got["step_s"]))
+        # the step: the phases measured (a run kept as figures may lack one)
+        rows.append(("step", sum(phases[ph] for ph in phases if got["phases_s"].get(ph)), got["step_s"]))
         if "host_gib" in got:
             t = plan.terms["host"]
             host = (sum(c * value_of(k, consts) for k, c in t.items())
                     + plan.host_parts.get("batch (driver + object store)", 0.0) * GIB) / GIB
             rows.append(("host RAM (GiB)", host, got["host_gib"]))
-        out.append({"run": name, "time": entry["time"], "host": entry["host"],
-                    "rows": [{"what": w, "predicted": round(p, 2), "measured": round(m, 2),
+        out.append({"run": name, "time": entry["time"], "host": entry.get("host", "-"),
+                    "axes": plan.time["error_bar"]["axes"], "rows": [{"what": w, "predicted": round(p, 2), "measured": round(m, 2),
                               "error": round(p / m - 1, 3)} for w, p, m in rows]})
     return out
 
 
-def fit(runs_file: Path) -> tuple[dict, list[dict], dict]:
+def envelope(rows: list[dict]) -> dict:
+    """The calibration envelope the planner ships (placement/envelope.py): each run's axes, role and the model's step
+    error on it (the fitted constants'), the worst phase over half a second."""
+    runs = []
+    for r in rows:
+        step = next(x for x in r["rows"] if x["what"] == "step")
+        long = [x for x in r["rows"] if x["what"] not in ("step", "host RAM (GiB)") and x["measured"] >= 0.5]
+        worst = max(long, key=lambda x: abs(x["error"]), default=None)
+        runs.append({"run": r["run"], "role": r["time"], "axes": r["axes"], "step_error": step["error"],
+                     "worst_phase": [worst["what"], worst["error"]] if worst else None})
+    return {"_comment": ENVELOPE_COMMENT, "runs": runs}
+
+
+def write_envelope(doc: dict, path: Path) -> None:
+    lines = ["{", f'  "_comment": {json.dumps(doc["_comment"])},', '  "runs": [']
+    lines += [f"    {json.dumps(r)}" + ("," if i < len(doc["runs"]) - 1 else "") for i, r in enumerate(doc["runs"])]
+    path.write_text("\n".join(lines + ["  ]", "}"]) + "\n")
+
+
+def fit(runs_file: Path, figures_file: Path | None = FIGURES_FILE) -> tuple[dict, list[dict], dict]:
     runs = json.loads(runs_file.read_text())["runs"]
-    done = replays(runs)
+    figures = json.loads(figures_file.read_text())["runs"] if figures_file else {}
+    done = replays(runs, figures)
     per_gpu, n = per_gpu_pss(done)
     consts = constants(fit_time(done), fit_host(done, per_gpu), per_gpu)
     return consts, table(done, consts), {"per_gpu_pss_samples": n}
@@ -179,11 +244,19 @@ def fit(runs_file: Path) -> tuple[dict, list[dict], dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs-file", type=Path, default=CALIB.RUNS_FILE)
+    ap.add_argument("--figures-file", type=Path, default=FIGURES_FILE, help="runs kept as figures (multi-GPU)")
     ap.add_argument("--check", action="store_true", help="exit 1 when the modules' constants differ from the fit")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write-envelope", action="store_true", help=f"write {ENVELOPE_FILE.relative_to(ROOT)}")
     a = ap.parse_args(argv)
-    consts, rows, info = fit(a.runs_file)
+    consts, rows, info = fit(a.runs_file, a.figures_file)
     differ = {k: (module_value(k), v) for k, v in consts.items() if not np.isclose(module_value(k), v, rtol=1e-6)}
+    env = envelope(rows)
+    if a.write_envelope:
+        write_envelope(env, ENVELOPE_FILE)
+    shipped = json.loads(ENVELOPE_FILE.read_text()) if ENVELOPE_FILE.exists() else {}
+    if shipped.get("runs") != env["runs"]:
+        differ["envelope"] = (f"{ENVELOPE_FILE.name} as shipped", "the fit's (run with --write-envelope)")
     if a.json:
         print(json.dumps({"constants": consts, "runs": rows, **info, "differ": differ}, indent=1))
     else:
@@ -191,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             mark = "" if k not in differ else f"   (module has {differ[k][0]:.4g})"
             print(f"{k:<28} {v:g}{' GiB' if k in ('PER_GPU_PROCESS_BYTES', 'NODE_BYTES') else ''}{mark}")
         print(f"(per-GPU processes: PSS at {info['per_gpu_pss_samples']} sampled steps)")
+        if "envelope" in differ:
+            print(f"envelope: {differ['envelope'][0]} differs from {differ['envelope'][1]}")
         for r in rows:
             print(f"{r['run']} (time {r['time']}, host {r['host']})")
             for x in r["rows"]:

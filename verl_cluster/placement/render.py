@@ -60,6 +60,7 @@ def render(plan: Plan, con: Console, *, brief: bool = False, lengths=None) -> No
     if plan.feasible:
         _overrides(plan, con)
     if brief:
+        _error_bar(plan, con)
         return
     for role in plan.roles:
         t = Table(title=f"{role.role} · {role.pool} · {len(role.gpus)} GPU(s)", title_justify="left")
@@ -116,8 +117,26 @@ def _time(plan: Plan, con: Console) -> None:
     save = f"; checkpoint save {t['save_checkpoint_s']:.1f} s each" if t["save_checkpoint_s"] else ""
     con.print(f"step time (predicted, fill {plan.fill:.2g}): {t['step_s']:.1f} s — {escape(phases)}{save}; "
               f"~{t['tokens_per_gpu_s']:.0f} tokens/GPU/s")
+    _error_bar(plan, con)
     for n in t.get("notes", []):
         con.print(f"  [dim]{escape(n)}[/]")
+
+
+def _error_bar(plan: Plan, con: Console) -> None:
+    """The step's error bar: what the model was calibrated on says how far the predicted step may be off."""
+    bar = (plan.time or {}).get("error_bar")
+    if bar and plan.feasible:
+        pct = f"±{bar['pct']}%: " if bar["pct"] else ""
+        con.print(f"  step time {pct}{escape(bar['why'])}", style=None if bar["calibrated"] else "yellow")
+
+
+def _per_step(t: dict) -> str:
+    """'~26 s/step predicted (±20%)' for the verdict line; uncalibrated says so."""
+    bar = t.get("error_bar") or {}
+    extra = ""
+    if bar.get("pct"):
+        extra = f" (±{bar['pct']}%" + ("" if bar["calibrated"] else ", uncalibrated") + ")"
+    return f"; ~{t['step_s']:.0f} s/step predicted{extra}"
 
 
 def _verdict(plan: Plan, con: Console, lengths=None) -> None:
@@ -135,7 +154,7 @@ def _verdict(plan: Plan, con: Console, lengths=None) -> None:
             verdict += f" [yellow]at the lengths known (fill {plan.fill:.3g}), not at the worst case[/]"
         con.print(head + f"{verdict} — peak {peak:.1f} of {cap:.1f} GiB/GPU; "
                   f"strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}"
-                  + (f"; ~{plan.time['step_s']:.0f} s/step predicted" if plan.time else ""))
+                  + (_per_step(plan.time) if plan.time else ""))
         if lengths is not None:
             render_lengths(lengths, plan, con)
         return

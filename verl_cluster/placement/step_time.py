@@ -1,35 +1,35 @@
-"""Seconds per verl step, by phase, for a placed candidate. Formulas and the fit: docs/placement.md, "Step time".
+"""Seconds per verl step, by phase, for a placed candidate. Formulas, where each term comes from in verl 0.9.1 and
+torch, and the fit: docs/placement.md, "Step time".
 
 Every phase is a fixed cost plus work over a rate:
 - generate: each decode step reads the weights (÷ TP) and the KV cache of the batch it decodes (on average: the
-  batch drains as responses end) over the GPU's HBM bandwidth, plus a per-step cost without CUDA graphs;
-  continuous batching takes as many steps as the longest response; each generated token costs vLLM's and the
-  agent loop's per-token work (sampling, detokenizing, streaming); a step is bound by its reads or, with hundreds
-  of sequences, by its 2·N FLOPs per sequence; the prompts' prefill is 2·N·tokens FLOPs; verl's
-  trainer sees the end at its next poll of the rollout (every 2 s: half a period on average);
-- old log-prob, ref, critic values: a forward, 2·N FLOPs per token computed (every padded token without
-  use_remove_padding), and the log-probs' logits over the real tokens; the actor's log-prob also computes the
-  entropy over every logit computed (verl asks it there, not of the ref);
-- the ref (verl's forward-only engine forces CPUOffload): its fp32 params stay pinned on the host and every micro
-  batch's forward copies them to the GPU (never back), on FSDP's unshard stream beside the compute: only what the
-  copy takes beyond the forward's FLOPs shows;
-- actor/critic update: 6·N per token (+2·N recompute with gradient checkpointing) x ppo_epochs;
-- FSDP (more than one GPU): per micro batch an all-gather of the params for the forward and one for the backward and
-  an fp32 reduce-scatter of the grads, (N-1)/N of the bytes over the link's bus bandwidth (the GPU catalog's, or
-  the NCCL figure `check` measured on the cluster: Hardware.measured_bus_gbs);
-- the critic's values: its forward plus a per-token cost (measured: the 0.5B and 1.5B critics alike, ~6 us);
+  batch drains as responses end) over the GPU's HBM bandwidth, or computes 2·N FLOPs a sequence, whichever is
+  longer; continuous batching takes as many steps as the longest response; each generated token costs vLLM's and
+  the agent loop's per-token work; the prompts' prefill is 2·N·tokens FLOPs; with enforce_eager (no CUDA graphs)
+  every step costs a fixed part and a part per layer (its kernels launched from Python); verl's trainer sees the
+  end at its next poll of the rollout (every 2 s: half a period on average);
+- forward phases (old log-prob, ref, critic values) and updates: per micro batch a pass through the layers with a
+  floor per layer (FSDP's hooks around each unit, the layer's kernels, verl's syncs per micro batch), 2·N FLOPs a
+  token computed forward and 6·N (+2·N recompute with gradient checkpointing) in an update; tokens computed are
+  the real ones with use_remove_padding, else each micro batch padded to its longest sequence; the log-probs' logits
+  over HBM; without flash-attn verl's log-probs loop over the real tokens in Python; the actor's log-prob computes
+  the entropy over every logit computed (compiled when packed, the plain function when padded);
+- the ref (verl's forward-only engine forces CPUOffload): each micro batch copies the fp32 shard to the GPU beside
+  the compute: only what the copy takes beyond the layers' FLOPs shows;
+- FSDP1 (more than one GPU): per micro batch each layer's params gathered for the forward and again for the
+  backward, the root unit once, every gradient reduce-scattered in fp32; a forward gathers each layer once; (n-1)/n
+  of the bytes over the link's bus bandwidth (the catalog's, or `check`'s NCCL figure), on their own stream beside
+  the layers: only what they take beyond the layers' FLOPs shows;
+- update_weights: the weights handed to vLLM over HBM; across ranks FSDP1's sharded state dict and verl's
+  full_tensor() gather every param twice in fp32, plus a fixed cost of the ranks; offloaded params loaded and back;
 - advantages: a fixed cost, a cost per sequence, and with GAE verl's Python loop over the response positions;
-- offload: params (and Adam states) over the host link (the catalog's pinned-copy rate, measured on the H100) to
-  the GPU and back each phase, update_weights included (verl loads offloaded params to hand them to vLLM);
-- weight sync to the rollout (update_weights): the params in the rollout dtype over HBM and the link;
+- offload: params (and Adam states) over the host link (the catalog's pinned-copy rate) each phase;
 - checkpoint save: fp32 params + Adam per GPU to storage, every save_freq steps (shown apart from the step).
-Compute runs at one share of the GPU's peak dense bf16 FLOPs (held, not fitted); the fixed costs and the logits'
-bytes differ with flash-attn importable or not (verl then computes log-probs without flash-attn's fused
-cross-entropy: much slower on a 150k vocab).
+The GPU enters through the catalog's FLOPs, HBM and link figures only: fixed, per-pass and per-token costs are the
+host's (Python, kernel launches) and carry over from the H100 host they were fitted on.
 Each phase is built as terms (constant name -> coefficient, "" for seconds from bytes and links), so the fixed
-costs and the per-step/token/sequence costs are fitted by scripts/fit_plan_calibration.py, a least-squares fit
-on the recorded verl 0.9.1 runs on one H100 (0.5B to 3B, where the fixed costs weigh most): a calibration, not a
-law.
+costs and the per-step/token/pass costs are fitted by scripts/fit_plan_calibration.py (least squares on the runs
+tagged fit): a calibration, not a law.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
+
+from verl_cluster.placement.envelope import ErrorBar, error_bar, job_axes
 
 if TYPE_CHECKING:
     from verl_cluster.placement.hardware import Hardware
@@ -71,36 +73,47 @@ GPU_SPEEDS: tuple[tuple[str, GpuSpeed], ...] = (
 UNKNOWN_GPU = GpuSpeed(312, 2039, 20)  # an A100-class card over PCIe
 INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures the real figure
 
-# Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in
-# tests/fixtures/verl_runs/calibration_runs.json (docs/BENCHMARKS.md, "Step time"). "flash": flash-attn importable;
-# "no_flash": not (two runs only: the GRPO 0.5B and tiny of 2026-11-24/25).
-FORWARD_FIXED_S = {"flash": 0.123, "no_flash": 0.802}
-UPDATE_FIXED_S = {"flash": 0.789, "no_flash": 3.05}
+# Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
+# calibration_runs.json (one H100) and multi_gpu_runs.json (docs/BENCHMARKS.md, "Step time").
+FORWARD_FIXED_S = 0.0842  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
+UPDATE_FIXED_S = 0.675  # per update phase: its mini batches' token-count gathers, clip and optimizer steps
+FORWARD_PASS_S = 0.00211  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
+UPDATE_PASS_S = 0.00237  # per micro batch per layer in an update (forward, recompute, backward)
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
 # trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
 # with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
-# per real token per vocab entry, at HBM speed: the log-probs (without flash-attn verl's log-softmax loops per token)
-LOGIT_FORWARD_BYTES = {"flash": 180, "no_flash": 1280}
-ENTROPY_BYTES = 16.1  # per token per vocab entry computed: the entropy, in the actor's log-prob only
-LOGIT_UPDATE_BYTES = {"flash": 110, "no_flash": 1300}
+# per real token per vocab entry, at HBM speed: the log-probs' logits (and what else goes with the real tokens)
+LOGIT_FORWARD_BYTES = 156
+# per token per vocab entry computed: the entropy, in the actor's log-prob only; packed verl calls it compiled
+# (torch.compile), padded the plain function (softmax, logsumexp, product, sum: a pass over the logits each)
+ENTROPY_BYTES = 15.9
+ENTROPY_EAGER_BYTES = 37.2
+LOGIT_UPDATE_BYTES = 93.4  # per token computed per vocab entry: the logits and their backward in an update
+# without flash-attn verl's log-probs loop over the real tokens in Python (logprobs_from_logits_v2: a log_softmax
+# and a gather a row): per token, the host's launches, whatever the vocab or the GPU
+LOOP_FORWARD_TOKEN_S = 5.53e-05
+LOOP_UPDATE_TOKEN_S = 0.000185  # the same loop and its backward (a node a row), in an update
 GENERATE_FIXED_S = 0.597  # per generate: request fan-out, vLLM wake-up and sleep
-EAGER_STEP_S = 0.00398  # per decode step with enforce_eager (no CUDA graphs; the tiny run alone); with graphs a
-# step costs its reads only (a per-step constant fitted to 0)
+# with enforce_eager (no CUDA graphs) each decode step launches its kernels from Python: a part per step (sampling,
+# the step's inputs) and a part per layer; with graphs a step costs its reads only
+EAGER_STEP_S = 0.0025
+EAGER_LAYER_STEP_S = 0.000742
 DECODE_TOKEN_S = 6.74e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
 SYNC_FIXED_S = 0.308  # update_weights: resharding and handing the weights to vLLM
-ADV_S = 0.0273  # advantages, rewards (rule-based)
-ADV_SEQ_S = 0.000619  # per sequence of the batch
+SYNC_RANKS_S = 0.385  # with more than one rank: the ranks' exports and the barrier before the KV cache (measured)
+ADV_S = 0.0272  # advantages, rewards (rule-based)
+ADV_SEQ_S = 0.000623  # per sequence of the batch
 GAE_STEP_S = 0.000133  # per response position: GAE's loop (PPO)
 # per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same ~7 us a token
-VALUE_TOKEN_S = 6.24e-06
+VALUE_TOKEN_S = 5.4e-06
 # not fitted
 GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
 HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not separable on the small runs)
 REF_PARAM_BYTES = 4  # verl's ref model_dtype (fp32 by default), what its forced CPUOffload keeps on the host
 SAVE_GBS = 0.55  # checkpoint write rate (fp32 params + Adam per GPU, torch.save to local disk)
-Terms = dict[str, float]  # constant name (NAME or NAME:key, "1/NAME:key" for a share) -> coefficient; "" -> seconds
+Terms = dict[str, float]  # constant name (NAME, "1/NAME" for a share) -> coefficient; "" -> seconds
 
 
 def const(name: str) -> float:
@@ -134,6 +147,11 @@ def gpu_speed(name: str) -> tuple[GpuSpeed, bool]:
     return UNKNOWN_GPU, False
 
 
+def gpu_family(name: str) -> str:
+    """The catalog's name fragment a GPU matches (H100, H200, ...), else the name itself."""
+    return next((frag for frag, _ in GPU_SPEEDS if frag.lower() in name.lower()), name)
+
+
 @dataclass(frozen=True)
 class StepTime:
     phases: dict[str, float]  # phase -> seconds per step (verl's timing_s names)
@@ -142,24 +160,45 @@ class StepTime:
     tokens_per_gpu_s: float  # real tokens (prompt + response) per GPU per second
     notes: tuple[str, ...] = ()
     terms: dict[str, Terms] = field(default_factory=dict)  # phase -> terms (what the fit regresses on)
+    bar: Optional[ErrorBar] = None  # the step's error bar and the job's axes (placement/envelope.py)
 
     def to_dict(self) -> dict:
-        return {"step_s": round(self.step_s, 2), "phases_s": {k: round(v, 2) for k, v in self.phases.items()},
-                "save_checkpoint_s": round(self.save_s, 2), "tokens_per_gpu_s": round(self.tokens_per_gpu_s, 1),
-                "notes": list(self.notes)}
+        out = {"step_s": round(self.step_s, 2), "phases_s": {k: round(v, 2) for k, v in self.phases.items()},
+               "save_checkpoint_s": round(self.save_s, 2), "tokens_per_gpu_s": round(self.tokens_per_gpu_s, 1),
+               "notes": list(self.notes)}
+        if self.bar is not None:
+            out["error_bar"] = self.bar.to_dict()
+        return out
 
 
-def forward_terms(params: float, tokens: float, tflops: float, kind: str, logit_reads: float = 0.0) -> Terms:
-    """logit_reads: tokens x vocab over the HBM bandwidth (seconds per byte of logits per vocab entry)."""
-    return {f"FORWARD_FIXED_S:{kind}": 1.0, "1/COMPUTE_SHARE": 2.0 * params * tokens / (tflops * 1e12),
-            f"LOGIT_FORWARD_BYTES:{kind}": logit_reads}
+def forward_terms(params: float, tokens: float, tflops: float, logit_reads: float = 0.0, passes: float = 0.0,
+                  loop_tokens: float = 0.0) -> Terms:
+    """A forward phase. tokens: computed per GPU; logit_reads: real tokens x vocab over the HBM bandwidth; passes:
+    micro batches x layers; loop_tokens: real tokens verl's log-prob loop runs over (no flash-attn)."""
+    return {"FORWARD_FIXED_S": 1.0, "FORWARD_PASS_S": passes,
+            "1/COMPUTE_SHARE": 2.0 * params * tokens / (tflops * 1e12), "LOGIT_FORWARD_BYTES": logit_reads,
+            "LOOP_FORWARD_TOKEN_S": loop_tokens}
 
 
-def update_terms(params: float, tokens: float, tflops: float, kind: str, recompute: bool, epochs: int = 1,
-                 logit_reads: float = 0.0) -> Terms:
+def update_terms(params: float, tokens: float, tflops: float, recompute: bool, epochs: int = 1,
+                 logit_reads: float = 0.0, passes: float = 0.0, loop_tokens: float = 0.0) -> Terms:
     flops = (6.0 + (2.0 if recompute else 0.0)) * params * tokens * epochs
-    return {f"UPDATE_FIXED_S:{kind}": 1.0, "1/COMPUTE_SHARE": flops / (tflops * 1e12),
-            f"LOGIT_UPDATE_BYTES:{kind}": logit_reads * epochs}
+    return {"UPDATE_FIXED_S": 1.0, "UPDATE_PASS_S": passes * epochs, "1/COMPUTE_SHARE": flops / (tflops * 1e12),
+            "LOGIT_UPDATE_BYTES": logit_reads * epochs, "LOOP_UPDATE_TOKEN_S": loop_tokens * epochs}
+
+
+def flops_s(terms: Terms) -> float:
+    """The seconds of a phase's FLOPs (at the held compute share): what FSDP's collectives overlap with."""
+    return terms.get("1/COMPUTE_SHARE", 0.0) / COMPUTE_SHARE
+
+
+def padded_len(m: int, mean: float, longest: float) -> float:
+    """Tokens per sequence of a micro batch of m sequences without use_remove_padding: verl 0.9.1 pads a micro batch
+    to its longest sequence (transformer_impl.py prepare_model_inputs, to_padded_tensor at max_seq_len), the longest
+    of m lengths spread evenly around their mean, none past `longest`."""
+    hi = max(mean, min(longest, 2.0 * mean))
+    lo = 2.0 * mean - hi
+    return lo + (hi - lo) * m / (m + 1)
 
 
 def decode_read_s(weight_bytes: float, kv_bytes: float, hbm_gbs: float) -> float:
@@ -174,12 +213,32 @@ def ref_upload_s(params: float, micros: int, n: int, compute_s: float, pcie_gbs:
     return max(0.0, up - compute_s)
 
 
-def fsdp_comm_s(params: float, c: int, n: int, micros: int, bus_gbs: float, recompute: bool = True) -> float:
-    """Per update: per micro batch the params gathered for forward and backward, fp32 grads reduce-scattered."""
+def fsdp_comm_s(params: float, root: float, c: int, n: int, micros: int, bus_gbs: float) -> float:
+    """An update's FSDP1 (FULL_SHARD) traffic, per micro batch: each decoder layer's params gathered in the compute
+    dtype for the forward and again for the backward (resharded after the forward; gradient checkpointing recomputes
+    inside the layer, after that gather), the root unit once (FSDP1 keeps the root unsharded from forward to
+    backward), every gradient reduce-scattered in fp32 (reduce_dtype; verl 0.9.1 syncs every micro batch).
+    (n-1)/n of the bytes cross the link."""
     if n <= 1:
         return 0.0
-    gathered = (2 if recompute else 1) * c * params
-    return micros * (gathered + 4.0 * params) * (n - 1) / n / (bus_gbs * 1e9)
+    per_micro = c * (2.0 * (params - root) + root) + 4.0 * params
+    return micros * per_micro * (n - 1) / n / (bus_gbs * 1e9)
+
+
+def fsdp_forward_comm_s(params: float, root: float, c: int, n: int, micros: int, bus_gbs: float) -> float:
+    """A forward-only phase: each layer gathered once per micro batch, the root once (it stays unsharded)."""
+    if n <= 1:
+        return 0.0
+    return (micros * c * (params - root) + c * root) * (n - 1) / n / (bus_gbs * 1e9)
+
+
+def sync_comm_s(params: float, n: int, bus_gbs: float, fsdp2: bool) -> float:
+    """update_weights across ranks: FSDP1's sharded state dict (verl sets it for more than one rank) unshards every
+    flat param in fp32 (torch's summon path forces full precision), then verl's full_tensor() gathers each tensor
+    again in fp32 to hand it to the rank's own vLLM; FSDP2's state dict holds shards, gathered once."""
+    if n <= 1:
+        return 0.0
+    return (1 if fsdp2 else 2) * 4.0 * params * (n - 1) / n / (bus_gbs * 1e9)
 
 
 def measured(hw: "Hardware", n: int) -> bool:
@@ -214,13 +273,25 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     main = c.pools[0]
     n = main.size
     packed = c.prec.remove_padding and s.remove_padding_actor and c.prec.attn.startswith("flash")
-    kind = "no_flash" if hw.flash_attn is False else "flash"
-    per_seq = s.seq_len * fill if packed else s.seq_len
+    flash = hw.flash_attn is not False  # flash-attn importable: verl's log-probs use its fused cross-entropy
     real_per_seq = s.seq_len * fill
+    longest = min(float(s.seq_len), s.prompt_len * fill + s.response_len)  # a response at its limit
     seqs_gpu = s.sequences / n
-    tokens_gpu = seqs_gpu * per_seq
+    real_gpu = seqs_gpu * real_per_seq
     cb = c.prec.c
     terms: dict[str, Terms] = {}
+    from verl_cluster.placement.planner import OFFLOAD_LEVELS, OFFLOAD_NAMES, Phase
+
+    def per_seq(phase: Phase) -> float:
+        """Tokens computed per sequence: packed, the real ones; else each micro batch padded to its longest."""
+        m = c.micro(phase)
+        if packed:
+            return real_per_seq
+        return padded_len(m, real_per_seq, longest) if m else float(s.seq_len)
+
+    def tokens(phase: Phase) -> float:
+        return seqs_gpu * per_seq(phase)
+
     # generate
     replicas = max(1, n // c.tp)
     seqs_rep = s.sequences / replicas
@@ -237,67 +308,88 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
                2.0 * shape.params * batch / c.tp / (sp.tflops * 1e12 * COMPUTE_SHARE))
     if c.tp > 1:  # two all-reduces of the hidden state per layer per step, latency-bound
         read += 2 * shape.layers * 15e-6
+    # enforce_eager: no CUDA graphs, so every decode step launches each layer's kernels from Python
     terms["gen"] = {"GENERATE_FIXED_S": 1.0, "EAGER_STEP_S": steps if s.enforce_eager else 0.0,
+                    "EAGER_LAYER_STEP_S": steps * shape.layers if s.enforce_eager else 0.0,
                     "DECODE_TOKEN_S": generated, "1/COMPUTE_SHARE": 2.0 * shape.params * seqs_rep * s.prompt_len
                     * fill / c.tp / (sp.tflops * 1e12), "": steps * read + GEN_POLL_S / 2}
     bus = link_gbs(hw, n, sp)
     if n > 1:
         notes.append(bus_note(hw, n, sp, gpu_name or hw.gpu_name))
     pcie = sp.pcie_gbs * 1e9
-    from verl_cluster.placement.planner import OFFLOAD_LEVELS, Phase
-
     param_off, opt_off = OFFLOAD_LEVELS[c.offload]
 
     def micros(phase: Phase) -> int:
         m = c.micro(phase)
-        return max(1, math.ceil(seqs_gpu / m)) if m else max(1, math.ceil(tokens_gpu / s.actor_max_tokens))
+        return max(1, math.ceil(seqs_gpu / m)) if m else max(1, math.ceil(tokens(phase) / s.actor_max_tokens))
 
     def offload_s(params: float, m: int, updates: bool) -> float:
         moved = (m * params / n if param_off else 0.0) + (8.0 * params / n if opt_off and updates else 0.0)
         return 2.0 * moved / pcie
 
-    def comm_s(params: float, phase: Phase, recompute: bool, forward: bool) -> float:
-        """FSDP traffic of a phase: a forward moves a third of an update's (one gather, no reduce-scatter)."""
-        got = fsdp_comm_s(params, cb, n, micros(phase), bus, recompute)
-        return got / 3 if forward else got
+    def exposed(comm: float, t: Terms) -> float:
+        """FSDP's collectives run on their own stream beside the layers' compute: what is left beyond the FLOPs."""
+        return max(0.0, comm - flops_s(t))
 
-    actor_p = shape.params
+    def forward(params: float, root: float, phase: Phase, vocab: int, entropy: bool = False) -> Terms:
+        t = tokens(phase)
+        reads = real_gpu * vocab / (sp.hbm_gbs * 1e9) if vocab > 1 else 0.0
+        out = forward_terms(params, t, sp.tflops, reads, micros(phase) * shape.layers,
+                            real_gpu if vocab > 1 and not flash else 0.0)
+        # the entropy over every logit computed (verl asks it of the actor's log-prob only): packed, a compiled (fused)
+        # function; padded, the plain one (softmax, logsumexp, product and sum, each a pass over the logits)
+        if entropy:
+            out["ENTROPY_BYTES" if packed else "ENTROPY_EAGER_BYTES"] = t * vocab / (sp.hbm_gbs * 1e9)
+        out[""] = exposed(fsdp_forward_comm_s(params, root, cb, n, micros(phase), bus), out)
+        return out
+
+    def update(params: float, root: float, phase: Phase, vocab: int, recompute: bool) -> Terms:
+        t = tokens(phase)
+        out = update_terms(params, t, sp.tflops, recompute,
+                           logit_reads=t * vocab / (sp.hbm_gbs * 1e9) if vocab > 1 else 0.0,
+                           passes=micros(phase) * shape.layers, loop_tokens=real_gpu if vocab > 1 and not flash else 0.0)
+        out[""] = exposed(fsdp_comm_s(params, root, cb, n, micros(phase), bus), out)
+        return out
+
+    actor_p, root = shape.params, shape.root_params
     m_a = s.master_dtype_bytes_actor
-    # the actor's logits (tokens x vocab): log-softmax, entropy and their backward read them several times; without
-    # use_remove_padding verl takes the log-probs of the real tokens only, the entropy of every position computed
-    logits = tokens_gpu * shape.vocab / (sp.hbm_gbs * 1e9)
-    real_logits = seqs_gpu * real_per_seq * shape.vocab / (sp.hbm_gbs * 1e9)
-    fwd = forward_terms(actor_p, tokens_gpu, sp.tflops, kind, real_logits)
-    terms["old_log_prob"] = add(fwd, {"ENTROPY_BYTES": logits, "": comm_s(actor_p, Phase.ACTOR_LOG_PROB, False, True)
-                                      + offload_s(actor_p, m_a, False)})
+    old = forward(actor_p, root, Phase.ACTOR_LOG_PROB, shape.vocab, entropy=True)
+    old[""] += offload_s(actor_p, m_a, False)
+    terms["old_log_prob"] = old
     if s.ref and not s.lora_rank:
-        up = ref_upload_s(actor_p, micros(Phase.REF_LOG_PROB), n, fwd["1/COMPUTE_SHARE"] / COMPUTE_SHARE,
-                          sp.pcie_gbs)
-        terms["ref"] = add(fwd, {"": up + comm_s(actor_p, Phase.REF_LOG_PROB, False, True)})
+        ref = forward(actor_p, root, Phase.REF_LOG_PROB, shape.vocab)
+        ref[""] += ref_upload_s(actor_p, micros(Phase.REF_LOG_PROB), n, flops_s(ref), sp.pcie_gbs)
+        terms["ref"] = ref
     elif s.ref:  # LoRA: the actor with its adapters off, no entropy, nothing on the host
-        terms["ref"] = dict(fwd)
+        terms["ref"] = forward(actor_p, root, Phase.REF_LOG_PROB, shape.vocab)
     if s.critic:
         cp, m_c = shape.value_model_params, s.master_dtype_bytes_critic
-        terms["values"] = add(forward_terms(cp, tokens_gpu, sp.tflops, kind),
-                              {"VALUE_TOKEN_S": tokens_gpu, "": offload_s(cp, m_c, False)})
-        terms["update_critic"] = add(update_terms(cp, tokens_gpu, sp.tflops, kind, s.grad_ckpt_critic),
-                                     {"": comm_s(cp, Phase.CRITIC_UPDATE, s.grad_ckpt_critic, False)
-                                      + offload_s(cp, m_c, True)})
+        values = forward(cp, shape.value_root_params, Phase.CRITIC_VALUES, 1)
+        values["VALUE_TOKEN_S"] = tokens(Phase.CRITIC_VALUES)
+        values[""] += offload_s(cp, m_c, False)
+        terms["values"] = values
+        uc = update(cp, shape.value_root_params, Phase.CRITIC_UPDATE, 1, s.grad_ckpt_critic)
+        uc[""] += offload_s(cp, m_c, True)
+        terms["update_critic"] = uc
     # on the driver, for the whole batch: GAE loops over the response positions (compute_gae_advantage_return),
     # GRPO's grouping and the batch's bookkeeping over the sequences, in Python
     terms["adv"] = {"ADV_S": 1.0, "ADV_SEQ_S": s.sequences,
                     "GAE_STEP_S": s.response_len if s.adv_estimator == "gae" else 0.0}
-    terms["update_actor"] = add(update_terms(actor_p, tokens_gpu, sp.tflops, kind, s.grad_ckpt_actor,
-                                             logit_reads=logits),
-                                {"": comm_s(actor_p, Phase.ACTOR_UPDATE, s.grad_ckpt_actor, False)
-                                 + offload_s(actor_p, m_a, True)})
-    # with param offload verl loads the params to the GPU to hand them over, and offloads them again
-    terms["update_weights"] = {"SYNC_FIXED_S": 1.0, "": cb * actor_p / (sp.hbm_gbs * 1e9 * HBM_SHARE)
-                               + (cb * actor_p * (n - 1) / n / (bus * 1e9) if n > 1 else 0.0)
-                               + offload_s(actor_p, m_a, False)}
+    ua = update(actor_p, root, Phase.ACTOR_UPDATE, shape.vocab, s.grad_ckpt_actor)
+    ua[""] += offload_s(actor_p, m_a, True)
+    terms["update_actor"] = ua
+    # with param offload verl loads the params to the GPU to hand them over, and offloads them again; across ranks
+    # each tensor is gathered (DTensor full_tensor(), one call a tensor: per layer)
+    terms["update_weights"] = {"SYNC_FIXED_S": 1.0, "SYNC_RANKS_S": 1.0 if n > 1 else 0.0,
+                               "": cb * actor_p / (sp.hbm_gbs * 1e9 * HBM_SHARE)
+                               + sync_comm_s(actor_p, n, bus, s.fsdp2) + offload_s(actor_p, m_a, False)}
     phases = {k: seconds(v) for k, v in terms.items()}
     trained = actor_p + (shape.value_model_params if s.critic else 0)
     save = 12.0 * trained / n / (SAVE_GBS * 1e9) if s.save_freq > 0 else 0.0
     total = sum(phases.values())
     tps = s.sequences * real_per_seq / n / total if total > 0 else 0.0
-    return StepTime(phases, total, save, tps, tuple(notes), terms)
+    axes = job_axes(gpu=gpu_family(gpu_name or hw.gpu_name), ranks=n, nodes=len(main.node_ids), packed=packed,
+                    flash=flash, adv_estimator=s.adv_estimator, critic=s.critic, offload=OFFLOAD_NAMES[c.offload],
+                    eager=s.enforce_eager, micro_update=c.micro(Phase.ACTOR_UPDATE),
+                    micro_log_prob=c.micro(Phase.ACTOR_LOG_PROB), params=shape.params)
+    return StepTime(phases, total, save, tps, tuple(notes), terms, error_bar(axes))

@@ -1,0 +1,177 @@
+"""What the step-time model was calibrated on, and the error bar a predicted step carries (docs/placement.md,
+"Error bars").
+
+The envelope is the recorded verl runs the model is held against (catalog/step_time_envelope.json, written by
+scripts/fit_plan_calibration.py --write-envelope), each with its axes and the model's step error on it: runs the
+constants were fitted on ("fit"), runs they were not ("hold-out"), and runs looked at but neither fitted nor blind
+("seen"). A family is the runs alike on every categorical axis; its micro batches and model sizes span a range.
+A job inside a family of fit and hold-out runs is calibrated: its step carries the largest error among the runs not
+fitted on (hold-out and seen) nearest it, those that share the most axes with it, and never less than its family's
+own fit residual. A job outside
+every family is uncalibrated: it carries the largest error the model has shown on any run it was not fitted on, and
+names its nearest family and the axes it is outside on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
+
+ENVELOPE_FILE = Path(__file__).resolve().parent.parent / "catalog" / "step_time_envelope.json"
+# categorical axes (a family is alike on all of them), then the axes that span a range within a family
+CATEGORICAL = ("gpu", "ranks", "nodes", "attention", "algorithm", "offload", "rollout")
+RANGED = ("micro_update", "micro_log_prob", "params_b")
+AXES = CATEGORICAL + RANGED
+CALIBRATED_ROLES = ("fit", "hold-out")
+
+
+def job_axes(*, gpu: str, ranks: int, nodes: int, packed: bool, flash: bool, adv_estimator: str, critic: bool,
+             offload: str, eager: bool, micro_update: Optional[int], micro_log_prob: Optional[int],
+             params: float) -> dict[str, Any]:
+    """A job's (or a recorded run's) values on the axes the model was calibrated along."""
+    attention = "packed (flash-attn)" if packed else ("padded" if flash else "padded, no flash-attn")
+    return {"gpu": gpu, "ranks": ranks, "nodes": nodes, "attention": attention,
+            "algorithm": adv_estimator + ("+critic" if critic else ""), "offload": offload,
+            "rollout": "eager" if eager else "cuda graphs", "micro_update": micro_update,
+            "micro_log_prob": micro_log_prob, "params_b": round(params / 1e9, 2)}
+
+
+def phrase(axis: str, v: Any) -> str:
+    """An axis value as the error bar's line says it."""
+    if axis == "gpu":
+        return str(v)
+    if axis == "ranks":
+        return f"{v} GPU{'s' if v != 1 else ''}"
+    if axis == "nodes":
+        return f"{v} node{'s' if v != 1 else ''}"
+    if axis == "attention":
+        return f"{v} attention"
+    if axis == "algorithm":
+        return {"grpo": "GRPO", "gae+critic": "PPO with a critic"}.get(str(v), str(v))
+    if axis == "offload":
+        return "no offload" if v == "none" else f"{v} offload"
+    if axis == "rollout":
+        return "enforce_eager" if v == "eager" else "CUDA graphs"
+    if axis in ("micro_update", "micro_log_prob"):
+        what = "micro" if axis == "micro_update" else "log-prob micro"
+        if isinstance(v, (list, tuple)):
+            return f"{what} {v[0]}" if v[0] == v[1] else f"{what} {v[0]}-{v[1]}"
+        return f"{what} {'by token budget' if v is None else v}"
+    if isinstance(v, (list, tuple)):
+        return f"{v[0]:g}B" if v[0] == v[1] else f"{v[0]:g}-{v[1]:g}B"
+    return f"{v:g}B"
+
+
+@dataclass(frozen=True)
+class Family:
+    axes: dict[str, Any]  # categorical values
+    ranges: dict[str, tuple]  # ranged axis -> (lowest, highest) over its runs; micro None: (None, None)
+    runs: tuple[dict, ...]
+
+    def outside(self, job: dict[str, Any]) -> list[str]:
+        """The axes the job is outside this family on."""
+        out = [a for a in CATEGORICAL if job.get(a) != self.axes.get(a)]
+        for a in RANGED:
+            lo, hi = self.ranges[a]
+            v = job.get(a)
+            if v is None or lo is None:
+                if v is not lo:
+                    out.append(a)
+            elif not lo <= v <= hi:
+                out.append(a)
+        return out
+
+    def describe(self) -> str:
+        return ", ".join([phrase(a, self.axes[a]) for a in CATEGORICAL]
+                         + [phrase(a, self.ranges[a]) for a in RANGED])
+
+
+@dataclass(frozen=True)
+class ErrorBar:
+    pct: int  # ± percent on the step
+    calibrated: bool
+    why: str  # the line the plan prints after the ±
+    nearest: str = ""  # the nearest calibrated family (uncalibrated jobs)
+    outside: tuple[str, ...] = ()  # the axes the job is outside that family on
+    runs: tuple[str, ...] = ()  # the runs the figure comes from
+    axes: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return f"±{self.pct}%: {self.why}" if self.pct else self.why
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"pct": self.pct, "calibrated": self.calibrated, "why": self.why, "runs": list(self.runs),
+               "axes": self.axes}
+        if not self.calibrated:
+            out.update(nearest_family=self.nearest, outside=list(self.outside))
+        return out
+
+
+def read_envelope(path: Path = ENVELOPE_FILE) -> dict[str, Any]:
+    """The recorded runs' axes, roles and step errors (JSON written by scripts/fit_plan_calibration.py)."""
+    return json.loads(path.read_text())
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> Optional[dict[str, Any]]:
+    try:
+        return read_envelope()
+    except (OSError, ValueError):
+        return None
+
+
+def families(runs: list[dict]) -> list[Family]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        if r["role"] in CALIBRATED_ROLES:
+            groups.setdefault(tuple(json.dumps(r["axes"][a]) for a in CATEGORICAL), []).append(r)
+    out = []
+    for rs in groups.values():
+        ranges = {}
+        for a in RANGED:
+            vals = [r["axes"][a] for r in rs if r["axes"][a] is not None]
+            ranges[a] = (min(vals), max(vals)) if vals else (None, None)
+        out.append(Family({a: rs[0]["axes"][a] for a in CATEGORICAL}, ranges, tuple(rs)))
+    return out
+
+
+def _round_up(x: float) -> int:
+    """A fraction as a percent, up to the next 5."""
+    return max(5, int(math.ceil(round(abs(x) * 100, 6) / 5.0) * 5))
+
+
+def _shares(job: dict[str, Any], run: dict[str, Any]) -> int:
+    """How many axes a run has the job's value on."""
+    return sum(1 for a in AXES if job.get(a) == run["axes"].get(a))
+
+
+def error_bar(job: dict[str, Any], doc: Optional[dict[str, Any]] = None) -> ErrorBar:
+    """The error bar of a job's predicted step."""
+    doc = doc if doc is not None else _shipped()
+    if not doc or not doc.get("runs"):
+        return ErrorBar(0, False, f"no calibration envelope ({ENVELOPE_FILE.name} missing or unreadable)", axes=job)
+    runs = doc["runs"]
+    fams = families(runs)
+    unfitted = [r for r in runs if r["role"] != "fit"]
+    home = next((f for f in fams if not f.outside(job)), None)
+    if home is not None:
+        best = max((_shares(job, r) for r in unfitted), default=0)
+        near = [r for r in unfitted if _shares(job, r) == best]
+        worst = max([abs(r["step_error"]) for r in near] + [abs(r["step_error"]) for r in home.runs
+                                                            if r["role"] == "fit"])
+        names = tuple(r["run"] for r in near)
+        why = (f"the largest step error of the runs not fitted on nearest this job ({', '.join(names)}) and of its "
+               f"family's fit runs")
+        return ErrorBar(_round_up(worst), True, why, runs=names, axes=job)
+    nearest = min(fams, key=lambda f: (len(f.outside(job)), -len(f.runs)))
+    out = nearest.outside(job)
+    worst = max(abs(r["step_error"]) for r in unfitted) if unfitted else 1.0
+    said = ", ".join(phrase(a, job.get(a)) for a in out)
+    why = (f"uncalibrated: {said} is outside the calibrated range (nearest family: {nearest.describe()}); the "
+           "largest step error the model has shown on runs it was not fitted on")
+    return ErrorBar(_round_up(worst), False, why, nearest.describe(), tuple(out),
+                    tuple(r["run"] for r in unfitted), job)
