@@ -1,0 +1,143 @@
+"""The step time's error bar (placement/envelope.py): the envelope the model was calibrated on, shipped as
+catalog/step_time_envelope.json, and what a job inside or outside it is told, in the plan, --brief and --json."""
+
+import importlib.util
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from verl_cluster.config.job import load_job
+from verl_cluster.facts.measured_bus import BusMeasure
+from verl_cluster.facts.model import NodeFacts, from_json
+from verl_cluster.placement import envelope as env
+from verl_cluster.placement import parse_gpus, plan_job
+
+ROOT = Path(__file__).resolve().parents[2]
+_fspec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/fit_plan_calibration.py")
+FIT = importlib.util.module_from_spec(_fspec)
+_fspec.loader.exec_module(FIT)
+FIGURES = json.loads(FIT.FIGURES_FILE.read_text())["runs"]
+GRPO = ROOT / "launch/gsm8k_grpo.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
+def h200(host: str) -> NodeFacts:
+    f = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h200x1_recorded.json").read_text())
+    return replace(f, host=host)
+
+
+def user_line(nodes: int, extra: list[str] = ()):
+    """The two-node run's line (multi_gpu_runs.json 2node-grpo05): 0.5B, micro 8 / 16, enforce_eager."""
+    args = list(FIGURES["2node-grpo05"]["args"]) + ["model.catalog=qwen2.5-0.5b", *extra]
+    if nodes == 1:
+        args = [a for a in args if not a.startswith("trainer.n")] + ["trainer.nnodes=1", "trainer.n_gpus_per_node=2"]
+    return load_job(GRPO, args)
+
+
+SOCKET = (BusMeasure("lab", "nccl", 2, 2, 2, 2.4, 1 << 30, time.time()),)
+
+
+def test_the_shipped_envelope_is_the_fit_s():
+    """Every run of both fixtures, with its role and the model's step error (what --check holds)."""
+    shipped = env.read_envelope()
+    _, rows, _ = FIT.fit(FIT.CALIB.RUNS_FILE)
+    assert shipped["runs"] == FIT.envelope(rows)["runs"]
+    roles = {r["run"]: r["role"] for r in shipped["runs"]}
+    assert roles["2node-grpo05"] == "fit" and roles["node2-grpo05"] == roles["2node-grpo-tiny"] == "seen"
+    assert sum(1 for r in roles.values() if r == "hold-out") == 5
+
+
+def test_percent_rounds_up_to_five():
+    assert [env._round_up(x) for x in (0.196, -0.337, 0.01, 0.2, 0.0)] == [20, 35, 5, 20, 5]
+
+
+def test_a_job_inside_the_one_h100_grid_is_calibrated():
+    """GRPO 1.5B, 512 sequences, flash-attn, on one H100: the family of the grid's GRPO runs; its nearest runs not
+    fitted on are hold-grpo15big (+19.6%, the same job) -> ±20%."""
+    job = load_job(GRPO, ["model.catalog=qwen2.5-1.5b", "data.train_batch_size=64", "actor_rollout_ref.rollout.n=8",
+                          "actor_rollout_ref.actor.ppo_mini_batch_size=32", "data.max_response_length=1024",
+                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+                          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
+                          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=64"])
+    bar = plan_job(job, parse_gpus("1x1xH100-80GB"), fill=0.3).time["error_bar"]
+    assert bar["calibrated"] and bar["pct"] == 20 and bar["runs"] == ["hold-grpo15big"]
+    assert "held" not in bar["why"] and "hold-grpo15big" in bar["why"]
+
+
+def test_the_two_node_line_is_calibrated_on_its_one_run():
+    """The two-node family has one fit run (2node-grpo05, +0.8%); the nearest run not fitted on is the tiny model on
+    the same two nodes (-14.1%) -> ±15%."""
+    bar = plan_job(user_line(2), [h200("a"), h200("b")], fill=0.38, bus=SOCKET).time["error_bar"]
+    assert bar["calibrated"] and bar["pct"] == 15 and bar["runs"] == ["2node-grpo-tiny"]
+    assert bar["axes"] == {"gpu": "H200", "ranks": 2, "nodes": 2, "attention": "padded, no flash-attn",
+                           "algorithm": "grpo", "offload": "none", "rollout": "eager", "micro_update": 8,
+                           "micro_log_prob": 16, "params_b": 0.49}
+
+
+def test_a_job_outside_every_family_is_uncalibrated_with_its_nearest():
+    """The same line on 2 GPUs of one node with CUDA graphs: no family was fitted there (node2-grpo05 is only seen);
+    the nearest is the two-node family, 2 axes away; the bar is the largest step error on runs not fitted on
+    (node2-grpo05, -33.7%) -> ±35%."""
+    job = user_line(1, ["actor_rollout_ref.rollout.enforce_eager=false"])
+    facts = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())
+    bar = plan_job(job, [facts], fill=0.5).time["error_bar"]
+    assert not bar["calibrated"] and bar["pct"] == 35
+    assert bar["outside"] == ["nodes", "rollout"]
+    assert bar["why"].startswith("uncalibrated: 1 node, CUDA graphs is outside the calibrated range (nearest family: "
+                                 "H200, 2 GPUs, 2 nodes, padded, no flash-attn attention, GRPO, no offload, "
+                                 "enforce_eager, micro 8, log-prob micro 16, 0.49B)")
+    assert "node2-grpo05" in bar["runs"]
+
+
+def test_eight_gpus_and_a_7b_model_are_outside():
+    p = plan_job(load_job(GRPO, ["model.catalog=qwen2.5-7b"]), parse_gpus("1x8xH100-80GB"))
+    bar = p.time["error_bar"]
+    assert not bar["calibrated"] and "8 GPUs" in bar["why"] and "7.62B" in bar["why"]
+    assert set(bar["outside"]) >= {"ranks", "params_b"}
+
+
+def test_no_envelope_says_so():
+    bar = env.error_bar({"gpu": "H100"}, doc={})
+    assert bar.pct == 0 and not bar.calibrated and "no calibration envelope" in bar.line()
+
+
+def test_plan_table_brief_and_json_carry_it(capsys):
+    from verl_cluster.cli import main
+
+    args = ["plan", str(GRPO), "--gpus", "1x8xH100-80GB"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "s/step predicted (±35%, uncalibrated)" in out
+    assert "step time ±35%: uncalibrated: 8 GPUs is outside the calibrated range (nearest family: H100, 1 GPU" in \
+        " ".join(out.split())
+    assert main(args + ["--brief"]) == 0
+    brief = " ".join(capsys.readouterr().out.split())
+    assert "(±35%, uncalibrated)" in brief and "step time ±35%: uncalibrated: 8 GPUs is outside" in brief
+    assert main(args + ["--json"]) == 0
+    bar = json.loads(capsys.readouterr().out)["time"]["error_bar"]
+    assert bar["pct"] == 35 and bar["calibrated"] is False and bar["outside"] == ["ranks"]
+    assert bar["nearest_family"].startswith("H100, 1 GPU, 1 node, packed (flash-attn) attention, GRPO")
+
+
+def test_factors_still_apply_on_top(tmp_path, capsys):
+    """plan --factors scales the phases (the step is their sum) and the error bar stays the model's."""
+    from verl_cluster.cli import main
+
+    factors = tmp_path / "f.json"
+    factors.write_text(json.dumps({"factors": {"gen": {"factor": 2.0, "runs": 3, "enough": True}}}))
+    args = ["plan", str(GRPO), "--gpus", "1x8xH100-80GB", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)["time"]
+    assert main(args + ["--factors", str(factors)]) == 0
+    got = json.loads(capsys.readouterr().out)["time"]
+    assert got["phases_s"]["gen"] == pytest.approx(2 * plain["phases_s"]["gen"], abs=0.02)
+    assert got["step_s"] == pytest.approx(plain["step_s"] + plain["phases_s"]["gen"], abs=0.05)
+    assert got["error_bar"] == plain["error_bar"]
+    assert any(n.startswith("factors from") for n in got["notes"])
