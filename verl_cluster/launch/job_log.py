@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import http.client
+import os
 import time
 import urllib.parse
 from collections import deque
@@ -347,14 +348,21 @@ def follow(api: Any, job_id: str, out: Any = None, status_out: Any = None, poll_
         _remember_lengths(job_id, progress)
         raise
     failure = None
-    if row.status != "SUCCEEDED" and progress is not None:
+    if row.status != "SUCCEEDED":  # any job: its own module not shipped is said with the command that ships it
         from verl_cluster.launch.verl_log import classify
 
-        found = classify(list(f.tail))
+        found = classify(list(f.tail), here=_here())
         failure = found.to_json() if found else None
     summary = progress.summary() if progress is not None else None
     _remember_lengths(job_id, progress)
     return FollowResult(row.status, row.message, list(f.tail)[-tail_lines:], summary, failure, f.source.stats)
+
+
+def _here() -> Optional[str]:
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed since: nothing to look in
+        return None
 
 
 def _remember_lengths(job_id: str, progress: Optional[Any]) -> None:

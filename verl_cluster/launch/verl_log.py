@@ -17,6 +17,9 @@ _KV = re.compile(r"^([^\s:][^:]*):(?:np\.\w+\()?(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf
 _SAVED = re.compile(r"local_global_step_folder:\s*(\S+)|Saving checkpoint to:?\s*(\S+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
+# a line the Python interpreter itself prints (argv[0] first; Ray prefixes its actors' lines, never the driver's)
+_PY = r"^\S*(?:python|pypy)[\w.-]*: "
+
 # (class, pattern, what it means, the fix); the first match in the log wins, so specific before generic.
 FAILURES: tuple[tuple[str, re.Pattern, str, str], ...] = tuple((c, re.compile(p), w, f) for c, p, w, f in (
     ("oom", r"No available memory for the cache blocks|insufficient.*KV cache|max_model_len.*larger than the maximum "
@@ -41,6 +44,15 @@ FAILURES: tuple[tuple[str, re.Pattern, str, str], ...] = tuple((c, re.compile(p)
     ("worker-died", r"ActorDiedError|The actor died unexpectedly|Worker exit type|RaySystemError",
      "a Ray worker process died (its node is still up)",
      "look for an OOM kill or a crash of that process (dmesg, the worker's log); watch resumes the run"),
+    # the interpreter's own words when the command's -m MODULE or script is not there: no line of it ran
+    ("entrypoint", _PY + r"No module named [\w.]+\.__main__; '[\w.]+' is a package and cannot be directly executed",
+     "the module to run is a package without a __main__.py",
+     "run a module inside it (python -m PACKAGE.MODULE), or add PACKAGE/__main__.py"),
+    ("entrypoint", _PY + r"(?:No module named [\w.]+\s*$|Error while finding module specification for |"
+     r"can't open file ')",
+     "the job's own module or script is not where the job ran",
+     "ship the folder that holds it with the job (verl-cluster submit --working-dir DIR -- python -m MODULE ...), "
+     "or install it on every node"),
     ("missing-package", r"FlashAttention2 has been toggled on, but it cannot be used",
      "flash-attn is not installed where the job ran (verl loads a critic with flash_attention_2 regardless)",
      "install flash-attn on every node, or train without a critic (algorithm.adv_estimator=grpo)"),
@@ -85,20 +97,55 @@ class Failure:
         return {"class": self.kind, "what": self.what, "fix": self.fix, "evidence": self.line}
 
 
-def classify(lines: list[str]) -> Optional[Failure]:
+def classify(lines: list[str], here: Optional[str] = None) -> Optional[Failure]:
     """The failure the log shows, by the first pattern (in FAILURES order) any line matches; a Python traceback
-    that matches none is a user code error; None when neither is there."""
+    that matches none is a user code error; else a command the shell could not run, or Hydra refusing the command
+    line before the program ran; None when none is there. `here`: the folder the job was submitted from, where
+    an entrypoint not found on the nodes is looked for (then the fix is the command that ships it)."""
     for kind, pat, what, fix in FAILURES:
         for line in lines:
             if pat.search(line):
+                if kind == "entrypoint" and here is not None:
+                    from verl_cluster.launch.entry_hint import ship_fix
+
+                    fix = ship_fix(line.strip(), lines, here) or fix
                 return Failure(kind, what, fix, line.strip()[:300])
     tb = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
     if not tb:
-        return None
+        return _before_the_program(lines)
     errs = [_error_line(lines[a + 1:b]) for a, b in zip(tb, tb[1:] + [len(lines)])]
     # the last traceback that is not interpreter-shutdown noise printed after the real one
     err = next((e for e in reversed(errs) if not _SHUTDOWN_NOISE.search(e)), errs[-1])
     return Failure("user-code", "the job raised an exception", "read the traceback (verl-cluster logs JOB)", err[:300])
+
+
+# /bin/sh (Ray runs the entrypoint through it) on a command it cannot run: exit 127 (not found) or 126
+_SHELL_REFUSED = re.compile(r"^(?:/usr)?(?:/bin/)?(?:sh|bash|dash|zsh): (?:\d+: |line \d+: )?.+: "
+                            r"(?:command not found|not found|Permission denied|No such file or directory)\s*$")
+_HYDRA_FULL = "HYDRA_FULL_ERROR=1 for a complete stack trace"
+_HYDRA_RAN = "Error executing job with overrides"  # Hydra composed the config and ran the program
+# lines of a logger (Ray's, Python's logging: verl warns of a missing GPU before Hydra runs), not Hydra's reason
+_LOGGER_LINE = re.compile(r"^(?:\d{4}-\d\d-\d\d[ T][\d:,.]+\s+)?\[?(?:INFO|WARNING|WARN|DEBUG|ERROR)\]?[:\s]|"
+                          r"^Running entrypoint for job |^\(\S+ pid=\d+\)")
+
+
+def _before_the_program(lines: list[str]) -> Optional[Failure]:
+    """Failures with no traceback that happen before a line of the program runs: the shell cannot run the command,
+    or Hydra cannot compose the config from the command line (it prints the reason, then the HYDRA_FULL_ERROR
+    line; when the program itself raised, 'Error executing job with overrides' comes first)."""
+    shell = next((x.strip() for x in lines if _SHELL_REFUSED.match(x.strip())), None)
+    if shell:
+        return Failure("bad-command", "the job's command could not be run where the job ran (the shell found no "
+                       "such program, or may not run it)", "name a program every node has: `python`/`python3` "
+                       "become the cluster's python; others must be on the nodes' PATH, executable", shell[:300])
+    at = next((i for i in range(len(lines) - 1, -1, -1) if _HYDRA_FULL in lines[i]), None)
+    if at is None or any(_HYDRA_RAN in x for x in lines[:at]):
+        return None
+    start = max((i + 1 for i in range(at) if lines[i].startswith("Running entrypoint for job ")), default=0)
+    said = [x.strip() for x in lines[start:at] if x.strip() and not _LOGGER_LINE.match(x)]
+    return Failure("hydra-refused", "Hydra refused the command line before the program started",
+                   "fix the override it names (the lines before 'HYDRA_FULL_ERROR' in verl-cluster logs JOB); "
+                   "verl-cluster submit ... --dry-run shows the full command", (said[0] if said else lines[at].strip())[:300])
 
 
 def traceback_block(lines: list[str], evidence: str, limit: int = 20, tail: Optional[int] = None) -> list[str]:

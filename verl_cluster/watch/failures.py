@@ -5,6 +5,7 @@ verl_log.classify finds the cause in the log text; here it is folded into the cl
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -31,7 +32,9 @@ class FailureClass(StrEnum):
 
 
 # finer verl_log kinds that are the run's own mistakes: a restart would fail the same way
-_USER = {"missing-package", "bad-override", "config"}
+_USER = {"missing-package", "bad-override", "config", "entrypoint", "bad-command", "hydra-refused"}
+# those that happen before the program ran a line: Ray's job message (the log's last lines) tells them too
+_BEFORE_THE_PROGRAM = {"entrypoint", "bad-command", "hydra-refused"}
 
 # what Ray itself says when the job's driver or its node went away (JobInfo.message)
 _RAY_LOST = ("Job supervisor actor died", "node died", "has been marked dead", "Owner's node has crashed",
@@ -64,6 +67,13 @@ class Diagnosis:
                 "detail": self.detail}
 
 
+def _cwd() -> Optional[str]:
+    try:
+        return os.getcwd()
+    except OSError:  # removed since the watcher started: nothing to look in
+        return None
+
+
 def actor_death(lines: list[str]) -> str:
     """'WorkerDict pid 5552 on 10.0.0.2 died: UNEXPECTED_SYSTEM_EXIT (Worker unexpectedly exits ...)' from Ray's
     ActorDiedError text, or ''."""
@@ -91,14 +101,19 @@ def actor_death(lines: list[str]) -> str:
 
 
 def diagnose(lines: list[str], ray_message: str = "", lost_node: Optional[str] = None,
-             made_progress: bool = True) -> Diagnosis:
+             made_progress: bool = True, here: Optional[str] = None) -> Diagnosis:
     """The class of a failed attempt. A node we saw die wins over what the log says (a dead rank's peers print
     tracebacks and NCCL errors too); then the log; then Ray's own job message. `made_progress`: whether the
-    attempt ran a training step (verl refusing its command line happens before the first)."""
+    attempt ran a training step (verl refusing its command line happens before the first). `here`: the folder
+    the job was submitted from (default: this process's), where an entrypoint the nodes lack is looked for."""
     if lost_node:
         return Diagnosis(FailureClass.NODE_LOST, "a node left the cluster", lost_node,
                          "watch restarts it (the heal path of `up`)")
-    found = classify_log(lines)
+    here = here if here is not None else _cwd()
+    found = classify_log(lines, here=here)
+    if found is None and not made_progress and ray_message:  # the log unread: Ray's message quotes its end
+        said = classify_log(ray_message.splitlines(), here=here)
+        found = said if said is not None and said.kind in _BEFORE_THE_PROGRAM else None
     if found is not None and found.kind == FailureClass.WORKER_DIED:
         return Diagnosis(FailureClass.WORKER_DIED, found.what, actor_death(lines) or found.line, found.fix, found.kind)
     if found is not None and found.kind != FailureClass.USER_CODE:
