@@ -121,7 +121,9 @@ def test_a_planted_record_never_sends_the_token_elsewhere(home, tmp_path, listen
     plant(tmp_path, evil.format(port=lst.port, link=link))
     for argv in (["logs", "planted-1"], ["stop", "planted-1"], ["jobs"], ["jobs", "--json"]):
         rc, text = run(capsys, *argv)
-        assert rc in (1, 2) and "Traceback" not in text and "internal error" not in text, (argv, text)
+        # `jobs` without -c reports every recorded cluster, a refused one as a line (exit 0, issue 32 item 6)
+        assert rc in ((0,) if argv[0] == "jobs" else (1, 2)), (argv, rc, text)
+        assert "Traceback" not in text and "internal error" not in text, (argv, text)
         assert "refusing to send" in text or "another cluster's folder" in text, (argv, text)
     assert not any(token in auth for _, auth in lst.seen), lst.seen
 

@@ -104,6 +104,25 @@ def choose(word: Optional[str]) -> Chosen:
     return by_word(word) if word else default_cluster()
 
 
+def cluster_for_job(job, word: Optional[str]) -> Chosen:
+    """`submit`: -c, else the job file's `cluster:` (a file relative to the job file, else a recorded name), else
+    as every command chooses."""
+    if word:
+        return by_word(word)
+    from verl_cluster.config.job import job_cluster_path
+
+    path = job_cluster_path(job)
+    if path is None:
+        return default_cluster()
+    if path.exists():
+        return Chosen(str(path), how="the job's cluster:")
+    from verl_cluster.launch import job_records
+
+    if any(k.name == job.cluster for k in job_records.known_clusters()):
+        return by_word(job.cluster, "the job's cluster")
+    return Chosen(str(path), how="the job's cluster:")  # not found: said by the caller, naming the job's field
+
+
 def _merge(recorded: tuple[str, ...], given: list[str]) -> list[str]:
     """The recorded overrides, then the given ones; a key given again replaces its recorded value."""
     keys = {w.split("=", 1)[0] for w in given}

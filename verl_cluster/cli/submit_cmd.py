@@ -16,7 +16,7 @@ from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.launch.preflight import PreflightReport
 from verl_cluster.launch.job_input import JobInput, working_dir_word
 from verl_cluster.launch.submit import (Submission, check_cluster_file, plan_submission, preflight_exit_code,
-                                        resolve_cluster_file, warm_imports)
+                                        warm_imports)
 
 LEVEL_STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "skipped": "dim"}
 
@@ -29,7 +29,9 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="verl overrides (data.train_batch_size=256) or job fields (placement.strategy=split); "
                         "they win over the file's and the planner's")
-    p.add_argument("-c", "--cluster", help="cluster.yaml (default: the job's `cluster:`, else cluster_configs/local.yaml)")
+    p.add_argument("-c", "--cluster", metavar="CLUSTER",
+                   help="cluster file or recorded name (default: the job's `cluster:`, else as every command: "
+                        "$VERL_CLUSTER, the one cluster up here, this machine)")
     p.add_argument("--slurm", action="store_true", help="the cluster `up --slurm` made in this Slurm allocation")
     p.add_argument("--working-dir", metavar="DIR",
                    help="ship DIR with the job to every node (as `ray job submit --working-dir`; job field "
@@ -77,15 +79,21 @@ def run_submit(args) -> int:
         from verl_cluster.slurm.spec import cluster_file as slurm_cluster_file
 
         args.cluster = slurm_cluster_file()
-    cluster_file = resolve_cluster_file(job, args.cluster)
+    from verl_cluster.cli.cluster_args import cluster_for_job, say_cluster
+    from verl_cluster.launchers import load_cluster
+
+    chosen = cluster_for_job(job, args.cluster)
+    cluster_file = chosen.file
     check_cluster_file(cluster_file)
+    spec = load_cluster(cluster_file, list(chosen.overrides))  # a recorded name brings its `up` overrides
+    say_cluster(spec.cluster_name, chosen)
     from verl_cluster.launchers import check_job_fits
 
     check_job_fits(job, cluster_file)  # inside an allocation: enough nodes, GPUs requested
     # secrets a script sets itself reach the job's env as the shell's would (never printed)
     environ = {**os.environ, **imported.secret_values} if imported else None
     sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight,
-                          refresh_backend=args.refresh_backend, environ=environ)
+                          refresh_backend=args.refresh_backend, environ=environ, spec=spec)
     if args.watch and sub.launcher == "ray" and not args.skip_preflight:
         from verl_cluster.watch.shared_dir import check_shared_dir
 

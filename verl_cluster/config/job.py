@@ -91,7 +91,7 @@ class JobSpec:
     command: list[str] = field(default_factory=list)  # or a command (argv)
     args: list[str] = field(default_factory=list)  # extra argv after the module / command
     launcher: str = field(default="auto", metadata={"choices": ("auto", "ray", "torchrun")})
-    cluster: Optional[str] = field(default=None, metadata=PATH)  # cluster.yaml, relative to this file; default cluster_configs/local.yaml
+    cluster: Optional[str] = field(default=None, metadata=PATH)  # cluster.yaml relative to this file, or a recorded name
     model: ModelSpec = field(default_factory=ModelSpec)
     data: DataSpec = field(default_factory=DataSpec)
     placement: PlacementSpec = field(default_factory=PlacementSpec)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.config.job import JobSpec, is_verl_module, job_cluster_path
+from verl_cluster.config.job import JobSpec, is_verl_module
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launchers import load_cluster
 from verl_cluster.launch.integrations import cached_backend_env, placement_plan, plan_metadata
@@ -22,9 +22,6 @@ from verl_cluster.launch.preflight import (Finding, PreflightReport, check_flash
                                           run_preflight)
 from verl_cluster.launch.request import (NotApplied, RayJobRequest, TorchrunRequest, build_ray_request,
                                          build_torchrun_request, merge_overrides, secret_values)
-
-DEFAULT_CLUSTER = "cluster_configs/local.yaml"
-
 
 def warm_imports() -> None:
     """Import Ray's job client in the background while the checks run (it takes ~1-2 s)."""
@@ -53,12 +50,6 @@ def decide_launcher(job: JobSpec, ray_healthy: bool, cluster_file: str, why_unhe
             raise ClusterError(f"{what}, but there is {down}", f"start it first: verl-cluster up {cluster_file}")
         return "ray"
     return "ray" if ray_healthy else "torchrun"
-
-
-def resolve_cluster_file(job: JobSpec, cli_value: Optional[str]) -> str:
-    if cli_value:
-        return cli_value
-    return str(job_cluster_path(job, DEFAULT_CLUSTER))
 
 
 @dataclass(frozen=True)
