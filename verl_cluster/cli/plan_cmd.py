@@ -123,7 +123,11 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
         from verl_cluster.launchers import load_cluster
         from verl_cluster.facts.cluster_facts import gather_node_facts
 
-        return gather_node_facts(load_cluster(args.cluster))  # RunnerError (exit 1) names an unreachable node
+        from verl_cluster.cli.cluster_args import say_cluster
+
+        spec = load_cluster(args.cluster)
+        say_cluster(spec.cluster_name, getattr(args, "chosen", None))
+        return gather_node_facts(spec)  # RunnerError (exit 1) names an unreachable node
     if job_gpus:
         return parse_gpus(job_gpus)
     local = local_node_facts()
@@ -143,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
     from verl_cluster.placement.factors import apply_factors, factors_note, read_factors
     from verl_cluster.placement.length_plans import plan_lengths
 
+    if getattr(args, "cluster", None):  # a file or a cluster name recorded here, as every command takes -c
+        from verl_cluster.cli.cluster_args import by_word
+
+        args.chosen = by_word(args.cluster)
+        args.cluster = args.chosen.file
     # the same three forms as submit, key=value words before `--` included
     before = list(getattr(args, "before", None) or []) + model_config_word(args)
     job = JobInput.from_words(args.job, list(args.overrides or []), before).job()
