@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Fit the planner's step-time and host-RAM constants (placement/step_time.py, placement/host_memory.py) on the
-recorded verl runs in tests/fixtures/verl_runs/calibration_runs.json, and show them against every run.
+recorded verl runs in tests/fixtures/verl_runs/calibration_runs.json and multi_gpu_runs.json, and show them against
+every run.
 
-    python3 scripts/fit_plan_calibration.py [--runs-file FILE] [--check] [--json]
+    python3 scripts/fit_plan_calibration.py [--runs-file FILE] [--figures-file FILE] [--check] [--write-envelope]
+                                            [--json]
 
 Each run is replayed as tests/unit/test_plan_time_host.py does (scripts/calib_from_runs.py replay: the job as it
-ran, the recorded H100 facts, the run's own lengths). The plan carries each phase as terms (Plan.terms: fitted
-constant -> coefficient, plus seconds no constant scales: bytes over PCIe, HBM and links, verl's poll of the
-rollout), so the fit is linear:
+ran, the recorded H100 facts, the run's own lengths); the runs kept as figures (multi_gpu_runs.json: more than one
+GPU) on their own facts, node count, `check`'s NCCL figure and fill (replay_figures). The plan carries each phase
+as terms (Plan.terms: fitted constant -> coefficient, plus seconds no constant scales: bytes over PCIe, HBM and
+links, verl's poll of the rollout), so the fit is linear:
 - step time: one least-squares fit over every phase of every run tagged time "fit" (verl's timing_s/* means over
   the steps after the first), each row divided by its measured seconds (relative errors count alike), constants
   kept non-negative; COMPUTE_SHARE is held at the module's value (the runs cannot tell it: step_time.py says why);
@@ -16,7 +19,9 @@ rollout), so the fit is linear:
   over the fit runs that have it; NODE_BYTES, REF_HOST_COPIES and OFFLOAD_HOST_COPIES are then fitted (least
   squares, relative) on verl's largest logged node RAM of the runs tagged host "fit".
 Prints the constants as they are written in the modules (3 significant digits), then predicted vs measured for
-every run, fit and hold-out. --check exits 1 when a module's constant differs from the fit.
+every run, fit, hold-out and seen. --write-envelope writes the planner's calibration envelope (each run's axes, role
+and step error: placement/envelope.py); --check exits 1 when a module's constant, or that envelope, differs from
+the fit.
 """
 
 from __future__ import annotations
@@ -208,7 +213,8 @@ def table(done: dict, consts: dict) -> list[dict]:
                     + plan.host_parts.get("batch (driver + object store)", 0.0) * GIB) / GIB
             rows.append(("host RAM (GiB)", host, got["host_gib"]))
         out.append({"run": name, "time": entry["time"], "host": entry.get("host", "-"),
-                    "axes": plan.time["error_bar"]["axes"], "rows": [{"what": w, "predicted": round(p, 2), "measured": round(m, 2),
+                    "axes": plan.time["error_bar"]["axes"],
+                    "rows": [{"what": w, "predicted": round(p, 2), "measured": round(m, 2),
                               "error": round(p / m - 1, 3)} for w, p, m in rows]})
     return out
 
@@ -245,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs-file", type=Path, default=CALIB.RUNS_FILE)
     ap.add_argument("--figures-file", type=Path, default=FIGURES_FILE, help="runs kept as figures (multi-GPU)")
-    ap.add_argument("--check", action="store_true", help="exit 1 when the modules' constants differ from the fit")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when the modules' constants or the envelope differ from the fit")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write-envelope", action="store_true", help=f"write {ENVELOPE_FILE.relative_to(ROOT)}")
     a = ap.parse_args(argv)

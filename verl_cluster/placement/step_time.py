@@ -106,7 +106,7 @@ SYNC_RANKS_S = 0.385  # with more than one rank: the ranks' exports and the barr
 ADV_S = 0.0272  # advantages, rewards (rule-based)
 ADV_SEQ_S = 0.000623  # per sequence of the batch
 GAE_STEP_S = 0.000133  # per response position: GAE's loop (PPO)
-# per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same ~7 us a token
+# per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same few us a token
 VALUE_TOKEN_S = 5.4e-06
 # not fitted
 GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
@@ -347,7 +347,8 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         t = tokens(phase)
         out = update_terms(params, t, sp.tflops, recompute,
                            logit_reads=t * vocab / (sp.hbm_gbs * 1e9) if vocab > 1 else 0.0,
-                           passes=micros(phase) * shape.layers, loop_tokens=real_gpu if vocab > 1 and not flash else 0.0)
+                           passes=micros(phase) * shape.layers,
+                           loop_tokens=real_gpu if vocab > 1 and not flash else 0.0)
         out[""] = exposed(fsdp_comm_s(params, root, cb, n, micros(phase), bus), out)
         return out
 
