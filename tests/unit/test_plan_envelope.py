@@ -141,3 +141,17 @@ def test_factors_still_apply_on_top(tmp_path, capsys):
     assert got["step_s"] == pytest.approx(plain["step_s"] + plain["phases_s"]["gen"], abs=0.05)
     assert got["error_bar"] == plain["error_bar"]
     assert any(n.startswith("factors from") for n in got["notes"])
+
+
+def test_the_options_of_a_job_that_does_not_fit_carry_theirs(capsys):
+    """1.5B on one 24 GiB card does not fit; each feasible option says its step and its bar (an RTX 4090 is outside
+    every family)."""
+    from verl_cluster.cli import main
+
+    args = ["plan", str(GRPO), "--gpus", "1x1xRTX4090-24GB", "model.catalog=qwen2.5-1.5b"]
+    assert main(args) == 1
+    assert "s/step (±35%, uncalibrated)" in capsys.readouterr().out
+    assert main(args + ["--json"]) == 1
+    options = json.loads(capsys.readouterr().out)["options"]
+    assert options and all(o["error_bar"]["pct"] == 35 and not o["error_bar"]["calibrated"] for o in options)
+    assert all("RTX 4090" in o["error_bar"]["why"] for o in options)

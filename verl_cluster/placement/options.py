@@ -52,11 +52,13 @@ class Option:
     step_s: float = 0.0  # predicted seconds per step (placement/step_time.py)
     s_per_seq: float = 0.0  # predicted seconds per trained sequence: what the options are ranked by
     adds_lora: bool = False  # trains LoRA adapters where the job trains the whole model
+    error_bar: Optional[dict] = None  # the step's error bar (placement/envelope.py ErrorBar.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return {"changes": list(self.changes), "overrides": dict(self.overrides), "peak_gib": round(self.peak_gib, 2),
                 "strategy": self.strategy, "tp": self.tp, "offload": self.offload, "kind": self.kind,
-                "step_s": round(self.step_s, 2), "s_per_sequence": round(self.s_per_seq, 4)}
+                "step_s": round(self.step_s, 2), "s_per_sequence": round(self.s_per_seq, 4),
+                **({"error_bar": self.error_bar} if self.error_bar else {})}
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,8 @@ def _try(ev: Evaluator, v: Variant, strategies: tuple[Strategy, ...], user: dict
     # a plan with room beats one at the limit (longer sequences than planned would fail there)
     return Option(tuple(changes), ov, _peak(best) / GIB, best.strategy, best.tp, OFFLOAD_NAMES[best.offload],
                   v.cost + 0.4 * best.offload + (1.0 if limit else 0.0), v.kind, frozenset(v.changes),
-                  tuple(p.nnodes for p in best.pools), st.step_s, st.step_s / max(1, v.s.sequences), v.adds_lora)
+                  tuple(p.nnodes for p in best.pools), st.step_s, st.step_s / max(1, v.s.sequences), v.adds_lora,
+                  st.bar.to_dict() if st.bar else None)
 
 
 def _peak(c: Candidate) -> float:

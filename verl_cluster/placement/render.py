@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -130,13 +132,16 @@ def _error_bar(plan: Plan, con: Console) -> None:
         con.print(f"  step time {pct}{escape(bar['why'])}", style=None if bar["calibrated"] else "yellow")
 
 
+def _pct(bar: Optional[dict]) -> str:
+    """' (±20%)', ' (±35%, uncalibrated)' or '' without a bar."""
+    if not bar or not bar.get("pct"):
+        return ""
+    return f" (±{bar['pct']}%" + ("" if bar["calibrated"] else ", uncalibrated") + ")"
+
+
 def _per_step(t: dict) -> str:
-    """'~26 s/step predicted (±20%)' for the verdict line; uncalibrated says so."""
-    bar = t.get("error_bar") or {}
-    extra = ""
-    if bar.get("pct"):
-        extra = f" (±{bar['pct']}%" + ("" if bar["calibrated"] else ", uncalibrated") + ")"
-    return f"; ~{t['step_s']:.0f} s/step predicted{extra}"
+    """'~26 s/step predicted (±20%)' for the verdict line."""
+    return f"; ~{t['step_s']:.0f} s/step predicted{_pct(t.get('error_bar'))}"
 
 
 def _verdict(plan: Plan, con: Console, lengths=None) -> None:
@@ -168,7 +173,7 @@ def _verdict(plan: Plan, con: Console, lengths=None) -> None:
     con.print("[bold]feasible plans[/] (best first; `plan` with an option's overrides shows its tables)")
     for i, o in enumerate(plan.options, 1):
         con.print(f"  [bold]{i}.[/] {escape('; '.join(o.changes) or 'as written')} — {o.strategy}, TP {o.tp}, "
-                  f"{_offload(o.offload)}, peak {o.peak_gib:.1f} GiB/GPU, ~{o.step_s:.0f} s/step")
+                  f"{_offload(o.offload)}, peak {o.peak_gib:.1f} GiB/GPU, ~{o.step_s:.0f} s/step{_pct(o.error_bar)}")
         con.print("     " + escape(" ".join(f"{k}={_fmt(v)}" for k, v in o.overrides.items())), soft_wrap=True)
 
 
