@@ -15,6 +15,8 @@ COMMANDS = {
     "up": "lifecycle_cmds",
     "down": "lifecycle_cmds",
     "status": "lifecycle_cmds",
+    "forget": "lifecycle_cmds",
+    "env": "env_cmd",
     "check": "check_cmd",
     "doctor": "doctor_cmd",
     "plan": "plan_cmd",

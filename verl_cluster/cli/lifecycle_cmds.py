@@ -1,8 +1,9 @@
-"""`up`, `down`, `status`."""
+"""`up`, `down`, `status`, `forget`."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 
@@ -10,14 +11,23 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from verl_cluster.cli.cluster_args import add_cluster_args, load_cluster_args
+from verl_cluster.cli.cluster_args import add_cluster_args, cluster_word, load_cluster_args
 from verl_cluster.cli.output import err, out, print_json
-from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
+from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY, ConfigError
+from verl_cluster.launch import job_records
 from verl_cluster.launch.job_records import record_cluster, record_down
+
+_UP_HELP = """\
+Which cluster (every command): -c X is a cluster file when that path exists, else the name of a
+cluster recorded on this machine (`up` records each cluster once its head came up, under
+~/.verl-cluster/clusters/); without -c, $VERL_CLUSTER (a file or a name); else the one cluster
+recorded as up; else this machine as a one-node cluster (the default shipped with the package).
+Each command says on stderr which cluster it used."""
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("up", parents=[common], help="start or heal the Ray cluster")
+    p = sub.add_parser("up", parents=[common], help="start or heal the Ray cluster", epilog=_UP_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cluster_args(p)
     p.add_argument("--restart", action="store_true", help="restart every node (applies a changed config)")
     p.add_argument("--dry-run", action="store_true", help="print what would run on each node, then stop")
@@ -29,8 +39,20 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
     p.add_argument("--force", action="store_true",
                    help="run `ray stop --force` on every node: kills ALL Ray processes there, other users' too")
+    p.add_argument("--forget", action="store_true",
+                   help="then drop what this machine recorded of it (its record, its jobs' records), stopped or not: "
+                        "for a cluster gone for good (exit 1 still says what could not be stopped)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_down)
+
+    p = sub.add_parser("forget", parents=[common], help="drop a cluster's records here (nothing is stopped)",
+                       description="Drop what this machine recorded of a cluster (~/.verl-cluster/clusters/NAME.json "
+                                   "and the records of the jobs submitted to it), so that `jobs` no longer asks it and "
+                                   "-c NAME no longer names it. Nothing is stopped; its token file stays.")
+    p.add_argument("names", nargs="+", metavar="NAME", help="a recorded cluster name (see `verl-cluster jobs`), or "
+                                                             "its cluster file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_forget)
 
     p = sub.add_parser("status", parents=[common], help="nodes, resources, versions, jobs")
     add_cluster_args(p)
@@ -105,10 +127,12 @@ def run_up(args) -> int:
                     out.print("  via:  " + escape(" ".join(p.via)))
             out.print("(dry run: nothing was started; backend env from `check` is added at `up` time)")
         return EXIT_OK
-    record_cluster(spec.cluster_name, args.cluster, args.overrides)  # `jobs` asks it, up or gone, from now on
     with _ProgressTable(spec, enabled=not args.json and err.is_terminal) as prog:
         done = bring_up(spec, restart=args.restart, progress=prog.update if not args.json else None)
     report, reasons = done.report, done.reasons
+    came_up = any(n.role == "head" and n.ok for n in report.nodes)
+    if came_up:  # from now on `jobs` asks it and -c NAME names it; a failed `up` leaves no record, nor its overrides
+        record_cluster(spec.cluster_name, args.cluster, args.overrides)
     if not args.json:
         t = Table(title=f"cluster {spec.cluster_name}: {'healthy' if report.healthy else 'NOT healthy'} "
                         f"({report.seconds:.1f}s)")
@@ -130,7 +154,8 @@ def run_up(args) -> int:
     if args.json:
         print_json(report.to_json() | {"backend_reasons": reasons, "check": check.to_json() if check else None})
     elif report.healthy:
-        out.print(f"next: verl-cluster status -c {escape(args.cluster)}   |   stop: verl-cluster down -c {escape(args.cluster)}")
+        name = escape(spec.cluster_name)  # recorded just now: its name works from any directory
+        out.print(f"next: verl-cluster status -c {name}   |   stop: verl-cluster down -c {name}")
     return EXIT_OK if done.healthy else EXIT_UNHEALTHY
 
 
@@ -157,10 +182,12 @@ def run_down(args) -> int:
                   "including other users' and other clusters'.")
     results = down(spec, force=args.force)
     ok = all(r.ok for r in results)
-    if ok:  # `jobs` names it down instead of asking it, until `up` or `submit` uses it again
+    forgotten = job_records.forget(spec.cluster_name) if args.forget else None
+    if ok and not args.forget:  # `jobs` names it down instead of asking it, until `up` or `submit` uses it again
         record_down(spec.cluster_name, args.cluster, args.overrides)
     if args.json:
-        print_json({"cluster": spec.cluster_name, "ok": ok, "nodes": [r.to_json() for r in results]})
+        print_json({"cluster": spec.cluster_name, "ok": ok, "nodes": [r.to_json() for r in results]}
+                   | ({"forgotten": [str(p) for p in forgotten]} if forgotten is not None else {}))
     else:
         t = Table(title=f"cluster {spec.cluster_name}: {'stopped' if ok else 'NOT fully stopped'}")
         for c in ("node", "role", "result"):
@@ -178,7 +205,56 @@ def run_down(args) -> int:
                 res = "nothing was running"
             t.add_row(r.host, r.role, res)
         out.print(t)
+    if forgotten is not None:
+        _say_forgotten(spec.cluster_name, forgotten)
+    elif not ok and any(k.name == spec.cluster_name for k in job_records.known_clusters()):
+        word = escape(cluster_word(args, spec))
+        err.print(f"[dim]gone for good? `verl-cluster down --forget -c {word}` (or `verl-cluster forget "
+                  f"{escape(spec.cluster_name)}`) drops what this machine recorded of it[/]")
     return EXIT_OK if ok else EXIT_UNHEALTHY
+
+
+# ---------------- forget ----------------
+
+def run_forget(args) -> int:
+    """Every name is checked before anything is removed: one typo forgets nothing."""
+    known = {k.name for k in job_records.known_clusters()}
+    names = []
+    for word in args.names:
+        if word in known:
+            names.append(word)
+            continue
+        if os.path.isfile(os.path.expanduser(word)):
+            from verl_cluster.launchers import load_cluster
+
+            name = load_cluster(os.path.expanduser(word)).cluster_name
+            if name in known:
+                names.append(name)
+                continue
+            raise ConfigError(f"{word} names cluster `{name}`, which nothing on this machine records",
+                              f"recorded here: {', '.join(sorted(known)) or 'none'}")
+        raise ConfigError(f"`{word}`: no cluster of that name is recorded on this machine",
+                          f"recorded here: {', '.join(sorted(known)) or 'none'} (see `verl-cluster jobs`)")
+    done = {name: job_records.forget(name) for name in dict.fromkeys(names)}
+    left = [n for n in done if n in {k.name for k in job_records.known_clusters()}]
+    if args.json:
+        print_json({"forgotten": [{"cluster": n, "removed": [str(p) for p in ps]} for n, ps in done.items()],
+                    "not_removed": left})
+    else:
+        for name, paths in done.items():
+            _say_forgotten(name, paths)
+    if left:
+        err.print(f"[red]error:[/] could not remove the records of {', '.join(left)} under "
+                  f"{escape(str(job_records.clusters_dir().parent))} (is it writable?)")
+        return EXIT_UNHEALTHY
+    return EXIT_OK
+
+
+def _say_forgotten(name: str, paths) -> None:
+    jobs = sum(1 for p in paths if p.parent == job_records.jobs_dir())
+    what = ("its record" if any(p.parent == job_records.clusters_dir() for p in paths) else "no cluster record") + \
+        f" and {jobs} job record{'s' if jobs != 1 else ''}"
+    err.print(f"forgot {escape(name)}: removed {what}; nothing was stopped and its token file stays")
 
 
 # ---------------- status ----------------
@@ -189,7 +265,7 @@ def run_status(args) -> int:
     spec = load_cluster_args(args)
     warn_open(spec)
     st = cluster_status(spec)
-    command = f"verl-cluster dashboard -c {args.cluster}"
+    command = f"verl-cluster dashboard -c {cluster_word(args, spec)}"
     if args.json:
         print_json(st.to_json() | {"dashboard_command": command})
     else:
@@ -200,11 +276,13 @@ def run_status(args) -> int:
 def render_status(st, dashboard_command: str) -> None:
     from verl_cluster.lifecycle.status import NodeState
 
-    t = Table(title=f"cluster {st.cluster} (GCS {st.head_address}): {'healthy' if st.healthy else 'NOT healthy'}")
+    verdict = "a Ray not started by verl-cluster" if st.other_ray else ("healthy" if st.healthy else "NOT healthy")
+    t = Table(title=f"cluster {st.cluster} (GCS {st.head_address}): {verdict}")
     for c in ("node", "role", "address", "state", "CPUs", "GPUs", "GPU model", "free GPUs", "Ray", "Python", "reason"):
         t.add_column(c)
     for n in st.nodes:
-        color = {NodeState.ALIVE: "green", NodeState.DEAD: "red", NodeState.MISSING: "yellow"}.get(n.state, "red")
+        color = {NodeState.ALIVE: "green", NodeState.DEAD: "red", NodeState.MISSING: "yellow",
+                 NodeState.OTHER_RAY: "cyan"}.get(n.state, "red")
         models = sorted(set(n.gpu_models))
         model = f"{models[0]} ({n.gpu_memory_mib[0] // 1024} GiB)" if len(models) == 1 else ", ".join(models)
         free = "" if n.available is None else _num(n.available.get("GPU", 0.0))
@@ -222,6 +300,12 @@ def render_status(st, dashboard_command: str) -> None:
         out.print("no running jobs")
     for x in st.extra_nodes:
         out.print(f"[yellow]note:[/] node {x['ip']} is in the cluster but not in the config")
+    if st.other_ray:
+        alive = sum(1 for n in st.nodes if n.state == NodeState.OTHER_RAY) + len(st.extra_nodes)
+        out.print(f"[cyan]note:[/] a Ray not started by verl-cluster holds {st.head_address} ({alive} node(s) alive "
+                  "in its GCS, shown above): jobs can be submitted to it, but `up` does not start ours beside it "
+                  "and `down` does not stop it; stop it where it was started (`ray stop` there stops every Ray on "
+                  "that machine), then `verl-cluster up`", soft_wrap=True)
     for p in st.problems:
         out.print(f"[yellow]problem:[/] {escape(p)}")
     if st.dashboard_on_head_only:  # an address on the head's loopback: only a tunnel reaches it from here
