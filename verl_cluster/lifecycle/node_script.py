@@ -223,7 +223,22 @@ def gcs_client(addr):
     return GcsClient(address=addr)
 
 
+def refused(addr, timeout=3.0):
+    """Why nothing takes a TCP connection at ADDR (host:port), else None: Ray's GcsClient waits ~40 s for a port
+    nobody listens on."""
+    host, _, port = addr.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        return f"nothing answers at {addr}: {e}"
+    return None
+
+
 def cmd_gcs(addr, dashboard=None):
+    why = refused(addr)
+    if why:
+        emit({"nodes": [], "jobs": [], "jobs_error": None, "error": why, "refused": True})
+        return
     try:
         client = gcs_client(addr)
         nodes = [node_row(i) for i in client.get_all_node_info(timeout=10).values()]

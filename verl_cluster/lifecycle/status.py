@@ -1,4 +1,5 @@
-"""`status`: every configured node alive/dead/missing, with resources, versions and running jobs."""
+"""`status`: every configured node alive/dead/missing, with resources, versions and running jobs; a Ray not started
+by verl-cluster (a plain `ray start`) at the cluster's GCS address is named so, with what its GCS and Jobs API say."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class NodeState(StrEnum):
     DEAD = "dead"  # our Ray was there and is not (or not whole, or not registered)
     MISSING = "missing"  # no Ray of this cluster there
     UNREACHABLE = "unreachable"  # we cannot log in
+    OTHER_RAY = "other-ray"  # alive in a Ray not started by verl-cluster (a plain `ray start`)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class ClusterStatus:
     problems: list[str] = field(default_factory=list)
     extra_nodes: list[dict] = field(default_factory=list)  # alive in the GCS but not in the config
     client_ray_version: Optional[str] = None  # this machine's Ray, whose Jobs SDK talks to the head
+    other_ray: bool = False  # the GCS address is held by a Ray not started by verl-cluster
 
     @property
     def healthy(self) -> bool:
@@ -74,7 +77,7 @@ class ClusterStatus:
                 "dashboard": self.dashboard, "dashboard_on_head_only": self.dashboard_on_head_only,
                 "nodes": [n.to_json() for n in self.nodes], "jobs": self.jobs,
                 "problems": self.problems, "extra_nodes": self.extra_nodes,
-                "client_ray_version": self.client_ray_version}
+                "client_ray_version": self.client_ray_version, "other_ray": self.other_ray}
 
 
 def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
@@ -98,9 +101,13 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
             if table and table.get("error"):
                 st.problems.append(f"GCS on the head did not answer: {table['error']}")
                 table = None
+        elif hp.ok and not hp.value.kinds:  # none of our Ray on the head: is a Ray we did not start there?
+            table = _other_ray(spec, head, with_jobs, st.problems)
+            st.other_ray = table is not None
         by_ip = index_by_ip((table or {}).get("nodes", []), spec.head_ip)
         for n in nodes:
-            st.nodes.append(_node_status(n, probes[n.host], by_ip.get(n.ip), table is not None, launcher))
+            st.nodes.append(_node_status(n, probes[n.host], by_ip.get(n.ip), table is not None, launcher,
+                                         st.other_ray))
         if table:
             st.jobs = [j for j in table.get("jobs", []) if j["status"] in ("PENDING", "RUNNING")]
             if table.get("jobs_error"):
@@ -122,6 +129,30 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
     return st
 
 
+def _other_ray(spec: ClusterSpec, head, with_jobs: bool, problems: list[str]) -> dict | None:
+    """The node table (and jobs) of a Ray not started by verl-cluster that holds the cluster's GCS address, read
+    on the head; None when nothing answers there. Asked without our token: it must not go to a Ray we did not
+    start (on a shared head, another user's). One that wants a token is named as such."""
+    args = ["gcs", spec.gcs_address]
+    if with_jobs:
+        h = "127.0.0.1" if spec.security.dashboard_host == "loopback" else spec.head_ip
+        args.append(f"http://{h}:{spec.head.dashboard_port}")
+    # GcsClient's own wait for a port that takes the connection but is no GCS is ~40 s: cut to a few
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_py_gcs_connect_timeout_s": "5"}
+    try:
+        table = head.script(*args, env=env, timeout=45)
+    except RunnerError as e:
+        problems.append(f"reading the GCS address {spec.gcs_address} on the head failed: {e.reason}")
+        return None
+    if not isinstance(table, dict) or table.get("refused"):
+        return None
+    if table.get("error"):
+        problems.append(f"something holds the GCS address {spec.gcs_address} but is not a Ray that verl-cluster "
+                        f"started, and it did not answer without a token: {table['error']}")
+        return None
+    return table
+
+
 def _ray_version_problems(spec: ClusterSpec, st: ClusterStatus) -> list[str]:
     """Nodes' Ray against each other, the supported range and this machine's Ray, worded as check words them."""
     versions = {n.host: n.ray_version for n in st.nodes if n.ray_version}
@@ -130,8 +161,29 @@ def _ray_version_problems(spec: ClusterSpec, st: ClusterStatus) -> list[str]:
     return [(f"{p.what}" if p.node == "cluster" else f"{p.node}: {p.what}") + f"; fix: {p.fix}" for p in found]
 
 
-def _node_status(n, probe_result, info: dict | None, gcs_ok: bool, launcher: Launcher) -> NodeStatus:
+OTHER_REASON = "a Ray not started by verl-cluster (a plain `ray start`?)"
+
+
+def _node_status(n, probe_result, info: dict | None, gcs_ok: bool, launcher: Launcher,
+                 other_ray: bool = False) -> NodeStatus:
     s = NodeStatus(n.host, n.role, n.ip, NodeState.MISSING)
+    if other_ray:  # what the other Ray's GCS says, and what the node's own probe read (its Ray, Python, GPUs)
+        p = probe_result.value if probe_result.ok else None
+        if p is not None:
+            s.ray_version, s.python_version = p.ray_version, p.python
+            s.gpu_models = [g["name"] for g in p.gpus or []]
+            s.gpu_memory_mib = [g["memory_total_mib"] for g in p.gpus or []]
+        if info and info["alive"]:
+            s.state, s.reason = NodeState.OTHER_RAY, OTHER_REASON
+        elif p is None:
+            s.state = NodeState.UNREACHABLE if isinstance(probe_result.error, ConnectError) else NodeState.MISSING
+            s.reason = probe_result.reason
+        else:
+            s.reason = "not in the GCS of the Ray that runs on the head (not started by verl-cluster)"
+        if info:
+            s.node_id, s.resources, s.available = info["node_id"], info["resources"], info.get("available")
+            s.cpus, s.gpus = info["resources"].get("CPU", 0.0), info["resources"].get("GPU", 0.0)
+        return s
     if not probe_result.ok:
         # a host we cannot log into is unreachable; one that cannot run the node's Python has no Ray
         s.state = NodeState.UNREACHABLE if isinstance(probe_result.error, ConnectError) else NodeState.MISSING
