@@ -85,6 +85,8 @@ def test_lifecycle_on_three_hosts(lab, capsys):
     # a changed config is reported, not silently ignored; --restart applies it
     rc, rep = cli_json(capsys, "up", str(cfg), "ray.object_store_memory=209715201")
     assert rc == 1 and {n["action"] for n in rep["nodes"]} == {"changed"}
+    # ... naming the setting (issue 32 item 3: it said "NOT healthy", "a different config")
+    assert all("ray.object_store_memory 209715200 -> 209715201" in n["reason"] for n in rep["nodes"]), rep
     rc, rep = cli_json(capsys, "up", str(cfg), "ray.object_store_memory=209715201", "--restart")
     assert rc == 0 and {n["action"] for n in rep["nodes"]} == {"restarted"}, rep
 
