@@ -160,3 +160,10 @@ def test_the_watcher_stops_at_the_first_attempt_with_the_fix(tmp_path, monkeypat
     assert w.run() == 1 and st.state == "failed" and st.restarts == 0 and len(st.attempts) == 1
     events = (st.dir / "events.jsonl").read_text()
     assert "not retried: the run stops" in events and "--working-dir . -- " in events
+
+
+def test_a_tool_the_shell_missed_mid_run_is_not_the_jobs_command():
+    lines = ["Running entrypoint for job j-1: python -m train", "step 1", "sh: 1: nvidia-smi: not found", "step 2",
+             "step 3"]
+    d = diagnose(lines, RAY_EXIT.format(137), made_progress=True)
+    assert d.cls == "unknown" and d.retry

@@ -133,7 +133,8 @@ def _before_the_program(lines: list[str]) -> Optional[Failure]:
     """Failures with no traceback that happen before a line of the program runs: the shell cannot run the command,
     or Hydra cannot compose the config from the command line (it prints the reason, then the HYDRA_FULL_ERROR
     line; when the program itself raised, 'Error executing job with overrides' comes first)."""
-    shell = next((x.strip() for x in lines if _SHELL_REFUSED.match(x.strip())), None)
+    said = [x.strip() for x in lines if x.strip() and not _LOGGER_LINE.match(x)]
+    shell = said[-1] if said and _SHELL_REFUSED.match(said[-1]) else None  # the job's last word, not a tool's mid-run
     if shell:
         return Failure("bad-command", "the job's command could not be run where the job ran (the shell found no "
                        "such program, or may not run it)", "name a program every node has: `python`/`python3` "
@@ -142,10 +143,10 @@ def _before_the_program(lines: list[str]) -> Optional[Failure]:
     if at is None or any(_HYDRA_RAN in x for x in lines[:at]):
         return None
     start = max((i + 1 for i in range(at) if lines[i].startswith("Running entrypoint for job ")), default=0)
-    said = [x.strip() for x in lines[start:at] if x.strip() and not _LOGGER_LINE.match(x)]
+    said = [x.strip() for x in lines[start:at] if x.strip() and not _LOGGER_LINE.match(x)] or [lines[at].strip()]
     return Failure("hydra-refused", "Hydra refused the command line before the program started",
                    "fix the override it names (the lines before 'HYDRA_FULL_ERROR' in verl-cluster logs JOB); "
-                   "verl-cluster submit ... --dry-run shows the full command", (said[0] if said else lines[at].strip())[:300])
+                   "verl-cluster submit ... --dry-run shows the full command", said[0][:300])
 
 
 def traceback_block(lines: list[str], evidence: str, limit: int = 20, tail: Optional[int] = None) -> list[str]:
