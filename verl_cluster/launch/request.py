@@ -136,7 +136,8 @@ def resolve_working_dir(job: JobSpec) -> Optional[str]:
     if not p.is_absolute():
         p = Path(job.source).parent / p
     if not p.is_dir():
-        raise ConfigError(f"{job.source}: working_dir `{job.working_dir}` is not a directory ({p})")
+        raise ConfigError(f"{job.source}: working_dir `{job.working_dir}` is not a directory ({p})",
+                          "name the folder that holds the job's code (shipped to every node; the command runs in it)")
     return str(p.resolve())
 
 
