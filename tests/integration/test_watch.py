@@ -181,6 +181,8 @@ def test_hang_is_stopped_and_resumed(lab3):
     assert isinstance(actors, list)
     assert json.loads((folder / "nvml.json").read_text())[0]["gpus"] == []  # namespace hosts have no GPU
     assert (folder / "worker-logs.txt").exists()
+    tail = (folder / "driver-log-tail.txt").read_text()  # the driver log's last lines, from the watcher's reader
+    assert "hanging at step 5" in tail and len(tail.splitlines()) <= 500
     clean = next(e for e in events if e["action"] == "clean slate")  # nothing of the hung attempt was left
     assert clean["evidence"].startswith("clean after"), clean["evidence"]
     assert st["restarts"] == 1 and st["attempts"][0]["status"] == "HANG" and st["state"] == "succeeded"
