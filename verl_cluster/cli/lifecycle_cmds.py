@@ -303,9 +303,9 @@ def render_status(st, dashboard_command: str) -> None:
     if st.other_ray:
         alive = sum(1 for n in st.nodes if n.state == NodeState.OTHER_RAY) + len(st.extra_nodes)
         out.print(f"[cyan]note:[/] a Ray not started by verl-cluster holds {st.head_address} ({alive} node(s) alive "
-                  "in its GCS, shown above): jobs can be submitted to it, but `up` does not start ours beside it "
-                  "and `down` does not stop it; stop it where it was started (`ray stop` there stops every Ray on "
-                  "that machine), then `verl-cluster up`", soft_wrap=True)
+                  "in its GCS, shown above). verl-cluster does not manage it: `down` does not stop it and `up` "
+                  "cannot start ours on the same ports; to use it with verl-cluster, stop it where it was started "
+                  "(`ray stop` there stops every Ray on that machine), then `verl-cluster up`", soft_wrap=True)
     for p in st.problems:
         out.print(f"[yellow]problem:[/] {escape(p)}")
     if st.dashboard_on_head_only:  # an address on the head's loopback: only a tunnel reaches it from here

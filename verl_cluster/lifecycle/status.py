@@ -101,7 +101,7 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
             if table and table.get("error"):
                 st.problems.append(f"GCS on the head did not answer: {table['error']}")
                 table = None
-        elif hp.ok and not hp.value.kinds:  # none of our Ray on the head: is a Ray we did not start there?
+        elif hp.ok and not hp.value.raylet:  # no GCS nor raylet of ours on the head: a Ray we did not start?
             table = _other_ray(spec, head, with_jobs, st.problems)
             st.other_ray = table is not None
         by_ip = index_by_ip((table or {}).get("nodes", []), spec.head_ip)
