@@ -46,8 +46,13 @@ def test_ray_status_and_ray_job_list_with_the_printed_exports(shared_cluster):
     assert env["RAY_AUTH_MODE"] == "token" and Path(env["RAY_AUTH_TOKEN_PATH"]).is_file()
     assert env["RAY_ADDRESS"] == f"{shared_cluster.head.ip}:6379"  # the head's GCS answers from here
     # `ray status` through the exports: the cluster's nodes, no AuthenticationError (the traceback)
-    st = ray_cli("status", env=env)
-    assert st.returncode == 0 and "AuthenticationError" not in st.stdout + st.stderr, st.stdout + st.stderr
+    deadline = time.monotonic() + 30  # Ray's autoscaler view lists a worker some seconds after it registered
+    while True:
+        st = ray_cli("status", env=env)
+        assert st.returncode == 0 and "AuthenticationError" not in st.stdout + st.stderr, st.stdout + st.stderr
+        if st.stdout.count("node_") >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert "Active:" in st.stdout and st.stdout.count("node_") >= 2, st.stdout
     # without the token, the same address is refused: what a user hit before
     bare = ray_cli("status", env={"RAY_ADDRESS": env["RAY_ADDRESS"]}, timeout=120)
