@@ -74,10 +74,13 @@ def submit_log(logs: Path, name: str) -> tuple[Path, str, list[str]]:
 
 
 def catalog_name(params: int) -> Optional[str]:
-    """The catalog model with exactly this many parameters (the random-init shapes are the real ones)."""
+    """The catalog model with exactly this many parameters (the random-init shapes are the real ones); of models
+    alike (Qwen2 and Qwen2.5 at 0.5B), the shape the GPU runs are made from (make_tiny_model.py --shape)."""
+    from verl_cluster.launch.tiny_model import SHAPES
     from verl_cluster.placement.model_shape import catalog, catalog_shape
 
-    return next((n for n in catalog() if catalog_shape(n).params == params), None)
+    alike = [n for n in catalog() if catalog_shape(n).params == params]
+    return next((n for n in alike if n in SHAPES), alike[0] if alike else None)
 
 
 def flash_attn_of(plan: dict, args: list[str], steps_log: Path, choice: str) -> bool:

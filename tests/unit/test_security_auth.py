@@ -18,15 +18,17 @@ def _home(tmp_path, monkeypatch):
 def cfg(tmp_path, security: str, head: str = "localhost") -> str:
     p = tmp_path / "c.yaml"
     p.write_text(f"cluster_name: sec{tmp_path.name[-6:].replace('_', '').replace('-', '')}\n"
-                 f"head: {{host: {head}, gcs_port: 16379}}\n"
-                 f"ssh: {{connect_timeout_s: 1}}\nsecurity: {security}\n")
+                 f"head: {{host: {head}, gcs_port: 26379}}\n"
+                 + ("" if head == "localhost" else "ssh: {connect_timeout_s: 1}\n") + f"security: {security}\n")
     return str(p)
 
 
 def run(capsys, *argv):
+    """(exit code, stdout, stderr after the 'cluster: NAME (file)' line every command starts with)."""
     rc = main(list(argv))
     cap = capsys.readouterr()
-    return rc, cap.out, cap.err
+    err = cap.err.split("\n", 1)[1] if cap.err.startswith("cluster: ") else cap.err
+    return rc, cap.out, err
 
 
 def test_up_warns_loudly_when_auth_is_off(tmp_path, capsys):

@@ -20,7 +20,8 @@ from verl_cluster.runners.local import LocalRunner
 ROOT = Path(__file__).resolve().parents[2]
 SECRET_LOOKING = {"HF_TOKEN": "a1", "WANDB_API_KEY": "a2", "DB_PASSWORD": "a3", "AWS_SECRET_ACCESS_KEY": "a4",
                   "MY_CREDENTIALS": "a5", "SMTP_PASS": "a6", "OPENAI_APIKEY": "a7"}
-PLAIN = {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_TOKEN_PATH": "/p", "MAX_TOKEN_LEN": "8", "NCCL_DEBUG": "WARN"}
+# plain names that look like secrets' (RAY_AUTH_* would be one, but ray.env may not set it: security.auth does)
+PLAIN = {"TOKENIZERS_PARALLELISM": "false", "HF_TOKENIZERS_CACHE": "/p", "MAX_TOKEN_LEN": "8", "NCCL_DEBUG": "WARN"}
 
 
 @pytest.fixture(autouse=True)

@@ -138,4 +138,7 @@ def gather_lengths(job: JobSpec, *, spec=None, data: Optional[Sequence[str]] = N
         from verl_cluster.launch.length_store import lookup
 
         logged = lookup(job.name)
-    return resolve_lengths(job, prompts=prompts, logged=logged, fill=fill), notes
+    lengths = resolve_lengths(job, prompts=prompts, logged=logged, fill=fill)
+    if prompts is None and logged and "logged" in (lengths.prompt_source or ""):
+        notes = []  # an earlier run's prompts stand in: nothing is missing to say
+    return lengths, notes
