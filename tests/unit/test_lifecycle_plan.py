@@ -149,6 +149,15 @@ def test_node_script_finds_the_client_server_by_gcs_address():
     assert set(found) == {10, 12, 13}
 
 
+def test_a_plain_ray_at_the_clusters_address_is_not_ours():
+    """A `ray start --head` of someone else's at the address the cluster file names: none of its processes carry our
+    temp dir, so its client server (which names only the GCS address) is not ours either: `down` leaves it be."""
+    procs = {20: (1, "gcs_server --gcs_server_port=6379 --node-ip-address=10.0.0.1 --session-dir=/tmp/ray/s1"),
+             21: (1, "raylet --temp_dir=/tmp/ray --node_ip_address=10.0.0.1 --node_id=fff9"),
+             22: (1, "/venv/bin/python3 -m ray.util.client.server --address=10.0.0.1:6379 --port=10001")}
+    assert node_script.ours("/tmp/vc-a", procs, gcs_address="10.0.0.1:6379") == {}
+
+
 def test_override_without_cluster_file_uses_the_default(capsys):
     assert main(["up", "ray.object_store_memory=209715200", "--dry-run", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

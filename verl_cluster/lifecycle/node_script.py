@@ -68,7 +68,7 @@ def ours(temp_dir, procs=None, gcs_address=None):
     found = {pid for pid, (_, cmd) in procs.items()
              if pid not in mine and pat.search(cmd) and cmd.split(" ", 1)[0].rsplit("/", 1)[-1] != "srun"}
     marks = {f"--node-id={m}" for pid in found for m in re.findall(r"--node[_-]id=([0-9a-f]+)", procs[pid][1])}
-    if gcs_address:
+    if gcs_address and found:  # with none of our Ray here, a client server at that address is another Ray's
         marks.add(f"--address={gcs_address}")
     found |= {pid for pid, (_, cmd) in procs.items()
               if pid not in mine and "ray.util.client.server" in cmd and marks & set(cmd.split())}
