@@ -257,3 +257,43 @@ def test_jobs_json_reads_a_running_job_on_from_its_record_and_keeps_a_finished_o
     assert second == pairs_of(text, predicted) and job_records.lookup("j")["vs_plan_final"] == second
     before = len(server.requests)
     assert job_pairs(api, [row], 10)["j"] == second and len(server.requests) == before  # kept: not read again
+
+
+def test_follow_says_the_time_left_from_step_2_and_not_at_step_1(server):
+    """`submit`'s follow and `logs --follow`: the tiny GRPO run as verl 0.9.1 logged it, written as the job runs;
+    the command comes from the job's entrypoint (save_freq 2), the total from verl's progress bar (0/4)."""
+    import threading
+    import time
+
+    text = (LOGS / "h100_grpo_tiny_worker_killed.log").read_text()
+    api = fake_api(server)
+    info = api.client.get_job_info
+    cmd = "python3 -m verl.trainer.main_ppo trainer.save_freq=2 trainer.test_freq=-1 trainer.default_local_dir=/ck"
+    api.client.get_job_info = lambda sid: type("Info", (), {**vars(info(sid)), "entrypoint": cmd})()
+    status, progress = io.StringIO(), VerlProgress(keep_steps=32)
+    done = {}
+    step2 = text.index("step:2 - ")
+    server.write("j", text[:step2])
+    t = threading.Thread(target=lambda: done.update(res=job_log.follow(api, "j", out=io.StringIO(), status_out=status,
+                                                                       poll_s=0.02, progress=progress)))
+    t.start()
+
+    def wait_for(cond):
+        deadline = time.monotonic() + 10
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return cond()
+
+    try:
+        assert wait_for(lambda: progress.eta.last == 1 and progress.eta.total == 4)
+        time.sleep(0.2)  # several polls with step 1 in
+        assert "s/step" not in status.getvalue()
+        server.write("j", text[step2:])
+        assert wait_for(lambda: "s/step" in status.getvalue())
+    finally:  # the job ends either way
+        api.client.status = "SUCCEEDED"
+        t.join(15)
+    eta = [x for x in status.getvalue().splitlines() if "s/step" in x]
+    assert eta == ["── step 2/4: 11.94 s/step, ~24 s left incl. 1 save (~0.04 s each)"]
+    assert done["res"].verl["eta"]["left_s"] == round(2 * (11.982981913999993 - 0.043083751999915876)
+                                                      + 0.043083751999915876, 1)

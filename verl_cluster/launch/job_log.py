@@ -314,17 +314,19 @@ def follow(api: Any, job_id: str, out: Any = None, status_out: Any = None, poll_
            tail_lines: int = 20, progress: Optional[Any] = None, offset: int = 0) -> FollowResult:
     """Print the job's log from `offset` until the job ends (made safe when `out` is a terminal); status changes
     go to `status_out`. Ctrl-C raises KeyboardInterrupt (the caller decides: detach or stop). `progress` (a
-    verl_log.VerlProgress) is fed every line. The job's end is decided by its status, not by its log: processes
-    it left behind (vLLM's workers, say) can write long after it SUCCEEDED."""
+    verl_log.VerlProgress) is fed every line; from the second step of a start, its time per step and time left
+    go to `status_out` when they move (launch/run_eta.py). The job's end is decided by its status, not by its
+    log: processes it left behind (vLLM's workers, say) can write long after it SUCCEEDED."""
     import sys
 
     from verl_cluster.launch import ray_jobs
+    from verl_cluster.launch.run_eta import EtaTicker
     from verl_cluster.terminal_text import TerminalWriter
 
     out, status_out = out or sys.stdout, status_out or sys.stderr
     t0, seen = time.monotonic(), {"status": ""}
     f = LogFollower(AgentLog(api, job_id), offset, [progress.feed] if progress is not None else [])
-    writer = TerminalWriter(out)
+    writer, ticker, learned = TerminalWriter(out), EtaTicker(), False
 
     def show_status(status: str) -> None:
         if status != seen["status"]:
@@ -334,10 +336,16 @@ def follow(api: Any, job_id: str, out: Any = None, status_out: Any = None, poll_
     try:
         while True:
             row = ray_jobs.job_info(api, job_id)
+            if progress is not None and not learned:  # the run's length, until its log says it
+                progress.learn_command(row.entrypoint)
+                learned = True
             show_status(row.status)
             drain(f, writer.write)
             if row.status in ray_jobs.TERMINAL:
                 break
+            line = ticker.due(progress.estimate(), time.monotonic()) if progress is not None else None
+            if line:
+                print(f"── {line}", file=status_out, flush=True)  # our own figures: nothing to make safe
             time.sleep(poll_s)
         deadline = time.monotonic() + DRAIN_S
         while drain(f, writer.write) and time.monotonic() < deadline:  # lines still landing after the end

@@ -11,6 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from verl_cluster.launch.run_eta import RunEta
+
 _STEP = re.compile(r"step:(\d+) - (.*)$")
 # verl prints numpy scalars as np.float64(0.0) in validation metrics
 _KV = re.compile(r"^([^\s:][^:]*):(?:np\.\w+\()?(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf|-inf|True|False)\)?$")
@@ -239,6 +241,7 @@ class VerlProgress:
     keep_steps: Optional[int] = None  # None: every step kept whole (the scripts that read a finished run's steps)
     first: Optional[int] = None  # the lowest step logged: vs_plan() leaves it out (it pays for the warm-up)
     folded: Folded = field(default_factory=Folded)
+    eta: RunEta = field(default_factory=RunEta)  # the time per step and what is left (launch/run_eta.py)
 
     def feed(self, text: str) -> None:
         lines = (self.partial + text).split("\n")
@@ -255,6 +258,7 @@ class VerlProgress:
             got = parse_metrics(line) if "step:" in line else None
             if got:
                 step, metrics = got
+                self.eta.add(step, metrics)
                 self.steps.setdefault(step, {}).update(metrics)
                 self.first = step if self.first is None else min(self.first, step)
                 if self.keep_steps and len(self.steps) > self.keep_steps:
@@ -266,6 +270,9 @@ class VerlProgress:
                     self.checkpoints.append(path)
                     if self.keep_steps:
                         del self.checkpoints[:-16]
+            elif not got and ("Training Progress" in line or "training steps" in line or "_freq'" in line
+                              or line.startswith("Running entrypoint")):
+                self.eta.read_line(line)
             self.window.append(line[:WINDOW_LINE_CHARS])
         del self.window[:-self.window_lines]
 
@@ -276,14 +283,15 @@ class VerlProgress:
     def to_json(self) -> dict[str, Any]:
         """What a reader that resumes later needs (the window is rebuilt from the log's tail)."""
         return {"steps": {str(k): v for k, v in self.steps.items()}, "checkpoints": list(self.checkpoints),
-                "first": self.first, "folded": asdict(self.folded)}
+                "first": self.first, "folded": asdict(self.folded), "eta": self.eta.to_json()}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], predicted: Optional[dict[str, Any]] = None,
                   keep_steps: Optional[int] = KEEP_STEPS) -> "VerlProgress":
         return cls(steps={int(k): dict(v) for k, v in (doc.get("steps") or {}).items()},
                    checkpoints=list(doc.get("checkpoints") or []), predicted=predicted, keep_steps=keep_steps,
-                   first=doc.get("first"), folded=Folded(**(doc.get("folded") or {})))
+                   first=doc.get("first"), folded=Folded(**(doc.get("folded") or {})),
+                   eta=RunEta.from_json(doc.get("eta")))
 
     @property
     def any_step(self) -> bool:
@@ -318,7 +326,16 @@ class VerlProgress:
             "max_memory_reserved_gb": peak("perf/max_memory_reserved_gb"),
             "validation": val, "checkpoints": list(self.checkpoints),
             **({"vs_plan": self.vs_plan()} if self.predicted else {}),
+            **({"eta": eta} if (eta := self.estimate()) else {}),
         }
+
+    def learn_command(self, command: str) -> None:
+        """The job's command line (Ray's entrypoint): the run's length and save/validation frequency it sets."""
+        self.eta.learn_command(command)
+
+    def estimate(self) -> Optional[dict[str, Any]]:
+        """Time per step, time left and the plan's step time (launch/run_eta.py), from the second step of a start."""
+        return self.eta.estimate(self.predicted)
 
     def vs_plan(self) -> list[dict[str, Any]]:
         """Predicted vs measured (steps after the first; placement/check_run.py), once a step after the first is in."""

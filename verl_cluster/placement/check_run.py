@@ -95,6 +95,18 @@ def at_run_lengths(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> tupl
     return {k: a[k] + w * (b.get(k, a[k]) - a[k]) for k in a}, toks / full
 
 
+def planned_step_s(predicted: Mapping[str, Any], tokens_per_step: Optional[float]) -> tuple[Optional[float],
+                                                                                         Optional[float]]:
+    """(the plan's seconds per step, the fill it is read at): at the run's own lengths when the plan kept its
+    phases by fill and the run logged its tokens per step (at_run_lengths), else the step as planned."""
+    phases, fill = at_run_lengths(predicted, {"tokens_per_step": tokens_per_step})
+    return _step_of(predicted, phases, fill), fill
+
+
+def _step_of(predicted: Mapping[str, Any], phases: Mapping[str, float], fill: Optional[float]) -> Optional[float]:
+    return sum(phases.values()) if fill is not None and phases else predicted.get("step_s")
+
+
 def pairs(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> list[dict[str, Any]]:
     """[{what, predicted, measured, error}] for every figure both sides have; error = predicted / measured - 1.
     Time is predicted at the run's own lengths when the plan kept its phases by fill (at_run_lengths)."""
@@ -102,7 +114,7 @@ def pairs(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> list[dict[str
     phases, fill = at_run_lengths(predicted, got)
     for name, v in phases.items():
         rows.append((f"time {name} (s)", v, (got.get("phases_s") or {}).get(name)))
-    step = sum(phases.values()) if fill is not None and phases else predicted.get("step_s")
+    step = _step_of(predicted, phases, fill)
     rows.append(("time step (s)", step, got.get("step_s") if got.get("phases_s") else None))
     rows.append(("save_checkpoint (s)", predicted.get("save_checkpoint_s") or None, got.get("save_checkpoint_s")))
     if predicted.get("shared_machine") and predicted.get("host_gib_all_nodes"):  # one machine's RAM for every node
