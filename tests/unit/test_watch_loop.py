@@ -156,3 +156,75 @@ def test_fewer_nodes_reshards_the_checkpoint_or_is_refused_with_the_reason(tmp_p
     ok, why = w._reshard_for(3)
     assert not ok and "cannot be resumed on 3 GPUs" in why and "per-rank dataloader" in why
     assert w._reshard_for(0) == (True, "")  # a CPU run: no per-GPU files to match
+
+
+def test_a_watched_attempt_says_its_time_left_from_step_2_at_most_every_10_minutes(tmp_path, monkeypatch):
+    """The watcher's own loop (watch_attempt) reading the attempt's log from the agent stand-in as verl writes it:
+    no 'eta' event while only step 1 is in, one at step 2 (events.jsonl, the terminal, notify), none at steps 3
+    and 4 that follow within 10 minutes."""
+    import json
+    import threading
+    import time
+
+    from tests.unit.agent_log_server import AgentLogServer, fake_api
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = load_cluster(str(ROOT / "cluster_configs" / "local.yaml"))
+    ji = JobInput.from_words(str(ROOT / "launch" / "resumable.yaml"), [])
+    st = runs.new_run("r", spec.cluster_name, str(ROOT / "cluster_configs" / "local.yaml"), ji)
+    settings = WatchSettings(max_restarts=3, backoff_s=0, backoff_max_s=0, hang_after_s=60, allow_fewer_nodes=False,
+                             node_wait_s=1, notify=(), poll_s=0.02)
+    said = []
+    w = Watcher(st, spec, ji.job(), settings, Reporter(st.dir / "events.jsonl", say=said.append))
+    server = AgentLogServer()
+    api = fake_api(server)
+    info = api.client.get_job_info
+    cmd = "python3 -m verl.trainer.main_ppo trainer.save_freq=3 trainer.total_training_steps=5"
+    api.client.get_job_info = lambda sid: type("Info", (), {**vars(info(sid)), "entrypoint": cmd})()
+    monkeypatch.setattr(w, "api", lambda: api)
+    monkeypatch.setattr(w, "_alive_configured", lambda: set())
+    monkeypatch.setattr(w, "_gpus", lambda: {})
+    monkeypatch.setattr(w.monitor, "lost", lambda expected: None)
+    text = (LOGS / "h100_fit-ppo05.log").read_text()
+    at = [text.index(f"step:{k} - ") for k in (2, 3, 5)]
+    server.write("r", text[:at[0]])
+    done = {}
+    t = threading.Thread(target=lambda: done.update(out=w.watch_attempt("r")))
+    t.start()
+
+    def eta_events():
+        try:
+            rows = [json.loads(x) for x in (st.dir / "events.jsonl").read_text().splitlines()]
+        except OSError:
+            return []
+        return [e for e in rows if e["action"] == "eta"]
+
+    def wait_for(cond):
+        deadline = time.monotonic() + 10
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return cond()
+
+    def read_all():  # the watcher's last look found nothing new past the end of what was written
+        last = server.requests[-1] if server.requests else None
+        return last is not None and last[2] == 416 and int(last[1][6:].split("-")[0]) == server.size("r")
+
+    try:
+        assert wait_for(read_all)  # step 1 is in
+        time.sleep(0.2)
+        assert eta_events() == []
+        server.write("r", text[at[0]:at[1]])
+        assert wait_for(eta_events)
+        server.write("r", text[at[1]:at[2]])  # steps 3 and 4: the estimate moves, but within 10 minutes
+        assert wait_for(read_all)
+        time.sleep(0.2)
+    finally:
+        api.client.status = "SUCCEEDED"
+        t.join(20)
+        server.close()
+    assert done["out"].status == "SUCCEEDED"
+    (ev,) = eta_events()
+    step2 = 11.699785255000052
+    assert ev["evidence"] == (f"step 2/5: {step2:.1f} s/step, ~{3 * step2:.0f} s left; 2 saves not timed yet")
+    assert ev["class"] == "info" and ev["submission_id"] == "r"
+    assert any(x.endswith(f"info: {ev['evidence']} -> eta") for x in said)

@@ -209,8 +209,10 @@ class Watcher:
 
     def watch_attempt(self, sid: str) -> Outcome:
         from verl_cluster.launch.integrations import plan_predictions
+        from verl_cluster.launch.run_eta import WATCH_EVERY, EtaTicker
 
         tracker, expected, next_check, api_errors = self._tracker(sid), None, 0.0, 0
+        eta, learned = EtaTicker(WATCH_EVERY), False
         gpus, started, ray_job_id = {}, time.time(), ""
         said_first = False
         resumed = len(self.st.attempts) > 1
@@ -233,6 +235,9 @@ class Watcher:
                                self.spec.head_ip, tracker.tail[-40:], tracker.progress, ray_job_id)
             if tracker.verl.predicted is None and row.plan:
                 tracker.verl.predicted = plan_predictions(row.plan)
+            if not learned:  # the run's length and save frequency, until its log says them
+                tracker.verl.learn_command(row.entrypoint)
+                learned = True
             new = self._read_log(tracker, api)
             progress = tracker.progress
             ray_job_id = row.ray_job_id or ray_job_id
@@ -251,6 +256,9 @@ class Watcher:
                 out.ray_job_id = ray_job_id
                 return out
             now = time.monotonic()
+            line = eta.due(tracker.verl.estimate(), now)
+            if line:
+                self.emit(Note.INFO, "eta", line, sid=sid)
             if row.status == "RUNNING":
                 if expected is None:
                     expected = self._alive_configured()
