@@ -216,7 +216,7 @@ class EtaTicker:
     def _moved(self, said: Mapping[str, Any], est: Mapping[str, Any], now: float) -> bool:
         if est.get("total_steps") != said.get("total_steps"):
             return True
-        if abs(est["step_s"] / said["step_s"] - 1.0) >= MATERIAL:
+        if abs(est["step_s"] - said["step_s"]) >= MATERIAL * max(said["step_s"], 1e-3):
             return True
         if est.get("left_s") is None or said.get("left_s") is None:
             return False
