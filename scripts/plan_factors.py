@@ -10,8 +10,9 @@ than 2 runs is shown but marked as not enough, and `plan --factors` does not app
   verl-cluster jobs --json | python scripts/plan_factors.py - --json
   verl-cluster plan JOB.yaml --factors factors.json
 
-Reads both forms `jobs --json` prints: a list of jobs (with -c) and {"clusters": [...]}. A job listed in two
-documents counts once. Exit 0, 2 for unreadable input.
+Reads what `jobs --json` prints, with -c or without: {"clusters": [{"cluster": ..., "jobs": [...]}, ...]} (a bare
+list of jobs, what `jobs -c X --json` printed before, is read too). A job listed in two documents counts once.
+Exit 0, 2 for unreadable input.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def jobs_of(doc, name: str) -> list[dict]:
                 raise InputError(f"{name}: clusters[{i}].jobs is not a list")
             jobs += [{**j, "_cluster": c.get("cluster", "")} for j in got if isinstance(j, dict)]
         return jobs
-    if isinstance(doc, list):
+    if isinstance(doc, list):  # an older `jobs -c X --json`
         return [j for j in doc if isinstance(j, dict)]
-    raise InputError(f"{name}: not `verl-cluster jobs --json` output (a list of jobs, or an object with `clusters`)")
+    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+        raise InputError(f"{name}: `jobs --json` failed: {doc['error'].get('message')}")
+    raise InputError(f"{name}: not `verl-cluster jobs --json` output (an object with `clusters`)")
 
 
 def read_doc(name: str):

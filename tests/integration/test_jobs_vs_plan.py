@@ -47,16 +47,18 @@ def test_jobs_json_carries_the_pairs_of_a_planned_job(shared_cluster, tmp_path, 
 
     r = run_cli("jobs", "--json", "-c", shared_cluster.path, env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr[-2000:]
-    jobs = {j["submission_id"]: j for j in json.loads(r.stdout)}
+    (cluster,) = json.loads(r.stdout)["clusters"]  # with -c the same shape as without (docs/cli.md)
+    jobs = {j["submission_id"]: j for j in cluster["jobs"]}
     assert jobs[sid]["vs_plan"] == want and "vs_plan_reason" not in jobs[sid]
-    assert all("vs_plan" not in j for j in jobs.values() if not plan_predictions(j["plan"]))
+    assert jobs[sid]["plan"]["predicted"] == plan_predictions(meta)  # an object, not JSON inside a string
+    assert all("vs_plan" not in j for j in jobs.values() if not (j["plan"] or {}).get("predicted"))
     r = run_cli("jobs", "-c", shared_cluster.path, env={"HOME": str(home), "COLUMNS": "250"})  # the table as before
     assert r.returncode == 0 and sid in r.stdout and "vs_plan" not in r.stdout, r.stderr[-2000:]
 
     # a log not read within --timeout: no pairs and the reason, never a traceback
     r = run_cli("jobs", "--json", "-c", shared_cluster.path, "--timeout", "0.001", env={"HOME": str(home)})
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    late = next(j for j in json.loads(r.stdout) if j["submission_id"] == sid)
+    late = next(j for j in json.loads(r.stdout)["clusters"][0]["jobs"] if j["submission_id"] == sid)
     assert late["vs_plan"] == [] and late["vs_plan_reason"] == "its log was not read within 0.001s (--timeout)"
 
     # without -c, every cluster known here: the same pairs in the {"clusters": [...]} form

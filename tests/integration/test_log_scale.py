@@ -143,12 +143,12 @@ def test_jobs_json_keeps_a_finished_jobs_pairs_in_its_record(planned_job, home, 
     job_records.record(sid, str(path), spec.cluster_name, "logscale")
     seen = _record_fetches(monkeypatch)
     assert main(["jobs", "--json", "-c", str(path)]) == 0
-    jobs = {j["submission_id"]: j for j in json.loads(capsys.readouterr().out)}
+    jobs = {j["submission_id"]: j for j in json.loads(capsys.readouterr().out)["clusters"][0]["jobs"]}
     assert jobs[sid]["vs_plan"] == want and want
     assert seen and job_records.lookup(sid)["vs_plan_final"] == {"vs_plan": want}
     seen.clear()
     t0 = time.monotonic()
     assert main(["jobs", "--json", "-c", str(path)]) == 0
-    jobs = {j["submission_id"]: j for j in json.loads(capsys.readouterr().out)}
+    jobs = {j["submission_id"]: j for j in json.loads(capsys.readouterr().out)["clusters"][0]["jobs"]}
     assert jobs[sid]["vs_plan"] == want and seen == []  # from the record: its log not read again
     assert time.monotonic() - t0 < 10

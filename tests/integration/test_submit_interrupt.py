@@ -50,7 +50,7 @@ def follow_then_interrupt(path, job, *flags):
 
 
 def job_status(path, sid):
-    jobs = json.loads(cli("jobs", path, "--json").stdout)
+    jobs = json.loads(cli("jobs", path, "--json").stdout)["clusters"][0]["jobs"]
     return next(j["status"] for j in jobs if j["submission_id"] == sid)
 
 

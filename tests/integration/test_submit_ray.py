@@ -66,7 +66,7 @@ def test_no_follow_then_jobs_logs_stop(cluster):
     sub = json.loads(r.stdout)
     sid = sub["submission_id"]
     assert sid.startswith("sleeper-") and sub["status"] == "RUNNING"
-    jobs = json.loads(cli("jobs", path, "--json").stdout)
+    jobs = json.loads(cli("jobs", path, "--json").stdout)["clusters"][0]["jobs"]
     assert any(j["submission_id"] == sid and j["status"] == "RUNNING" and j["job_name"] == "sleeper" for j in jobs)
     for _ in range(40):  # the driver's first line can take a moment to reach the log
         logs = cli("logs", sid, path)

@@ -154,7 +154,7 @@ def test_restart_budget_spent(lab3):
     for i in ids:  # every attempt listed at the end
         assert f"  {i}: FAILED" in r.stderr
     # `jobs` shows the chain
-    jobs = json.loads(cli(lab3, "jobs", "-c", path, "--json").stdout)
+    jobs = json.loads(cli(lab3, "jobs", "-c", path, "--json").stdout)["clusters"][0]["jobs"]
     chain = {j["submission_id"]: j for j in jobs if j["submission_id"] in ids}
     assert chain[f"{sid}-r2"].get("previous") == f"{sid}-r1" and chain[f"{sid}-r1"].get("run") == sid
 
@@ -276,7 +276,7 @@ def test_watcher_killed_reattaches_without_duplicate(lab3):
     assert r.returncode == 0, r.stderr[-3000:]
     st, _ = run_state(lab3, sid)
     assert st["restarts"] == 0 and len(st["attempts"]) == 1 and st["state"] == "succeeded"
-    jobs = json.loads(cli(lab3, "jobs", "-c", path, "--json").stdout)
+    jobs = json.loads(cli(lab3, "jobs", "-c", path, "--json").stdout)["clusters"][0]["jobs"]
     assert [x["submission_id"] for x in jobs if x["submission_id"].startswith(sid)] == [sid]
     (attempt,) = steps_by_attempt(ckpt)
     assert attempt == list(range(1, 15))

@@ -49,7 +49,13 @@ def row(rows, what):
 
 
 def job(sid, rows, start=1):
-    return {"submission_id": sid, "status": "SUCCEEDED", "start_time": start, "plan": "{}", "vs_plan": rows}
+    return {"submission_id": sid, "status": "SUCCEEDED", "start_time": start, "plan": {}, "vs_plan": rows}
+
+
+def clusters(*named):
+    """`jobs --json`'s document, with -c or without: (cluster name, its jobs) each."""
+    return {"clusters": [{"cluster": name, "cluster_file": f"/c/{name}.yaml", "answered": True, "down": False,
+                          "jobs": jobs} for name, jobs in named]}
 
 
 def by_hand(*ratios):
@@ -69,12 +75,13 @@ def test_a_recorded_log_gives_the_pairs_jobs_json_carries(pairs):
 
 def test_factors_are_the_geometric_mean_of_measured_over_predicted(pairs, tmp_path, capsys):
     a, b, c = (pairs[n] for n in NAMES)
-    listed = tmp_path / "one.json"  # `jobs --json -c`: a list; a job without pairs is skipped
-    listed.write_text(json.dumps([job("a", a), job("b", b), {"submission_id": "x", "status": "RUNNING"}]))
-    everywhere = tmp_path / "all.json"  # `jobs --json`: the clusters form; job a is listed again, counted once
-    everywhere.write_text(json.dumps({"clusters": [
-        {"cluster": "", "jobs": [job("a", a)]}, {"cluster": "h100", "jobs": [job("c", c)]},
-        {"cluster": "gone", "answered": False, "error": "no answer"}]}))
+    listed = tmp_path / "one.json"  # `jobs -c h100 --json`; a job without pairs is skipped
+    listed.write_text(json.dumps(clusters(("h100", [job("a", a), job("b", b),
+                                                     {"submission_id": "x", "status": "RUNNING"}]))))
+    everywhere = tmp_path / "all.json"  # `jobs --json`: every cluster; job a is listed again, counted once
+    doc = clusters(("h100", [job("a", a)]), ("a100", [job("c", c)]))
+    doc["clusters"].append({"cluster": "gone", "answered": False, "down": False, "error": "no answer"})
+    everywhere.write_text(json.dumps(doc))
     out = tmp_path / "factors.json"
     assert PF.main([str(listed), str(everywhere), "--out", str(out), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -106,7 +113,7 @@ def test_stdin_and_bad_documents(pairs, tmp_path, capsys, monkeypatch):
     import io
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps([job("a", pairs["fit-ppo15"])])))
-    assert PF.main(["-", "--json"]) == 0
+    assert PF.main(["-", "--json"]) == 0  # a bare list: what `jobs -c X --json` printed before, still read
     assert json.loads(capsys.readouterr().out)["factors"]["gen"]["runs"] == 1
     bad = tmp_path / "bad.json"
     bad.write_text("[{]")
@@ -115,6 +122,9 @@ def test_stdin_and_bad_documents(pairs, tmp_path, capsys, monkeypatch):
     bad.write_text('{"jobs": []}')
     assert PF.main([str(bad)]) == 2 and "not `verl-cluster jobs --json` output" in capsys.readouterr().err
     assert PF.main([str(tmp_path / "missing.json")]) == 2 and "cannot read" in capsys.readouterr().err
+    bad.write_text('{"error": {"message": "`/x.yaml`: no such file", "hint": null, "exit_code": 2}}')
+    assert PF.main([str(bad)]) == 2  # `jobs --json` that failed: its message, not "not jobs output"
+    assert f"{bad}: `jobs --json` failed: `/x.yaml`: no such file" in capsys.readouterr().err
 
 
 def plan_json(capsys, *extra):
@@ -149,7 +159,7 @@ def test_plan_with_factors_changes_exactly_the_figures_named(pairs, tmp_path, ca
 
 def _doc(tmp_path, jobs):
     p = tmp_path / "jobs.json"
-    p.write_text(json.dumps(jobs))
+    p.write_text(json.dumps(clusters(("h100", jobs))))
     return p
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shlex
 import signal
 import sys
@@ -14,7 +13,7 @@ import time
 from rich.markup import escape
 
 from verl_cluster.cli.cluster_args import add_cluster_args, load_cluster_args
-from verl_cluster.cli.output import err, out
+from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY, ConfigError
 
 # Ray 2.60 takes the token as `Authorization: Bearer` (or `X-Ray-Authorization`) or as the cookie
@@ -75,8 +74,7 @@ def _describe(args, spec, link, version: str, token_ok: bool, headers: dict) -> 
                "token_header": "Authorization: Bearer <token>" if headers else None}
         if args.show_token and headers:
             doc["token"] = headers["Authorization"].split(" ", 1)[1]
-        sys.stdout.write(json.dumps(doc) + "\n")
-        sys.stdout.flush()
+        print_json(doc, indent=None)  # one line: a script reads it while the tunnel is held
         return
     out.print(f"dashboard: {link.url}  Ray {version}, via {escape(link.where)}")
     if not headers:

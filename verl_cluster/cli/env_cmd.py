@@ -12,7 +12,6 @@ a dashboard URL is never printed without it. The token itself is never printed: 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import socket
@@ -24,7 +23,7 @@ from rich.markup import escape
 
 from verl_cluster.cli.cluster_args import add_cluster_args, load_cluster_args
 from verl_cluster.cli.dashboard_cmd import _port
-from verl_cluster.cli.output import err
+from verl_cluster.cli.output import err, print_json
 from verl_cluster.errors import EXIT_OK
 
 GCS_PROBE_S = 3.0  # a head whose GCS port does not take a connection in this long is "not reachable from here"
@@ -98,11 +97,11 @@ def run(args) -> int:
     word = args.chosen.name or os.path.abspath(args.cluster)  # the tunnel command works from any directory
     env = ray_env(spec, word, reachable(spec.head_ip, spec.head.gcs_port, GCS_PROBE_S), port, token)
     if args.json:
-        sys.stdout.write(json.dumps({"cluster": spec.cluster_name, "exports": env.exports, "unset": env.unset,
-                                     "tunnel_command": env.tunnel, "ray_status": env.gcs_direct}) + "\n")
+        print_json({"cluster": spec.cluster_name, "exports": env.exports, "unset": env.unset,
+                    "tunnel_command": env.tunnel, "ray_status": env.gcs_direct}, indent=None)
     else:
         sys.stdout.write(env.shell())
-    sys.stdout.flush()
+        sys.stdout.flush()
     _explain(spec, env)
     return EXIT_OK
 

@@ -5,6 +5,7 @@ machine brought up or submitted to, asked in parallel, and names the ones that d
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -27,8 +28,9 @@ Without -c: the jobs of every cluster this machine ran `up` on or submitted to (
 allocation ended, its head is off) gets one line saying why, and the others are still listed.
 A cluster taken down with `down` from here is not asked (one line says it is down) until `up`
 or `submit` uses it again.
---json: with -c, that cluster's jobs (a list); without, {"clusters": [...]}, each with its
-"jobs" or, when it did not answer, its "error" and "hint", or when down, "down": true.
+--json: {"clusters": [...]}, with -c as without (one cluster then), each with its "jobs" or, when
+it did not answer, its "error" and "hint", or when down, "down": true. A job's "plan" is what
+its plan assumed and predicted (an object; null when it was submitted without one).
 A job submitted with a placement plan also gets "vs_plan": the plan's predictions against what
 verl logged (seconds per phase and step at the run's own lengths, the checkpoint save, host RAM;
 rows of what, predicted, measured, error), read from its log within --timeout; with no rows
@@ -113,21 +115,22 @@ def _check_timeout(args) -> None:
 
 
 def run_jobs(args) -> int:
+    _check_timeout(args)  # bad input whether or not this form reads it
     if resolve_cluster(args, fallback=False) is None:  # neither -c nor $VERL_CLUSTER
         known = job_records.known_clusters()
         if known:
             return _jobs_everywhere(args, known)
         resolve_cluster(args)
-    if args.json:
-        _check_timeout(args)
     spec = load_cluster(args.cluster, args.overrides)
     say_cluster(spec.cluster_name, args.chosen)
     with ray_jobs.connect(spec) as api:
         rows = ray_jobs.list_jobs(api)
         if args.json:  # the logs of the planned jobs only, and only here: the table stays one request
-            from verl_cluster.launch.job_pairs import job_pairs, with_pairs
+            from verl_cluster.launch.job_pairs import job_pairs
 
-            print_json(with_pairs(rows, job_pairs(api, rows, args.timeout)))
+            one = all_jobs.ClusterJobs(spec.cluster_name, os.path.abspath(args.cluster), rows,
+                                       pairs=job_pairs(api, rows, args.timeout))
+            print_json({"clusters": [one.to_json()]})  # the shape without -c: one for scripts to read
             return EXIT_OK
     if not rows:
         err.print("no jobs on this cluster")
@@ -137,7 +140,6 @@ def run_jobs(args) -> int:
 
 
 def _jobs_everywhere(args, known) -> int:
-    _check_timeout(args)
     found = all_jobs.jobs_everywhere(known, load_cluster, args.overrides, timeout_s=args.timeout, pairs=args.json)
     answered = [c for c in found if c.answered]
     if args.json:
@@ -207,7 +209,9 @@ def run_stop(args) -> int:
     with ray_jobs.connect(spec) as api:
         row = ray_jobs.stop(api, args.job_id)
     if args.json:
-        print_json(row.__dict__)
+        from verl_cluster.launch.job_pairs import job_json
+
+        print_json(job_json(row))
     else:
         err.print(f"{row.submission_id}: {row.status}")
     return EXIT_OK if row.status in ray_jobs.TERMINAL else EXIT_UNHEALTHY

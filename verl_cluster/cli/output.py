@@ -36,9 +36,27 @@ def quiet_ray_logs() -> None:
         logging.getLogger(name).addFilter(_warnings_only)
 
 
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+_json_written = False  # a command's --json document is out: an error after it adds no second one
+
+
+def print_json(data: Any, indent: int | None = 2) -> None:
+    global _json_written
+    sys.stdout.write(json.dumps(data, indent=indent, default=str) + "\n")
     sys.stdout.flush()
+    _json_written = True
+
+
+def reset_json() -> None:
+    """A new command (main may run several in one process: the tests)."""
+    global _json_written
+    _json_written = False
+
+
+def print_json_error(message: str, hint: str | None, exit_code: int) -> None:
+    """Under --json, a failure is a document too (docs/cli.md): {"error": {...}} on one line of stdout, unless the
+    command's own document is already out. The one-line error stays on stderr."""
+    if not _json_written:
+        print_json({"error": {"message": message, "hint": hint, "exit_code": exit_code}}, indent=None)
 
 
 def one_line(text: str, limit: int = 4000) -> str:
@@ -48,15 +66,20 @@ def one_line(text: str, limit: int = 4000) -> str:
     return short(text, limit)
 
 
-def report_error(e: BaseException, debug: bool) -> int:
+def report_error(e: BaseException, debug: bool, as_json: bool = False) -> int:
     if debug:
         traceback.print_exception(e, file=sys.stderr)
     if isinstance(e, VerlClusterError):
-        err.print(f"[bold red]error:[/] {escape(one_line(e.message))}")
-        if e.hint:
-            err.print(f"[yellow]hint:[/] {escape(one_line(e.hint))}")
-        return e.exit_code
-    err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(one_line(str(e)))}")
-    if not debug:
-        err.print("[yellow]hint:[/] run again with --debug for the traceback, and report it")
-    return EXIT_UNHEALTHY
+        message, hint, code = one_line(e.message), one_line(e.hint) if e.hint else None, e.exit_code
+        err.print(f"[bold red]error:[/] {escape(message)}")
+        if hint:
+            err.print(f"[yellow]hint:[/] {escape(hint)}")
+    else:
+        message, code = f"internal error: {type(e).__name__}: {one_line(str(e))}", EXIT_UNHEALTHY
+        hint = None if debug else "run again with --debug for the traceback, and report it"
+        err.print(f"[bold red]internal error:[/] {escape(message.removeprefix('internal error: '))}")
+        if hint:
+            err.print(f"[yellow]hint:[/] {hint}")
+    if as_json:
+        print_json_error(message, hint, code)
+    return code

@@ -11,7 +11,7 @@ from rich.markup import escape
 from verl_cluster.cli.follow import follow_job
 from verl_cluster.cli.plan_cmd import add_model_config, model_config_word
 from verl_cluster.cli.output import err, out, print_json
-from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
+from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY, ConfigError
 from verl_cluster.launch import job_records, ray_jobs
 from verl_cluster.launch.preflight import PreflightReport
 from verl_cluster.launch.job_input import JobInput, working_dir_word
@@ -119,8 +119,8 @@ def run_submit(args) -> int:
     if sub.launcher == "ray":
         return _apply_ray(sub, args)
     if args.watch:
-        err.print("[bold red]error:[/] --watch needs a Ray job (torchrun runs are not watched yet)")
-        return EXIT_BAD_INPUT
+        raise ConfigError("--watch needs a Ray job (torchrun runs are not watched yet)",
+                          "drop --watch, or run the job with launcher: ray")
     return _apply_torchrun(sub, args)
 
 

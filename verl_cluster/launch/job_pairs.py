@@ -7,6 +7,7 @@ next `jobs --json` reads only what the job wrote since. A log not read in time g
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any, Sequence
@@ -98,6 +99,16 @@ def job_pairs(api: ray_jobs.JobsApi, rows: Sequence[ray_jobs.JobRow], timeout_s:
     return {r.submission_id: dict(got.get(r.submission_id) or late) for r, _ in todo}
 
 
+def job_json(row: ray_jobs.JobRow) -> dict[str, Any]:
+    """A job as every --json prints it (docs/cli.md): its row, the plan kept in its metadata as an object (null
+    when none was kept, or what was kept is not ours to read), not the JSON text Ray stores."""
+    try:
+        plan = json.loads(row.plan) if row.plan else None
+    except ValueError:
+        plan = None
+    return row.__dict__ | {"plan": plan if isinstance(plan, dict) else None}
+
+
 def with_pairs(rows: Sequence[ray_jobs.JobRow], pairs: dict[str, dict]) -> list[dict]:
     """The rows as `jobs --json` prints them, each planned job with its pairs."""
-    return [r.__dict__ | pairs.get(r.submission_id, {}) for r in rows]
+    return [job_json(r) | pairs.get(r.submission_id, {}) for r in rows]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -54,7 +55,9 @@ RETURNS = {"get_job_logs": str, "submit_job": str, "list_jobs": list, "stop_job"
 
 def _explain(e: BaseException, where: str) -> ClusterError:
     text = str(e)
-    if type(e).__name__ == "AuthenticationError" or "Authentication" in text or "401" in text or "403" in text or "Unauthorized" in text or "Forbidden" in text:
+    # 401/403 as a status of their own: a port (127.0.0.1:40373) is not a refusal
+    if type(e).__name__ == "AuthenticationError" or re.search(r"Authentication|Unauthorized|Forbidden|\b40[13]\b",
+                                                              text):
         return ClusterError(f"the Jobs API at {where} refused our token",
                             "the token file does not match the running cluster: run `verl-cluster up` again")
     first = _first_line(text) or type(e).__name__

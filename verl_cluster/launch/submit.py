@@ -172,9 +172,13 @@ def _nodes_gpu_count(spec: ClusterSpec) -> Optional[int]:
     return min(counts) if counts and min(counts) > 0 else None
 
 
+BAD_INPUT_CHECKS = ("data", "model", "verl-config")  # the user's own files and keys
+
+
 def preflight_exit_code(report: PreflightReport) -> int:
-    """2 when the job's own input is wrong (data, model, keys), 1 when the cluster cannot run it."""
-    return 2 if all(f.check in ("data", "model", "verl-config") for f in report.errors) else 1
+    """2 when any of the job's own input is wrong (data, model, keys): that is fixed first, whatever else the
+    cluster lacks; 1 when only the cluster cannot run it (docs/cli.md)."""
+    return 2 if any(f.check in BAD_INPUT_CHECKS for f in report.errors) else 1
 
 
 def check_cluster_file(path: str) -> None:
