@@ -127,6 +127,28 @@ def test_an_agent_address_outside_the_cluster_gets_no_token(tmp_path):
             job_log.agent_endpoint(api, bad)
 
 
+def test_a_head_on_this_machine_has_its_agent_at_any_address_of_this_machine(tmp_path):
+    """Ray names the driver's agent of a head started on 127.0.0.1 by the machine's own address (its default
+    route's): `submit` and `logs` on the one-node default failed 'not one of the cluster's nodes'. Any address of
+    this machine is this head's; one elsewhere, or this machine for a remote head, still gets no token."""
+    from verl_cluster.config.cluster import load_cluster
+    from verl_cluster.launch.ray_jobs import JobsApi
+
+    root = Path(__file__).resolve().parents[2]
+    spec = load_cluster(str(root / "cluster_configs/local.yaml"))
+    api = JobsApi(None, "here", headers={"Authorization": "Bearer t"}, spec=spec)
+    port = spec.ray.ports.dashboard_agent_listen
+    assert job_log.agent_endpoint(api, f"http://127.0.0.2:{port}") == ("127.0.0.2", port)  # Linux: 127/8 is local
+    for bad in (f"http://203.0.113.9:{port}", f"http://127.0.0.2:{port + 1}"):
+        with pytest.raises(ClusterError):
+            job_log.agent_endpoint(api, bad)
+    remote = tmp_path / "remote.yaml"
+    remote.write_text("cluster_name: remote\nhead: {host: 10.255.0.1}\n")
+    api = JobsApi(None, "there", headers={"Authorization": "Bearer t"}, spec=load_cluster(str(remote)))
+    with pytest.raises(ClusterError):
+        job_log.agent_endpoint(api, f"http://127.0.0.2:{port}")
+
+
 def test_follow_ends_on_the_status_and_prints_every_byte_once(server):
     """A verl run that SUCCEEDED can leave processes that keep writing: follow ends on the job's status, reads
     what landed after it once, and never asks for the whole log."""

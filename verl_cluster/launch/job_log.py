@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import http.client
 import os
+import socket
 import time
 import urllib.parse
 from collections import deque
@@ -138,6 +139,16 @@ def _short(body: bytes) -> str:
     return lines[-1][:200] if lines else "no body"
 
 
+def this_machine(host: str) -> bool:
+    """Whether `host` is an address of this machine (one a socket here can bind to)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
 def agent_endpoint(api: Any, address: str) -> tuple[str, int]:
     """(host, port) this machine reaches the agent at `address` (from the Jobs API: an untrusted reply) through:
     only an address of one of the cluster's own nodes on its agent port is accepted, as the token goes there."""
@@ -152,6 +163,10 @@ def agent_endpoint(api: Any, address: str) -> tuple[str, int]:
     if spec is None:  # a client made by hand (tests): no cluster to hold the address against
         return host, port
     nodes = {spec.node_ip(n) for _, n in spec.nodes()} | {spec.head_ip}
+    if spec.head.is_local and host not in nodes and this_machine(host):
+        # a head on this machine: Ray names the driver's agent by the machine's own address, not the loopback the
+        # head was started on (--node-ip-address 127.0.0.1); the agent listens on both, and it is still this one
+        nodes.add(host)
     if host not in nodes or port != spec.ray.ports.dashboard_agent_listen:
         raise ClusterError(f"the Jobs API named {host}:{port} as the driver's agent, which is not one of the "
                            f"cluster's nodes on ray.ports.dashboard_agent_listen "
