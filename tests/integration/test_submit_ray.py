@@ -135,7 +135,7 @@ def test_preflight_bad_columns_missing_file_gpus_short(cluster):
                                f"data: {{train_files: [{raw}], val_files: [/tmp/only_head.parquet]}}\n")
     r = cli("submit", job, "trainer.n_gpus_per_node=1", "data.train_batch_sizee=4", "--dry-run", "-c", path)
     err = r.stderr
-    assert r.returncode == 1, err  # GPUs short is the cluster's problem: exit 1
+    assert r.returncode == 2, err  # the job's own data and keys are wrong: exit 2, whatever else (GPUs short)
     assert f"{raw}: missing columns `prompt`, `data_source`, `reward_model.ground_truth`" in err
     assert "extra columns: answer, question" in err
     assert f"/tmp/only_head.parquet: not found on {worker.ip}" in err
@@ -148,4 +148,4 @@ def test_preflight_bad_columns_missing_file_gpus_short(cluster):
         assert "skipped verl-config verl is not installed" in err  # here, nor on the head (where it ran)
     # without --dry-run the same problems stop the submit
     r2 = cli("submit", job, "trainer.n_gpus_per_node=1", "-c", path)
-    assert r2.returncode == 1 and "nothing was submitted" in r2.stderr
+    assert r2.returncode == 2 and "nothing was submitted" in r2.stderr

@@ -242,11 +242,17 @@ def test_preflight_with_a_missing_data_file_is_bad_input_whatever_else_the_clust
     from verl_cluster.launch.submit import preflight_exit_code
 
     missing = Finding("error", "data", "/d/train.parquet: not found on localhost")
-    key = Finding("error", "verl-config", "verl rejects the config: actor_rollout_ref.actor.no_such")
+    key = Finding("error", "verl-config", "unknown verl key `data.train_batch_sizee`")
+    rejected = Finding("error", "verl-config", "verl rejects the config: Please set at least one of "
+                                               "'actor.ppo_micro_batch_size' or 'actor.ppo_micro_batch_size_per_gpu'")
     gpus = Finding("error", "resources", "the job needs 1 node(s) x 8 GPU(s); the cluster has localhost=0")
+    plan = Finding("error", "placement", "the placement planner finds no feasible plan: no GPUs")
     assert preflight_exit_code(PreflightReport([missing, gpus])) == 2
     assert preflight_exit_code(PreflightReport([gpus, key])) == 2
     assert preflight_exit_code(PreflightReport([gpus])) == 1
+    assert preflight_exit_code(PreflightReport([rejected])) == 2
+    # what the failed plan would have set (micro batch sizes) is not the user's to fix: the cluster's problem
+    assert preflight_exit_code(PreflightReport([plan, rejected, gpus])) == 1
 
 
 def test_a_refused_connection_on_a_port_with_403_in_it_is_not_a_refused_token():

@@ -176,9 +176,14 @@ BAD_INPUT_CHECKS = ("data", "model", "verl-config")  # the user's own files and 
 
 
 def preflight_exit_code(report: PreflightReport) -> int:
-    """2 when any of the job's own input is wrong (data, model, keys): that is fixed first, whatever else the
-    cluster lacks; 1 when only the cluster cannot run it (docs/cli.md)."""
-    return 2 if any(f.check in BAD_INPUT_CHECKS for f in report.errors) else 1
+    """2 when the job's own input is wrong, 1 when only the cluster cannot run it (docs/cli.md). With both, 2 when
+    a data or model path or a verl key is wrong (fixed first, whatever the cluster lacks); verl rejecting the config
+    as a whole then is not enough: the plan that failed on the cluster would have filled in what it misses."""
+    errors = report.errors
+    own = [f for f in errors if f.check in BAD_INPUT_CHECKS]
+    if not own or len(own) == len(errors):
+        return 2 if own else 1
+    return 2 if any(f.check != "verl-config" or f.message.startswith("unknown verl key") for f in own) else 1
 
 
 def check_cluster_file(path: str) -> None:
