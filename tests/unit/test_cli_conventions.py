@@ -3,13 +3,12 @@ with `error:` on stderr, nothing on stdout and no traceback; under `--json` the 
 object on stdout; output piped has no colour codes. Then the shapes: `jobs --json` is {"clusters": [...]} with -c as
 without, a job's `plan` an object; and the exit code when the user's own input and the cluster are both wrong."""
 
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
 
+from tests.harness.json_server import JsonServer
 from verl_cluster.cli import COMMANDS, build_parser, main
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.lifecycle.auth import ensure_token
@@ -146,35 +145,13 @@ def test_an_internal_error_under_json_is_an_object_too(capsys, monkeypatch):
 
 # ---- jobs --json: one shape, with -c as without ----
 
-class JobsApi:
+class JobsApi(JsonServer):
     """A Ray Jobs API on a local port that lists `jobs` and stops x1."""
 
     def __init__(self, jobs: list[dict]):
         replies = {"/api/version": {"version": "4", "ray_version": "2.60.0", "ray_commit": "x"},
                    "/api/jobs/x1/stop": {"stopped": True}, "/api/jobs/x1": jobs[0], "/api/jobs/": jobs}
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def _answer(self):
-                body = next(v for k, v in replies.items() if self.path.rstrip("/") == k.rstrip("/"))
-                raw = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *a):
-                pass
-
-        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.srv.server_address[1]
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.srv.shutdown()
-        self.srv.server_close()
+        super().__init__(replies, match=lambda path, key: path.rstrip("/") == key.rstrip("/"))
 
 
 PLAN = {"feasible": True, "overrides": {"trainer.nnodes": 1}, "note": "placement planned"}

@@ -2,7 +2,6 @@
 file it names, a token goes only to the head it was made for, every reply of a Jobs API is checked before use, and
 a record, a cluster record or collective.json is read within bounds, from a regular file only."""
 
-import http.server
 import json
 import math
 import os
@@ -13,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.json_server import JsonServer
 from verl_cluster.cli import main
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.lifecycle.auth import ensure_token
 from verl_cluster.launch import job_records
+
 
 TOKEN = "ab" * 32
 
@@ -29,36 +30,8 @@ def home(tmp_path, monkeypatch):
     return h
 
 
-class Listener:
+class Listener(JsonServer):
     """An HTTP server that records every Authorization header it is sent and answers `replies[path prefix]`."""
-
-    def __init__(self, replies: dict):
-        self.seen: list[tuple[str, str]] = []
-        outer = self
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def _answer(self):
-                outer.seen.append((self.path, self.headers.get("Authorization") or ""))
-                body = next((v for k, v in replies.items() if self.path.startswith(k)), {})
-                raw = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *a):
-                pass
-
-        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.srv.server_address[1]
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.srv.shutdown()
-        self.srv.server_close()
 
 
 VERSION = {"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}
