@@ -140,6 +140,10 @@ def test_jobs_json_keeps_a_finished_jobs_pairs_in_its_record(planned_job, home, 
 
     path, sid, want = planned_job
     spec = load_cluster(path)
+    with ray_jobs.connect(spec) as api:  # finished: this test may run where the follow test did not (xdist)
+        deadline = time.monotonic() + 120
+        while ray_jobs.job_info(api, sid).status not in ray_jobs.TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.5)
     job_records.record(sid, str(path), spec.cluster_name, "logscale")
     seen = _record_fetches(monkeypatch)
     assert main(["jobs", "--json", "-c", str(path)]) == 0

@@ -88,7 +88,8 @@ def test_this_machine_on_another_ray_than_the_cluster_submits_and_says_so(lab, o
         assert r.returncode == 0, r.stderr[-3000:]
         assert "SMOKE OK: 1 node(s)" in r.stdout and "SUCCEEDED" in r.stderr
         sid = next(line.split()[1] for line in r.stderr.splitlines() if line.startswith("submitted "))
-        rc, jobs, _ = cli_json("jobs", "-c", path)
+        rc, doc, _ = cli_json("jobs", "-c", path)
+        jobs = [j for c in doc["clusters"] for j in c["jobs"]]  # one shape, with -c as without (docs/cli.md)
         assert rc == 0 and any(j["submission_id"] == sid and j["status"] == "SUCCEEDED" for j in jobs), jobs
         logs = run_cli("logs", sid, "-c", path)
         assert logs.returncode == 0 and "SMOKE OK" in logs.stdout
