@@ -29,11 +29,11 @@ run_pass() {
 }
 
 # The oldest-Ray pass: only what depends on Ray's version — starting, healing and stopping Ray on nodes, its ports
-# and auth, the Jobs/State API, the GCS and the agent's log endpoint that submit and watch read (torchrun, SSH, Slurm, host keys, the
-# dashboard tunnel, `check`, log classification, the submit forms and the planner's measurements do not).
+# and auth, the Jobs/State API, the GCS and the agent's log endpoint that submit and watch read (the submit and watch
+# tests below read logs through it); torchrun, SSH, Slurm, host keys, the dashboard tunnel, `check`, log
+# classification, the submit forms and the planner's measurements do not.
 OLD_TESTS=(tests/integration/test_ray_versions.py tests/integration/test_lifecycle.py::test_lifecycle_on_three_hosts
   tests/integration/test_security_listeners.py tests/integration/test_submit_ray.py
-  tests/integration/test_log_scale.py
   tests/integration/test_watch.py::test_hang_is_stopped_and_resumed
   tests/integration/test_watch.py::test_worker_killed_and_back)
 # integration modules side by side, one module (or the shared cluster's tests) per worker: tests/integration/conftest.py

@@ -289,7 +289,7 @@ def test_fewer_nodes_refused_when_the_checkpoint_is_node_local(lab3):
     lab, path, (head, w1, w2), _ = lab3
     ck = f"/tmp/ck-local-{lab.n}"
     j, _ = job(lab3, "localfew", steps=30, save_freq=2, step_s=0.4, rank_files=1,
-               watch="  allow_fewer_nodes: true\n  node_wait_s: 12\n  node_grace_s: 1\n")
+               watch="  allow_fewer_nodes: true\n  node_wait_s: 4\n  node_grace_s: 1\n")
     j.write_text(j.read_text().replace("overrides:\n", f"overrides:\n  trainer.n_gpus_per_node: 1\n"
                                        f"  trainer.default_local_dir: {ck}\n", 1).replace(
         f"  trainer.default_local_dir: {lab.dir / 'ckpt-localfew'}\n", ""))
