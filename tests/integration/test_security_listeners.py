@@ -20,13 +20,25 @@ def test_every_listener_is_pinned_and_code_ports_refuse_without_token(lab, capsy
     head, w1 = lab.add_host("head"), lab.add_host("w1")
     with running_cluster(lab, head, [w1], name="listen") as cfg:
         # a Ray Client session held open while check looks: it brings listeners of its own
-        client = subprocess.Popen(
-            [sys.executable, "-c", f"import ray, sys, time; ray.init('ray://{head.ip}:10001'); "
-                                   "print(ray.get(ray.remote(lambda: 'up').remote()), flush=True); time.sleep(120)"],
-            stdout=subprocess.PIPE, stderr=open(tmp_path / "client.err", "w"), text=True,
-            env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(load_cluster(cfg).token_file)})
-        try:
+        def connect():
+            return subprocess.Popen(
+                [sys.executable, "-c", f"import ray, sys, time; ray.init('ray://{head.ip}:10001'); "
+                                       "print(ray.get(ray.remote(lambda: 'up').remote()), flush=True); time.sleep(120)"],
+                stdout=subprocess.PIPE, stderr=open(tmp_path / "client.err", "w"), text=True,
+                env={**os.environ, "RAY_AUTH_MODE": "token",
+                     "RAY_AUTH_TOKEN_PATH": str(load_cluster(cfg).token_file)})
+
+        client = connect()
+        if client.stdout.readline().strip() != "up":
+            # Ray's client proxy starts a server per session and, on a loaded 2-core machine, sometimes gives up
+            # on it ("Starting Ray client server failed"): once more, as a user would, before this counts
+            err = (tmp_path / "client.err").read_text()
+            client.kill()
+            client.wait(10)
+            assert "Starting Ray client server failed" in err, err[-3000:]
+            client = connect()
             assert client.stdout.readline().strip() == "up", (tmp_path / "client.err").read_text()[-3000:]
+        try:
             rc = main(["check", "-c", str(cfg), "--quick", "--json"])
             rep = json.loads(capsys.readouterr().out)
         finally:
