@@ -49,6 +49,15 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A home of the test's own (created), as HOME: records, tokens and run folders land there."""
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("HOME", str(h))
+    return h
+
+
+@pytest.fixture
 def real_home() -> Path:
     """The home the suite was started from (the tests themselves run with HOME pointing elsewhere)."""
     return _REAL_HOME

@@ -14,14 +14,6 @@ from verl_cluster.launch import job_records
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    return home
-
-
 def test_jobs_lists_every_cluster_that_answers_and_names_the_gone_ones(shared_cluster, home, tmp_path, real_home):
     lab, path = shared_cluster.lab, shared_cluster.path
     env = {"HOME": str(home), "COLUMNS": "250"}

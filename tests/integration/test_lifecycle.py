@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_cluster.cli import main
+from tests.harness.cli import cli, cli_json
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.errors import HostKeyError
 from verl_cluster.runners import SshRunner, SshTarget
@@ -21,15 +21,6 @@ PY = sys.executable
 RAY_VERSION = version("ray")  # the hosts run the Ray beside this Python: the oldest or the newest supported
 
 
-def cli(capsys, *argv):
-    rc = main(list(argv))
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
-
-
-def cli_json(capsys, *argv):
-    rc, out, err = cli(capsys, *argv, "--json")
-    return rc, json.loads(out)
 
 
 def states(status):

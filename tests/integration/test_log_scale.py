@@ -58,14 +58,6 @@ def planned_job(shared_cluster, tmp_path_factory):
     return shared_cluster.path, sid, want
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    return home
-
-
 def _record_fetches(monkeypatch) -> list[tuple[int, int, int, str]]:
     """(start, bytes, log size, job) of every range a reader fetches; the Jobs SDK's whole-log calls fail the test."""
     seen: list[tuple[int, int, int, str]] = []

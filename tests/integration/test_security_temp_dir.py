@@ -2,12 +2,11 @@
 node it is on, the per-user parent is made 0700, `check` names a loosened one per node, and a cluster still running
 under the earlier shared default (/tmp/vc-<cluster>) is found by status, stopped by down and moved by up --restart."""
 
-import json
 import os
 
 import pytest
 
-from verl_cluster.cli import main
+from tests.harness.cli import cli, cli_json
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.lifecycle.auth import ensure_token, node_token_path, remote_token_path
 from verl_cluster.lifecycle.commands import plan_start
@@ -16,15 +15,6 @@ from verl_cluster.lifecycle.nodes import Node
 pytestmark = pytest.mark.integration
 
 
-def cli(capsys, *argv):
-    rc = main(list(argv))
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
-
-
-def cli_json(capsys, *argv):
-    rc, out, err = cli(capsys, *argv, "--json")
-    return rc, json.loads(out)
 
 
 def mode_owner(host, path):

@@ -22,14 +22,6 @@ from verl_cluster.launch import job_records
 TOKEN = "ab" * 32
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    h = tmp_path / "home"
-    h.mkdir()
-    monkeypatch.setenv("HOME", str(h))
-    return h
-
-
 class Listener(JsonServer):
     """An HTTP server that records every Authorization header it is sent and answers `replies[path prefix]`."""
 
