@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from verl_cluster.reshard.layout import expect_state_dict
 from verl_cluster.reshard.shards import (MeshShape, Pieces, assemble, chunk_bounds, fresh_dtensor, fresh_mesh,
                                          gather_pieces, new_mesh, new_spec, segments)
 from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, RefusedPickle, TensorRef, TorchFile,
@@ -120,6 +121,7 @@ def reshard_file_set(sources: list[Path], dests: list[Path], target: MeshShape, 
                 raise  # names the file already, and carries its own hint
             except UnsupportedContent as e:
                 raise UnsupportedContent(f"{p}: {e}") from None
+            expect_state_dict(Path(p), files[-1].obj)
         pairs: dict[int, tuple[str, list[WrapperRef]]] = {}
         _pair_dtensors([f.obj for f in files], "", pairs)
         plain = _plain_pieces(files[0]) if plain_source else {}

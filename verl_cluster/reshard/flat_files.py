@@ -16,6 +16,7 @@ import itertools
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from verl_cluster.reshard.layout import expect_state_dict
 from verl_cluster.reshard.shards import mesh_sizes
 from verl_cluster.reshard.torchfile import (OutStorage, OutTensor, RefusedPickle, TensorRef, TorchFile,
                                             UnsupportedContent, WrapperRef, _itemsize, normalize_location,
@@ -107,6 +108,7 @@ def reshard_flat_file_set(sources: list[Path], dests: list[Path], model_file: Pa
     try:
         model = open_torch_file(str(model_file), keep_plain=True)
         try:
+            expect_state_dict(model_file, model.obj)
             params = model_params(model)
         finally:
             model.close()
@@ -117,6 +119,7 @@ def reshard_flat_file_set(sources: list[Path], dests: list[Path], model_file: Pa
                 raise  # names the file already, and carries its own hint
             except UnsupportedContent as e:
                 raise UnsupportedContent(f"{p}: {e}") from None
+            expect_state_dict(Path(p), files[-1].obj)
         ids, chunks = _moments(files[0].obj)
         if any(_moments(f.obj)[1] != chunks for f in files[1:]):
             raise UnsupportedContent(

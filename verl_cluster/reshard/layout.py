@@ -168,10 +168,14 @@ def read_role(path: Path) -> RoleCheckpoint:
     cfg = path / "fsdp_config.json"
     if cfg.is_file():
         try:
-            data = json.loads(cfg.read_text())
+            data = json.loads(cfg.read_bytes())
             fsdp_version, saved = data.get("FSDP_version"), data.get("world_size")
-        except (json.JSONDecodeError, AttributeError) as e:
+        except (ValueError, AttributeError) as e:  # ValueError: bad JSON or bytes that are not UTF-8
             raise NotReshardable(f"{cfg}: not the JSON verl writes ({e})")
+        for key, value in (("FSDP_version", fsdp_version), ("world_size", saved)):
+            if value is not None and (type(value) is not int or value < 1):
+                raise NotReshardable(f"{cfg}: {key} is {json.dumps(value)[:40]}, expected a whole number "
+                                     "(verl writes {\"FSDP_version\": 1 or 2, \"world_size\": W})")
     if not complete:
         if found:
             w = max(found)
@@ -184,6 +188,32 @@ def read_role(path: Path) -> RoleCheckpoint:
     return RoleCheckpoint(name=path.name, path=path, world_sizes=complete,
                           kinds=tuple(k for k in KINDS if k in found[src]), fsdp_version=fsdp_version,
                           saved_world_size=saved, lora=(path / "lora_train_meta.json").exists())
+
+
+def expect_state_dict(path: Path, obj: object) -> None:
+    """Refuse a rank file that unpickles but is not what verl saves there: `model.state_dict()` (a dict of
+    tensors by name) in model_*.pt, `optimizer.state_dict()` ({"state": {...}, "param_groups": [...]}) in optim_*.pt."""
+    optim = path.name.startswith("optim_")
+    what = None
+    if not isinstance(obj, dict):
+        name = type(obj).__name__
+        what = f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+    elif optim:
+        state, groups = obj.get("state"), obj.get("param_groups")
+        if not isinstance(state, dict) or not isinstance(groups, list):
+            what = f"a dict with keys {sorted(map(str, obj))[:6]}"
+        elif not all(isinstance(v, dict) for v in state.values()):
+            what = "a state that is not a dict per parameter"
+        elif not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+            what = "param_groups that are not dicts with a params list"
+    elif not all(isinstance(k, str) for k in obj):
+        what = "a dict whose keys are not all parameter names"
+    if what:
+        expected = ("an optimizer state_dict ({'state': {...}, 'param_groups': [...]})" if optim
+                    else "a model state_dict (a dict of tensors by parameter name)")
+        raise NotReshardable(f"{path}: holds {what}, expected {expected} as verl's checkpoint manager saves it",
+                             "this file was not written by verl's FSDP checkpoint manager; copy the step again "
+                             "from where the run saved it")
 
 
 def read_step(path: Path, step: Optional[int] = None) -> StepCheckpoint:
