@@ -9,7 +9,7 @@ from verl_cluster.cli import main
 from verl_cluster.config.job import JobSpec, load_job
 from verl_cluster.errors import ConfigError
 from verl_cluster.launch.hydra_values import from_hydra
-from verl_cluster.launch.request import merge_overrides
+from verl_cluster.launch.request import merge_overrides, program_argv, torchrun_program
 from verl_cluster.launch.script_import import import_argv, import_script, load_job_input
 
 ENV = {"HOME": "/home/u"}
@@ -108,7 +108,7 @@ def test_unset_variables_come_from_this_shell_or_are_named(tmp_path):
     ("python3 -m verl.trainer.main_ppo a=1\npython3 -m verl.trainer.main_generation b=2\n", 2,
      "a second python command (the first is on line 1)"),
     ("mkdir -p logs\npython3 -m verl.trainer.main_ppo a=1\n", 1, "`mkdir` is a command this importer does not run"),
-    ("python3 examples/train.py a=1\n", 1, "only `python -m MODULE ...` lines"),
+    ("python3 -c 'import train' a=1\n", 1, "only `python -m MODULE ...`"),
     ("python3 -m verl.trainer.main_ppo \\\n  notakeyvalue\n", 2, "`notakeyvalue` is not a key=value override"),
     ("python3 -m verl.trainer.main_ppo a=${x:?set x first}\n", 1, "$x is not set: set x first"),
     ("python3 -m verl.trainer.main_ppo a=${x/a/b}\n", 1, "only ${VAR}"),
@@ -160,6 +160,37 @@ def test_a_command_line_is_a_job_too():
     assert job.data.train_files == ["/d/train.parquet"] and job.get("trainer.nnodes") == 2
     job2, imp2 = load_job_input("python3", ["-m", "verl.trainer.main_ppo", "trainer.nnodes=2"])
     assert imp2 is not None and job2.entrypoint == "verl.trainer.main_ppo"
+
+
+def test_a_program_that_is_not_verl_gets_its_own_words_as_given(tmp_path, capsys):
+    words = ["--lr", "3e-4", "--name", "a b", "pos", "key=value", "--flag=x", "-v"]
+    job, _ = load_job_input("python3", ["-u", "-m", "mymod", *words])
+    assert job.entrypoint == "mymod" and job.args == words and job.overrides == {} and job.name == "mymod"
+    assert program_argv(job, "/venv/bin/python", {}) == ["/venv/bin/python", "-m", "mymod", *words]
+    job = import_argv(["python", "train.py", *words]).job()
+    assert job.command == ["python", "train.py"] and job.args == words and job.name == "train"
+    assert torchrun_program(job, {}) == ["train.py", *words]
+    job = import_script(script(tmp_path, 'python3 -m mymod --epochs 3 "$@"\n'), environ=ENV).job()
+    assert job.args == ["--epochs", "3"] and job.overrides == {}
+    assert main(["import", "--", "python3", "-m", "mymod", "--epochs", "3"]) == 0
+    text = capsys.readouterr().out
+    assert yaml.safe_load(text)["args"] == ["--epochs", "3"] and "the program's own, passed as given" in text
+
+
+def test_verl_command_lines_are_still_read_as_hydra_overrides():
+    with pytest.raises(ConfigError, match="`--lr` is not a key=value override"):
+        import_argv(["python3", "-m", "verl.trainer.main_ppo", "trainer.nnodes=2", "--lr", "1"])
+    job = import_argv(["python3", "-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer",
+                       "trainer.nnodes=2"]).job()
+    assert job.args == ["--config-name=ppo_megatron_trainer"] and job.get("trainer.nnodes") == 2
+
+
+def test_plan_of_another_program_says_it_reads_nothing_from_its_words(capsys):
+    rc = main(["plan", "--gpus", "1x1xH100-80GB", "model.catalog=qwen2.5-0.5b", "--brief", "--",
+               "python3", "-m", "mymod", "--lr", "1", "--epochs=2"])
+    err = capsys.readouterr().err
+    assert rc in (0, 1) and "error" not in err
+    assert "`mymod` is not verl's: its arguments go to it as given and the planner reads nothing from them" in err
 
 
 # ---- the planner never beats the user's own keys ----

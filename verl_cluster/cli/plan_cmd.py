@@ -164,6 +164,11 @@ def run(args: argparse.Namespace) -> int:
 
         spec = load_cluster(args.cluster)
     lengths, notes = gather_lengths(job, spec=spec, data=args.data, fill=args.fill)
+    if not job.runs_verl:  # `-- python -m my_module --flag ...`: its words are its own, not verl's overrides
+        program = job.entrypoint or " ".join(job.command)
+        notes = [f"`{program}` is not verl's: its arguments go to it as given and the planner reads nothing from "
+                 "them; this plan is of a verl PPO job with the job's fields alone (model, placement), and submit "
+                 "applies none of it", *notes]
     # a live cluster's bus bandwidth as `check` last measured it (not when --gpus/--facts set the hardware)
     bus = cluster_bus(args.cluster) if getattr(args, "cluster", None) and not (args.gpus or args.facts) else ()
     plans = plan_lengths(job, facts, lengths, strategy=args.strategy, bus=bus)

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from verl_cluster.config.job import JobSpec, is_verl_trainer, job_from_data, load_job
+from verl_cluster.config.job import JobSpec, is_verl_module, is_verl_trainer, job_from_data, load_job
 from verl_cluster.config.names import MASK, has_url_credentials, mask_url_credentials
 from verl_cluster.config.loader import read_text_bounded, short
 from verl_cluster.errors import ConfigError
@@ -58,17 +58,20 @@ def _name(source: str, module: str, overrides: Mapping[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-") or "job"
 
 
-def _program(argv: list[Field], src: str) -> tuple[str, int, list[Field]]:
-    """(module, line, the fields after it) of `python [-u] -m MODULE ...`."""
+def _program(argv: list[Field], src: str) -> tuple[str, int, int]:
+    """(module, line, index of its first argument) of `python [-u] -m MODULE ...`; module "" for
+    `python [-u] SCRIPT.py ...`, whose arguments start after the script."""
     line = argv[0].line
     words = [f.text for f in argv]
     j = 1
     while j < len(words) and words[j] in ("-u", "-B", "-O", "-OO", "-E", "-s", "-I"):
         j += 1
-    if j + 1 >= len(words) or words[j] != "-m":
-        raise ConfigError(f"{src}:{line}: only `python -m MODULE ...` lines are understood, not "
-                          f"`{' '.join(words[:3])} ...`", "run verl as a module: python3 -m verl.trainer.main_ppo ...")
-    return words[j + 1], line, argv[j + 2:]
+    if j + 1 < len(words) and words[j] == "-m":
+        return words[j + 1], line, j + 2
+    if j < len(words) and words[j].endswith(".py"):
+        return "", line, j + 1
+    raise ConfigError(f"{src}:{line}: only `python -m MODULE ...` and `python SCRIPT.py ...` lines are understood, "
+                      f"not `{' '.join(words[:3])} ...`", "run verl as a module: python3 -m verl.trainer.main_ppo ...")
 
 
 def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[str, int]]] = None,
@@ -80,10 +83,13 @@ def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[s
 
     def secret(k: str, v: str) -> bool:
         return looks_secret(k) or k in derived or has_url_credentials(v)
-    module, line, rest = _program(argv, src)
+    module, line, at = _program(argv, src)
+    rest = argv[at:]
+    # only verl's programs take Hydra overrides; another program's words (argparse flags...) are its own, as given
+    hydra = is_verl_module(module)
     args: list[str] = []
     overrides: dict[str, Any] = {}
-    origins: dict[tuple, int] = {("entrypoint",): line}
+    origins: dict[tuple, int] = {("entrypoint" if module else "command",): line}
     takes_args = False
     i = 0
     while i < len(rest):
@@ -91,6 +97,10 @@ def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[s
         i += 1
         if f.text == ARGS:
             takes_args = True
+            continue
+        if not hydra:
+            args.append(f.text)
+            origins.setdefault(("args",), f.line)
             continue
         flag = next((h for h in HYDRA_FLAGS if f.text == h or f.text.startswith(h + "=")), None)
         if flag:
@@ -112,7 +122,9 @@ def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[s
         overrides.pop(key, None)  # Hydra: the later value wins; keep the order of the last one
         overrides[key] = from_hydra(raw)
         origins[("overrides", key)] = f.line
-    data: dict[str, Any] = {"name": _name(src, module, overrides), "entrypoint": module,
+    # interpreter flags (-u) are dropped as for a module: torchrun takes the script, not python's flags
+    program = {"entrypoint": module} if module else {"command": [argv[0].text, argv[at - 1].text]}
+    data: dict[str, Any] = {"name": _name(src, module or Path(argv[at - 1].text).stem, overrides), **program,
                             "launcher": "ray" if is_verl_trainer(module) else "auto"}
     if args:
         data["args"] = args
@@ -234,11 +246,12 @@ def render_yaml(imp: ImportedJob) -> str:
             + ("" if imp.hidden(n, os.environ.get(n, "")) else f": {_shown(os.environ.get(n, ''), imp)}")
             for n, ln in imp.from_shell.items()]
     out += [f"# note: {n}" for n in imp.notes]
-    for key in ("name", "entrypoint", "launcher"):
-        out.append(f"{key}: {_dump(d[key])}{tail((key,))}")
+    for key in ("name", "entrypoint", "command", "launcher"):
+        if key in d:
+            out.append(f"{key}: {_dump(d[key])}{tail((key,))}")
     if "args" in d:
-        out.append(f"args: {_dump(d['args'])}{tail(('args',))}" + (" (Hydra's own flags)" if tail(("args",))
-                                                                    else "  # Hydra's own flags"))
+        what = "Hydra's own flags" if is_verl_module(d.get("entrypoint")) else "the program's own, passed as given"
+        out.append(f"args: {_dump(d['args'])}{tail(('args',))}" + (f" ({what})" if tail(("args",)) else f"  # {what}"))
     for section in ("model", "data", "env"):
         if section in d:
             out.append(f"{section}:")
