@@ -162,6 +162,43 @@ def test_the_watcher_stops_at_the_first_attempt_with_the_fix(tmp_path, monkeypat
     assert "not retried: the run stops" in events and "--working-dir . -- " in events
 
 
+def test_the_watcher_looks_where_the_jobs_code_comes_from_not_in_its_own_folder(tmp_path, monkeypatch, node):
+    """The submit's working_dir when it had one, else the folder submit ran in (run.json's submit_dir); a
+    watcher started elsewhere (`watch JOB_ID`, --detach) must not find the module in its own folder."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from tests.unit.test_watch_loop import _watcher
+    from verl_cluster.launch import job_records
+    from verl_cluster.watch import runs
+
+    where, here = node
+    wd, own = tmp_path / "wd", tmp_path / "watcher"
+    wd.mkdir(), own.mkdir()
+    lines, _ = driver_log([sys.executable, "-m", "mymod"], where)
+    w, st = _watcher(tmp_path, monkeypatch, [])
+    w.job = replace(w.job, working_dir=None)  # (launch/resumable.yaml ships its own folder)
+    monkeypatch.chdir(own)
+
+    def fix() -> str:
+        row = SimpleNamespace(status="FAILED", message=RAY_EXIT.format(1) + lines[-1])
+        out = w._ended(row, lines, None, (0.0, {}), SimpleNamespace(first_step=None))
+        return not_retried(out.diagnosis, "entrypoint").fix
+
+    (own / "mymod.py").write_text("print('hi')\n")
+    assert "install it on every node" in fix()  # nothing known of the submit: the watcher's folder says nothing
+    st.submit_dir = str(here)
+    assert "install it on every node" in fix()  # not where submit ran either
+    (here / "mymod.py").write_text("print('hi')\n")
+    assert fix().startswith(f"mymod.py is in {here} ")
+    (wd / "mymod.py").write_text("print('hi')\n")
+    w.job = replace(w.job, working_dir=str(wd))
+    assert fix().startswith(f"mymod.py is in {wd} ")
+    # a run made later by `watch JOB_ID` takes the folder from the job's record
+    job_records.record("j-2", st.cluster_file, st.cluster, "mymod", job_input=st.input, submit_dir=str(here))
+    assert runs.find_run("j-2").submit_dir == str(here)
+
+
 def test_a_tool_the_shell_missed_mid_run_is_not_the_jobs_command():
     lines = ["Running entrypoint for job j-1: python -m train", "step 1", "sh: 1: nvidia-smi: not found", "step 2",
              "step 3"]

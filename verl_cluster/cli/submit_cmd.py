@@ -188,8 +188,10 @@ def _apply_ray(sub: Submission, args) -> int:
     reattach = f"verl-cluster logs {req.submission_id} -c {sub.cluster_file} --follow"
     with ray_jobs.connect(sub.spec) as api:
         sid = ray_jobs.submit(api, req)
+        from verl_cluster.watch.runs import submit_dir
+
         job_records.record(sid, sub.cluster_file, sub.spec.cluster_name, sub.job.name,
-                           job_input=args.job_input.to_json())
+                           job_input=args.job_input.to_json(), submit_dir=submit_dir())  # for a later `watch`
         if args.watch:
             from verl_cluster.cli.watch_cmd import watch_submitted
 

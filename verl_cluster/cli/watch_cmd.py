@@ -15,7 +15,7 @@ from verl_cluster.cli.output import err, print_json
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
 from verl_cluster.terminal_text import for_terminal
 from verl_cluster.watch.private import append_private
-from verl_cluster.watch.runs import FINAL, RunLock, RunState, find_run, new_run
+from verl_cluster.watch.runs import FINAL, RunLock, RunState, find_run, new_run, submit_dir
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def run_watch(args) -> int:
 
 def watch_submitted(sub, sid: str, args) -> int:
     """`submit --watch`: the submission just made becomes the first attempt of a run."""
-    st = new_run(sid, sub.spec.cluster_name, sub.cluster_file, args.job_input)
+    st = new_run(sid, sub.spec.cluster_name, sub.cluster_file, args.job_input, submit_dir())
     err.print(f"submitted [bold]{sid}[/]; watching it (run folder {escape(str(st.dir))})")
     return _detach(st, args.json) if args.detach else watch_foreground(st, args.json)
 

@@ -105,11 +105,12 @@ def diagnose(lines: list[str], ray_message: str = "", lost_node: Optional[str] =
     """The class of a failed attempt. A node we saw die wins over what the log says (a dead rank's peers print
     tracebacks and NCCL errors too); then the log; then Ray's own job message. `made_progress`: whether the
     attempt ran a training step (verl refusing its command line happens before the first). `here`: the folder
-    the job was submitted from (default: this process's), where an entrypoint the nodes lack is looked for."""
+    the job was submitted from (default: this process's; "": unknown), where an entrypoint the nodes lack is
+    looked for."""
     if lost_node:
         return Diagnosis(FailureClass.NODE_LOST, "a node left the cluster", lost_node,
                          "watch restarts it (the heal path of `up`)")
-    here = here if here is not None else _cwd()
+    here = (here if here is not None else _cwd()) or None
     found = classify_log(lines, here=here)
     if found is None and not made_progress and ray_message:  # the log unread: Ray's message quotes its end
         said = classify_log(ray_message.splitlines(), here=here)

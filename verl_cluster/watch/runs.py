@@ -53,6 +53,7 @@ class RunState:
     state: RunStatus = RunStatus.WATCHING
     pending: Optional[str] = None  # a resubmission being made (a killed watcher may leave it behind)
     nodes: Optional[int] = None  # nodes the run continues on, when fewer than configured
+    submit_dir: str = ""  # the folder submit ran in: a module the nodes lack is looked for there ("": unknown)
 
     @property
     def dir(self) -> Path:
@@ -89,9 +90,18 @@ class RunState:
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
 
-def new_run(sid: str, cluster: str, cluster_file: str, job_input: "JobInput") -> RunState:
+def submit_dir() -> str:
+    """The folder this process runs in, as submit records it for the run ("" when it was removed)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
+
+
+def new_run(sid: str, cluster: str, cluster_file: str, job_input: "JobInput", submit_dir: str = "") -> RunState:
     st = RunState(sid, cluster, str(Path(cluster_file).resolve()), job_input.path, list(job_input.overrides),
-                  input=job_input.to_json(), attempts=[{"submission_id": sid, "started_at": time.time()}])
+                  input=job_input.to_json(), attempts=[{"submission_id": sid, "started_at": time.time()}],
+                  submit_dir=submit_dir)
     st.save()
     return st
 
@@ -113,7 +123,7 @@ def find_run(job_id: str) -> RunState:
     if ji is None:
         raise ConfigError(f"job {job_id} has no job on record, so it could not be resubmitted",
                           "submit it again with `verl-cluster submit JOB.yaml --watch`")
-    return new_run(job_id, rec["cluster"], rec["cluster_file"], ji)
+    return new_run(job_id, rec["cluster"], rec["cluster_file"], ji, str(rec.get("submit_dir") or ""))
 
 
 class RunLock:

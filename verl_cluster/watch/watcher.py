@@ -346,10 +346,22 @@ class Watcher:
                                                    "reboot"), fault[0], lines[-40:], progress)
         from verl_cluster.launch.verl_log import traceback_block
 
-        d = diagnose(lines, row.message, lost[1] if lost else None, made_progress=progress.first_step is not None)
+        d = diagnose(lines, row.message, lost[1] if lost else None, made_progress=progress.first_step is not None,
+                     here=self._code_dir())
         # the failing traceback itself (header to error line); else the log's last lines
         return Outcome(AttemptEnd.FAILED, d, lost[0] if lost else "", traceback_block(lines, d.evidence, tail=40),
                        progress)
+
+    def _code_dir(self) -> str:
+        """Where the job's code comes from, to look for a module the nodes lack: its working_dir when it has
+        one, else the folder submit ran in (never this watcher's own folder); "" when neither is known."""
+        from verl_cluster.errors import ConfigError
+        from verl_cluster.launch.request import resolve_working_dir
+
+        try:
+            return resolve_working_dir(self.job) or self.st.submit_dir
+        except ConfigError:  # the working_dir is gone since: the folder submit ran in still says something
+            return self.st.submit_dir
 
     def _hang_bundle(self, api, sid: str, ray_job_id: str, tail: list[str]) -> str:
         """Collect the bundle into the run folder, with the driver log's last lines (`tail`: what the watcher's
