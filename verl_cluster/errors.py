@@ -40,6 +40,11 @@ class ConnectError(RunnerError):
     """The host could not be reached or logged into (refused, timed out, authentication, host key)."""
 
 
+class KeyFileError(ConnectError):
+    """The SSH private key file the config names is missing or unreadable: a setting to fix here; no host was
+    dialled."""
+
+
 class HostKeyError(ConnectError):
     """The SSH host key is unknown or changed; we never accept it silently."""
 

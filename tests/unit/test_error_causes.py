@@ -37,6 +37,25 @@ def test_status_and_check_name_the_key_file(tmp_path, capsys):
     assert f"SSH key file {tmp_path}/id_gone" in reason and "cannot reach" not in reason
 
 
+def test_status_says_the_key_file_problem_not_unreachable(tmp_path, capsys):
+    """A key file that is missing (or not a file) is a setting to fix: status names the node, the file and the fix
+    as check does, and never calls the node unreachable (it was never dialled)."""
+    (tmp_path / "adir").mkdir()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"cluster_name: k\nhead: {{host: 127.0.0.2}}\nworkers:\n  - {{host: 127.0.0.3, ssh_key_file: "
+                   f"{tmp_path}/adir}}\nssh: {{port: 1, key_file: {tmp_path}/id_gone, connect_timeout_s: 2}}\n")
+    assert main(["status", "-c", str(cfg), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [n["state"] for n in doc["nodes"]] == ["ssh-key", "ssh-key"]
+    head, worker = (next(p for p in doc["problems"] if p.startswith(h)) for h in ("127.0.0.2: ", "127.0.0.3: "))
+    assert f"SSH key file {tmp_path}/id_gone" in head and "does not exist" in head
+    assert f"SSH key file {tmp_path}/adir" in worker and "is not a file" in worker
+    assert all("; fix: point ssh.key_file (or the node's ssh_key_file) at the private key" in p for p in (head, worker))
+    assert main(["status", "-c", str(cfg)]) == 1
+    text = capsys.readouterr().out
+    assert "unreachable" not in text and "ssh-key" in text and f"problem: 127.0.0.3: SSH key file {tmp_path}/adir" in text
+
+
 def test_a_missing_identityfile_of_ssh_config_is_passed_over(tmp_path, monkeypatch):
     from verl_cluster.runners.ssh import _resolve
 

@@ -9,7 +9,7 @@ from typing import Optional
 from verl_cluster.enums import StrEnum
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
-from verl_cluster.errors import ConnectError, RunnerError
+from verl_cluster.errors import ConnectError, KeyFileError, RunnerError
 from verl_cluster.launchers import Launcher, launcher_for
 from verl_cluster.lifecycle.auth import node_token_path, open_cluster_warnings
 from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip, temp_dir_findings
@@ -23,6 +23,7 @@ class NodeState(StrEnum):
     DEAD = "dead"  # our Ray was there and is not (or not whole, or not registered)
     MISSING = "missing"  # no Ray of this cluster there
     UNREACHABLE = "unreachable"  # we cannot log in
+    SSH_KEY = "ssh-key"  # the SSH key file the config names is missing or unreadable: the node was never dialled
     OTHER_RAY = "other-ray"  # alive in a Ray not started by verl-cluster (a plain `ray start`)
 
 
@@ -115,11 +116,14 @@ def cluster_status(spec: ClusterSpec, with_jobs: bool = True) -> ClusterStatus:
             known = {by_ip[n.ip]["node_id"] for n in nodes if n.ip in by_ip}
             st.extra_nodes = [x for x in table["nodes"] if x["alive"] and x["node_id"] not in known]
         st.problems += open_cluster_warnings(spec)
+        st.problems += [f"{h}: {r.reason}; fix: {r.error.hint}" for h, r in probes.items()
+                        if isinstance(r.error, KeyFileError) and r.error.hint]  # with the fix, as check says it
         st.problems += [f"{n.host}: {what}; fix: {fix}" for n in nodes if probes[n.host].ok
                         for what, fix in temp_dir_findings(spec, probes[n.host].value)]
         st.problems += _ray_version_problems(spec, st)
         st.problems += [f"{node}: {what}; fix: {fix}" for node, what, fix in launcher.node_problems()]
-        versions = {(n.ray_version, n.python_version) for n in st.nodes if n.state != NodeState.UNREACHABLE}
+        versions = {(n.ray_version, n.python_version) for n in st.nodes
+                    if n.state not in (NodeState.UNREACHABLE, NodeState.SSH_KEY)}
         if len({v[1] for v in versions}) > 1:
             st.problems.append("Python versions differ across nodes: "
                                + ", ".join(f"{n.host}={n.python_version}" for n in st.nodes if n.python_version))
@@ -161,6 +165,14 @@ def _ray_version_problems(spec: ClusterSpec, st: ClusterStatus) -> list[str]:
     return [(f"{p.what}" if p.node == "cluster" else f"{p.node}: {p.what}") + f"; fix: {p.fix}" for p in found]
 
 
+def _login_failed(probe_result) -> tuple[NodeState, str]:
+    """A node whose probe failed: a key file to fix, a host we cannot log into, or one with no Ray to probe."""
+    e = probe_result.error
+    if isinstance(e, KeyFileError):
+        return NodeState.SSH_KEY, probe_result.reason
+    return (NodeState.UNREACHABLE if isinstance(e, ConnectError) else NodeState.MISSING), probe_result.reason
+
+
 OTHER_REASON = "a Ray not started by verl-cluster (a plain `ray start`?)"
 
 
@@ -176,8 +188,7 @@ def _node_status(n, probe_result, info: dict | None, gcs_ok: bool, launcher: Lau
         if info and info["alive"]:
             s.state, s.reason = NodeState.OTHER_RAY, OTHER_REASON
         elif p is None:
-            s.state = NodeState.UNREACHABLE if isinstance(probe_result.error, ConnectError) else NodeState.MISSING
-            s.reason = probe_result.reason
+            s.state, s.reason = _login_failed(probe_result)
         else:
             s.reason = "not in the GCS of the Ray that runs on the head (not started by verl-cluster)"
         if info:
@@ -186,8 +197,7 @@ def _node_status(n, probe_result, info: dict | None, gcs_ok: bool, launcher: Lau
         return s
     if not probe_result.ok:
         # a host we cannot log into is unreachable; one that cannot run the node's Python has no Ray
-        s.state = NodeState.UNREACHABLE if isinstance(probe_result.error, ConnectError) else NodeState.MISSING
-        s.reason = probe_result.reason
+        s.state, s.reason = _login_failed(probe_result)
         if info and info["alive"]:
             s.state = NodeState.ALIVE  # the GCS sees it even if we cannot log in
             s.reason = f"alive in Ray, but not reachable for us: {probe_result.reason}"

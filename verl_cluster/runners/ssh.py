@@ -23,7 +23,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 import paramiko
 
 from verl_cluster.config.names import env_name_problem, host_problem, user_problem
-from verl_cluster.errors import ConfigError, ConnectError, HostKeyError, RunnerError
+from verl_cluster.errors import ConfigError, ConnectError, HostKeyError, KeyFileError, RunnerError
 from verl_cluster.runners.base import CommandTimeout, Result
 
 # paramiko's transport thread logs every failed connection with its traceback (a ProxyCommand that exits, a port
@@ -102,13 +102,13 @@ def _key_file(host: str, key_file: str) -> str:
     "No such file or directory" read as a host that cannot be reached)."""
     path = os.path.expanduser(key_file)
     if not os.path.exists(path):
-        raise ConnectError(host, f"SSH key file {path} (ssh.key_file / the node's ssh_key_file) does not exist",
+        raise KeyFileError(host, f"SSH key file {path} (ssh.key_file / the node's ssh_key_file) does not exist",
                            KEY_HINT)
     if not os.path.isfile(path):
-        raise ConnectError(host, f"SSH key file {path} (ssh.key_file / the node's ssh_key_file) is not a file",
+        raise KeyFileError(host, f"SSH key file {path} (ssh.key_file / the node's ssh_key_file) is not a file",
                            KEY_HINT)
     if not os.access(path, os.R_OK):
-        raise ConnectError(host, f"SSH key file {path} (ssh.key_file / the node's ssh_key_file) cannot be read "
+        raise KeyFileError(host, f"SSH key file {path} (ssh.key_file / the node's ssh_key_file) cannot be read "
                                  "by this user", f"fix its owner/permissions (chmod 600), or {KEY_HINT}")
     return path
 
