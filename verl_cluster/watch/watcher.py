@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Optional, TextIO
 
 from verl_cluster.enums import StrEnum
@@ -514,7 +515,10 @@ class Watcher:
         except Exception as e:  # noqa: BLE001 - the folder is untrusted: whatever an odd file makes fail, the run waits
             return False, (f"resharding the checkpoint to {world} GPUs failed: "
                            f"{getattr(e, 'message', None) or f'{type(e).__name__}: {e}'}"[:400])
-        return True, f"resharded the newest checkpoint to {world} GPUs ({str(done.to_dict())[:200]})"
+        p = done.plan
+        return True, (f"resharded the newest checkpoint to {world} GPUs ({Path(p.step_dir).name}, "
+                      f"{'+'.join(p.roles)}: {p.from_world_size} -> {p.world_size} ranks, "
+                      f"{done.bytes_written / 2**20:.0f} MiB in {done.seconds:.1f}s)")
 
     def _room_after_oom(self, spec: ClusterSpec) -> None:
         """An OOM under a plan that ran a phase at the GPU's limit: the next attempts are planned with room."""
