@@ -69,3 +69,66 @@ def test_the_recorded_node_loss_waited_its_grace_before_deciding():
     decided = next(e for e in events if "feasible plan" in e["action"])
     assert lost["class"] == grace["class"] == "node-lost" and lost["node"] == "10.213.20.11"
     assert 55 <= decided["time"] - grace["time"] <= 90  # the grace (60 s) passed before going on without the node
+
+
+WATCHED = json.loads((ROOT / "tests" / "fixtures" / "multinode" / "h200x2_watched_heal_lost_kill.json").read_text())
+
+
+def _at(run: str, text: str, after: float = 0.0) -> float:
+    return next(x["time"] for x in WATCHED[run]["watch"] if text in x["text"] and x["time"] >= after)
+
+
+def test_the_recorded_watched_runs_load_as_runs_and_ran_every_step_once(tmp_path, monkeypatch):
+    """The run folders the device kept are read by the product as its own runs: each step once, each attempt resumed
+    from the checkpoint the one before it wrote."""
+    from verl_cluster.watch.runs import RunState, RunStatus
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name, total in (("s43", 8), ("s5", 4)):
+        rec = WATCHED[name]
+        doc = {"run": rec["attempts"][0]["submission_id"], "cluster": name, "cluster_file": "", "attempts":
+               rec["attempts"], "restarts": len(rec["attempts"]) - 1, "state": rec["state"], "nodes": rec["nodes"]}
+        d = tmp_path / ".verl-cluster" / name / "runs" / doc["run"]
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps(doc))
+        st = RunState.load(name, doc["run"])
+        assert st is not None and st.state == RunStatus.SUCCEEDED
+        steps = [s for a in st.attempts for s in range(a["first_step"], a["last_step"] + 1)]
+        assert steps == list(range(1, total + 1))
+        for before, after in zip(st.attempts, st.attempts[1:]):
+            assert after["resumed_from"] == before["checkpoint"] == before["last_step"]
+            assert before.get("steps_lost") in (0, None)
+    assert [a.get("class") for a in WATCHED["s43"]["attempts"]] == ["node-lost", "node-lost", None]
+    assert WATCHED["s43"]["nodes"] == 1 and WATCHED["s5"]["attempts"][0]["class"] == "worker-died"
+
+
+def test_the_host_lost_for_good_was_resharded_once_and_only_then():
+    """The raylet kill healed on both nodes (no reshard); the host lost for good resharded step 4 from 2 ranks to 1,
+    kept verl's own files, and verl wrote 1-rank checkpoints from then on."""
+    files = WATCHED["s43"]["actor_files"]
+    ranks = {step: sorted({int(f.split("_world_size_")[1].split("_")[0]) for f in names})
+             for step, names in files.items()}
+    assert ranks == {"global_step_2/actor": [2], "global_step_4/actor": [1, 2], "global_step_6/actor": [1],
+                     "global_step_8/actor": [1]}
+    assert all(f"{k}_world_size_1_rank_0.pt" in files["global_step_4/actor"] for k in ("model", "optim", "extra_state"))
+
+
+def test_the_recorded_times_from_each_fault_to_the_next_step():
+    """Detect, heal/reshard, RUNNING again, first new step: the figures docs/BENCHMARKS.md gives, from the record."""
+    heal, lost = WATCHED["s43"]["faults"]
+    t = heal["killed_at"]
+    assert _at("s43", "refuses connections", t) - t <= 5  # the raylet's port refuses at once
+    assert _at("s43", "restarted 10.213.20.11", t) - t <= 20
+    assert _at("s43", "is RUNNING", t) - t <= 35
+    assert "resumed from step 2" in next(x["text"] for x in WATCHED["s43"]["watch"] if "first step 3" in x["text"])
+    t = lost["killed_at"]
+    seen = _at("s43", "has not answered", t)
+    assert seen - t <= 15  # silent from here and from the head: no wait for the GCS health check
+    ssh = _at("s43", "watch.node_grace_s", t)
+    decided = _at("s43", "continue on 1 node(s) without 10.213.20.11", t)
+    assert decided - ssh >= 14 and "resharded the newest checkpoint to 1 GPUs" in \
+        next(x["text"] for x in WATCHED["s43"]["watch"] if x["time"] == decided and "continue on" in x["text"])
+    assert _at("s43", "is RUNNING", decided) - t <= 90
+    assert _at("s43", "resumed from step 4", decided) > decided
+    kill = WATCHED["s5"]["faults"][0]["killed_at"]
+    assert _at("s5", "worker-died", kill) - kill <= 10 and _at("s5", "is RUNNING", kill) - kill <= 25
