@@ -285,7 +285,7 @@ def main() -> int:
         # the spec travels in working_dir; submit appends the effective verl overrides as argv
         job = load_job(os.environ.get("GPU_SMOKE_SPEC", "gpu_smoke.yaml"), [a for a in sys.argv[1:] if "=" in a])
         # env.GPU_SMOKE_STRATEGY=split on submit forces one; unset: the spec's placement.strategy (auto: the plan's
-        # choice). submit's preflight (launch/preflight.check_strategy) rejects one these GPUs cannot realise.
+        # choice). submit's preflight (submit/preflight.check_strategy) rejects one these GPUs cannot realise.
         strategy = os.environ.get("GPU_SMOKE_STRATEGY", "").strip() or None
         nodes = sorted((n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0),
                        key=lambda n: n["NodeManagerAddress"])

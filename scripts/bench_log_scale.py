@@ -150,7 +150,8 @@ def wait(pred, timeout: float, what: str, step: float = 0.2):
 def submit(lab, path: Path, size_mb: float, impl: str, home: Path, a) -> tuple[str, str, Path, float, int]:
     """(submission id, tag, the job script, seconds to write the big part, the log's size once written)."""
     from verl_cluster.config.cluster import load_cluster
-    from verl_cluster.launch import job_log, ray_jobs
+    from verl_cluster.verl_logs import job_log
+    from verl_cluster.jobs import ray_jobs
 
     tag = f"bl{int(size_mb)}{impl}{int(time.time() * 10) % 1000000}"
     script = lab.dir / "biglog_job.py"

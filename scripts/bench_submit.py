@@ -35,7 +35,7 @@ def main() -> int:
 
     from tests.harness import NetnsLab, integration_ready
     from verl_cluster.config.cluster import load_cluster
-    from verl_cluster.launch.ray_jobs import auth_headers
+    from verl_cluster.jobs.ray_jobs import auth_headers
     from verl_cluster.launchers import runner_for
     from verl_cluster.lifecycle.down import down
     from verl_cluster.lifecycle.up import up

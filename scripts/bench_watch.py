@@ -76,7 +76,7 @@ class RayDeathClock(threading.Thread):
 
 def one_rep(lab: NetnsLab, path: Path, w2, k: int, home: Path, down_s: float) -> dict:
     from verl_cluster.config.cluster import load_cluster
-    from verl_cluster.launch import ray_jobs
+    from verl_cluster.jobs import ray_jobs
 
     spec = load_cluster(path)
     j, ckpt = write_job(lab, f"bench{k}", steps=16)

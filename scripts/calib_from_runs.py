@@ -31,7 +31,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verl_cluster.launch.verl_log import VerlProgress  # noqa: E402
+from verl_cluster.verl_logs.verl_log import VerlProgress  # noqa: E402
 
 RUNS_FILE = ROOT / "tests/fixtures/verl_runs/calibration_runs.json"
 LOGS_DIR = ROOT / "tests/fixtures/verl_logs"
@@ -76,7 +76,7 @@ def submit_log(logs: Path, name: str) -> tuple[Path, str, list[str]]:
 def catalog_name(params: int) -> Optional[str]:
     """The catalog model with exactly this many parameters (the random-init shapes are the real ones); of models
     alike (Qwen2 and Qwen2.5 at 0.5B), the shape the GPU runs are made from (make_tiny_model.py --shape)."""
-    from verl_cluster.launch.tiny_model import SHAPES
+    from verl_cluster.testdata.tiny_model import SHAPES
     from verl_cluster.placement.model_shape import catalog, catalog_shape
 
     alike = [n for n in catalog() if catalog_shape(n).params == params]
@@ -261,7 +261,7 @@ def replay(entry: dict, logs_dir: Path, tmp: Path) -> tuple[Any, dict]:
         facts = replace(facts, versions={k: v for k, v in facts.versions.items() if k != "flash_attn"})
     args = list(entry["args"])
     if entry.get("tiny_model"):
-        from verl_cluster.launch.tiny_model import write_model
+        from verl_cluster.testdata.tiny_model import write_model
 
         write_model(tmp / "tiny", "tiny", seed=0)
         args.append(f"model.path={tmp / 'tiny'}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from verl_cluster.launch.verl_log import VerlProgress  # noqa: E402
+from verl_cluster.verl_logs.verl_log import VerlProgress  # noqa: E402
 
 
 def logged(log_text: str) -> dict[str, list[float]]:

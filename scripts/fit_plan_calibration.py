@@ -92,7 +92,7 @@ def replay_figures(entry: dict, tmp: Path) -> tuple:
     nodes = [replace(facts, host=f"node{i}") for i in range(entry["nodes"])]
     args = list(entry["args"]) + ([f"model.catalog={entry['model']}"] if entry.get("model") else [])
     if entry.get("tiny_model"):
-        from verl_cluster.launch.tiny_model import write_model
+        from verl_cluster.testdata.tiny_model import write_model
 
         write_model(tmp / "tiny", "tiny", seed=0)
         args.append(f"model.path={tmp / 'tiny'}")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verl_cluster.config.cluster import load_cluster  # noqa: E402
-from verl_cluster.launch import ray_jobs  # noqa: E402
+from verl_cluster.jobs import ray_jobs  # noqa: E402
 from verl_cluster.watch.bundle import collect  # noqa: E402
 from verl_cluster.watch.clean import clean_slate  # noqa: E402
 

@@ -6,7 +6,7 @@
 # and no registry. PyPI has flash-attn only as an sdist whose setup.py downloads a prebuilt wheel from GitHub
 # (unreachable there) and otherwise compiles 72 kernel files for 4 GPU archs (hours). The kit compiles a
 # trimmed build there in a few minutes: bf16 only, head dims FA_HDIMS (default "32 64": the tiny test model
-# in verl_cluster/launch/tiny_model.py has 128/4 = 32, Qwen2.5-0.5B has 896/14 = 64), sm_90 only.
+# in verl_cluster/testdata/tiny_model.py has 128/4 = 32, Qwen2.5-0.5B has 896/14 = 64), sm_90 only.
 #
 # Here, from the repo root (networked, any CPU; needs curl, pip, apt-get, xz):
 #   scripts/gpu_flash_attn_kit.sh [--wheel-here]

@@ -21,7 +21,7 @@ from pathlib import Path
 # the node script exactly as shipped (the NVML reader's source, then the script's), run here in a namespace of
 # its own: no package import, so a bare GPU machine with only the checkout can run it
 ROOT = Path(__file__).resolve().parents[1] / "verl_cluster"
-SCRIPT = "".join((ROOT / f).read_text() + "\n" for f in ("facts/nvml_node.py", "lifecycle/node_script.py"))
+SCRIPT = "".join((ROOT / f).read_text() + "\n" for f in ("facts/nvml_node.py", "nodes/node_script.py"))
 node = {"__name__": "vc_node_script"}
 exec(compile(SCRIPT, "node_script", "exec"), node)
 

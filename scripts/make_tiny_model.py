@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from verl_cluster.launch.tiny_model import SHAPES, write_model  # noqa: E402
+from verl_cluster.testdata.tiny_model import SHAPES, write_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from verl_cluster.errors import VerlClusterError  # noqa: E402
-from verl_cluster.launch.gsm8k import convert_rows, read_rows, split_of, write_parquet  # noqa: E402
-from verl_cluster.launch.synthetic_gsm8k import synthetic_splits  # noqa: E402
+from verl_cluster.testdata.gsm8k import convert_rows, read_rows, split_of, write_parquet  # noqa: E402
+from verl_cluster.testdata.synthetic_gsm8k import synthetic_splits  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

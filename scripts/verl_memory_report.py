@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verl_cluster.launch.verl_log import VerlProgress  # noqa: E402
+from verl_cluster.verl_logs.verl_log import VerlProgress  # noqa: E402
 
 # Ray task (WorkerDict method suffix) -> the plan's phase name
 TASK_PHASE = {

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.harness.cli import run_cli
-from verl_cluster.launch import job_records
+from verl_cluster.records import job_records
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,11 @@ import pytest
 
 from tests.harness.cli import run_cli
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.launch import job_records, ray_jobs
-from verl_cluster.launch.integrations import PlanInfo, plan_metadata, plan_predictions
-from verl_cluster.launch.job_pairs import pairs_of
-from verl_cluster.launch.request import RayJobRequest
+from verl_cluster.records import job_records
+from verl_cluster.jobs import ray_jobs
+from verl_cluster.submit.integrations import PlanInfo, plan_metadata, plan_predictions
+from verl_cluster.job_list.job_pairs import pairs_of
+from verl_cluster.jobs.request import RayJobRequest
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

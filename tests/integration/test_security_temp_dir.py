@@ -8,9 +8,9 @@ import pytest
 
 from tests.harness.cli import cli, cli_json
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.lifecycle.auth import ensure_token, node_token_path, remote_token_path
+from verl_cluster.nodes.auth import ensure_token, node_token_path, remote_token_path
 from verl_cluster.lifecycle.commands import plan_start
-from verl_cluster.lifecycle.nodes import Node
+from verl_cluster.nodes.agent import Node
 
 pytestmark = pytest.mark.integration
 

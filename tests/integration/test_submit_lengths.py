@@ -10,7 +10,7 @@ import pytest
 
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import load_job
-from verl_cluster.launch import integrations
+from verl_cluster.submit import integrations
 from verl_cluster.placement import parse_gpus
 
 pytestmark = pytest.mark.integration
@@ -80,7 +80,7 @@ def test_submit_dry_run_reports_the_prompts_measured_on_the_head_node(ssh_cluste
     import json
 
     from tests.harness.cli import run_cli
-    from verl_cluster.launch.tiny_model import model_config
+    from verl_cluster.testdata.tiny_model import model_config
     from verl_cluster.lifecycle.down import down
     from verl_cluster.lifecycle.up import up
 

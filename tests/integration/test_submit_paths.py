@@ -24,8 +24,8 @@ import pytest
 
 from tests.harness.cli import run_cli
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.launch.hydra_values import from_hydra
-from verl_cluster.launch.tiny_model import model_config
+from verl_cluster.verl_scripts.hydra_values import from_hydra
+from verl_cluster.testdata.tiny_model import model_config
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -140,7 +140,7 @@ def test_preflight_bad_columns_missing_file_gpus_short(cluster):
     assert "extra columns: answer, question" in err
     assert f"/tmp/only_head.parquet: not found on {worker.ip}" in err
     assert "needs 1 node(s) x 1 GPU(s)" in err
-    from verl_cluster.launch.verl_config import verl_available, verl_python
+    from verl_cluster.submit.verl_config import verl_available, verl_python
 
     if verl_available(verl_python()):
         assert "unknown verl key `data.train_batch_sizee`" in err and "did you mean `data.train_batch_size`" in err

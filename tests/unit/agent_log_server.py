@@ -90,6 +90,6 @@ class FakeClient:
 
 
 def fake_api(server: AgentLogServer, **kw):
-    from verl_cluster.launch.ray_jobs import JobsApi
+    from verl_cluster.jobs.ray_jobs import JobsApi
 
     return JobsApi(FakeClient(server, **kw), "here", headers={"Authorization": f"Bearer {server.token}"})

@@ -25,7 +25,7 @@ def _empty_package(path: Path) -> bool:
 
 
 def named(text: str, rel: str) -> bool:
-    """`rel` written as a path of its own, optionally after `verl_cluster/` (`nodes.py` is not `lifecycle/nodes.py`)."""
+    """`rel` written as a path of its own, optionally after `verl_cluster/` (`nodes.py` is not `nodes/agent.py`)."""
     return re.search(rf"(?<![\w/.])(verl_cluster/)?{re.escape(rel)}(?![\w/]|\.\w)", text) is not None
 
 
@@ -47,8 +47,8 @@ def test_every_module_the_doc_names_exists():
 
 
 def test_the_check_tells_a_module_from_one_of_the_same_name_elsewhere():
-    assert named("`lifecycle/nodes.py`: talking to nodes", "lifecycle/nodes.py")
+    assert named("`nodes/agent.py`: talking to nodes", "nodes/agent.py")
     assert named("see verl_cluster/errors.py.", "errors.py")
-    assert not named("`lifecycle/nodes.py`", "nodes.py")
+    assert not named("`nodes/agent.py`", "nodes.py")
     assert not named("`placement/memory.py`", "reshard/memory.py")
     assert not named("`cli/__init__.py.bak`", "cli/__init__.py")

@@ -12,7 +12,7 @@ import pytest
 from verl_cluster.cli import main
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import JobSpec
-from verl_cluster.launch import node_files
+from verl_cluster.submit import node_files
 
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K = str(ROOT / "launch/gsm8k.yaml")
@@ -35,7 +35,7 @@ def _has(python, module):
 
 
 def _verl_here():
-    from verl_cluster.launch.verl_config import verl_available
+    from verl_cluster.submit.verl_config import verl_available
 
     return verl_available(sys.executable)
 
@@ -43,7 +43,7 @@ def _verl_here():
 @pytest.mark.skipif(not NO_VERL or _has(NO_VERL, "verl"), reason="needs a Python without verl as 'this machine'")
 @pytest.mark.skipif(not _verl_here(), reason="the head's Python here (the suite's venv) must have verl")
 def test_verl_config_runs_on_the_head_when_this_machine_lacks_verl(tmp_path, monkeypatch):
-    from verl_cluster.launch.preflight import check_verl
+    from verl_cluster.submit.preflight import check_verl
 
     monkeypatch.setenv("VC_VERL_PYTHON", NO_VERL)  # this machine as a default install sees it: no verl
     found = check_verl(PPO, {"data.train_batch_sizee": 4}, _local(tmp_path))
@@ -54,7 +54,7 @@ def test_verl_config_runs_on_the_head_when_this_machine_lacks_verl(tmp_path, mon
 
 @pytest.mark.skipif(not NO_VERL or _has(NO_VERL, "verl"), reason="needs a Python without verl")
 def test_a_head_without_verl_says_so_and_where(tmp_path, monkeypatch):
-    from verl_cluster.launch.preflight import check_verl
+    from verl_cluster.submit.preflight import check_verl
 
     bin_ = tmp_path / "env/bin"
     bin_.mkdir(parents=True)
@@ -67,21 +67,21 @@ def test_a_head_without_verl_says_so_and_where(tmp_path, monkeypatch):
 
 
 def test_verl_here_says_here(monkeypatch):
-    from verl_cluster.launch.preflight import verl_check_where
+    from verl_cluster.submit.preflight import verl_check_where
 
-    monkeypatch.setattr("verl_cluster.launch.verl_config.verl_available", lambda python=None: False)
+    monkeypatch.setattr("verl_cluster.submit.verl_config.verl_available", lambda python=None: False)
     res, where = verl_check_where(PPO, {}, None)  # no cluster (or verl here): the check stays here
     assert where == "here" and not res.ran and "not installed here" in res.skipped
 
 
 @pytest.mark.skipif(not NO_VERL or _has(NO_VERL, "pyarrow"), reason="needs a Python without pyarrow")
 def test_columns_unread_anywhere_are_a_skipped_finding_not_silence(tmp_path, monkeypatch):
-    from verl_cluster.launch.preflight import check_files
+    from verl_cluster.submit.preflight import check_files
 
     bin_ = tmp_path / "env/bin"
     bin_.mkdir(parents=True)
     os.symlink(NO_VERL, bin_ / "python")  # the node's Python has no pyarrow
-    monkeypatch.setattr("verl_cluster.launch.preflight.local_schema", lambda path: None)  # nor has this machine
+    monkeypatch.setattr("verl_cluster.submit.preflight.local_schema", lambda path: None)  # nor has this machine
     found = check_files(_local(tmp_path, bin_), PPO, {"data.train_files": [SAMPLE]})
     data = [f for f in found if f.check == "data"]
     assert [f.level for f in data] == ["skipped"], data
@@ -90,7 +90,7 @@ def test_columns_unread_anywhere_are_a_skipped_finding_not_silence(tmp_path, mon
 
 
 def test_columns_checked_on_the_node_say_where(tmp_path):
-    from verl_cluster.launch.preflight import check_files
+    from verl_cluster.submit.preflight import check_files
 
     found = check_files(_local(tmp_path), PPO, {"data.train_files": [SAMPLE]})
     ok = [f for f in found if f.check == "data" and f.level == "ok"]
@@ -99,8 +99,8 @@ def test_columns_checked_on_the_node_say_where(tmp_path):
 
 def test_preflight_table_and_json_carry_where(capsys):
     from verl_cluster.cli.submit_cmd import print_preflight
-    from verl_cluster.launch.findings import Finding
-    from verl_cluster.launch.preflight import PreflightReport
+    from verl_cluster.submit.findings import Finding
+    from verl_cluster.submit.preflight import PreflightReport
 
     report = PreflightReport([Finding("ok", "verl-config", "composes", where="on head-1")])
     print_preflight(report)
@@ -127,7 +127,7 @@ def test_plan_data_empty_file(tmp_path, capsys):
 
 
 def test_plan_data_without_pyarrow_names_the_extra(monkeypatch, capsys):
-    from verl_cluster.launch import prompt_probe
+    from verl_cluster.submit import prompt_probe
 
     def no_pyarrow(*a, **k):
         raise ImportError("No module named 'pyarrow'")

@@ -1,6 +1,6 @@
 """A checkpoint folder on tmpfs is named before a run saves its checkpoints into RAM."""
 
-from verl_cluster.launch.ckpt_memory import mount_fs, ram_checkpoint_warning
+from verl_cluster.submit.ckpt_memory import mount_fs, ram_checkpoint_warning
 
 MOUNTS = """/dev/vda / ext4 rw,relatime 0 0
 tmpfs /dev/shm tmpfs rw,relatime,size=24684084k 0 0

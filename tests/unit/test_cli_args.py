@@ -14,7 +14,7 @@ from tests.harness.cli import run_cli
 from verl_cluster.cli import build_parser, main
 from verl_cluster.cli.cluster_args import is_override, packaged_default, resolve_cluster
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch import job_records
+from verl_cluster.records import job_records
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = str(ROOT / "cluster_configs/local.yaml")

@@ -11,7 +11,7 @@ import pytest
 from tests.harness.json_server import JsonServer
 from verl_cluster.cli import COMMANDS, build_parser, main
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.lifecycle.auth import ensure_token
+from verl_cluster.nodes.auth import ensure_token
 
 MISSING = "/nonexistent/verl-cluster-test/cluster.yaml"
 JOB = "/nonexistent/verl-cluster-test/job.yaml"
@@ -215,8 +215,8 @@ def test_jobs_json_of_a_cluster_that_does_not_answer_is_exit_1_and_an_error_obje
 # ---- exit codes: the user's own input first ----
 
 def test_preflight_with_a_missing_data_file_is_bad_input_whatever_else_the_cluster_lacks():
-    from verl_cluster.launch.preflight import Finding, PreflightReport
-    from verl_cluster.launch.submit import preflight_exit_code
+    from verl_cluster.submit.preflight import Finding, PreflightReport
+    from verl_cluster.submit.pipeline import preflight_exit_code
 
     missing = Finding("error", "data", "/d/train.parquet: not found on localhost")
     key = Finding("error", "verl-config", "unknown verl key `data.train_batch_sizee`")
@@ -234,7 +234,7 @@ def test_preflight_with_a_missing_data_file_is_bad_input_whatever_else_the_clust
 
 def test_a_refused_connection_on_a_port_with_403_in_it_is_not_a_refused_token():
     """The cause named is the real one: `127.0.0.1:40373` refusing the connection read as 'refused our token'."""
-    from verl_cluster.launch.ray_jobs import _explain
+    from verl_cluster.jobs.ray_jobs import _explain
 
     where = "http://127.0.0.1:40373"
     got = _explain(ConnectionError(f"Failed to connect to Ray at address: {where}."), where)

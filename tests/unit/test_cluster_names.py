@@ -13,7 +13,7 @@ import pytest
 
 from verl_cluster.cli import main
 from verl_cluster.cli.cluster_args import packaged_default
-from verl_cluster.launch import job_records
+from verl_cluster.records import job_records
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_cluster.launch.verl_log import classify
+from verl_cluster.verl_logs.verl_log import classify
 from verl_cluster.watch.failures import diagnose
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "verl_logs"
@@ -169,7 +169,7 @@ def test_the_watcher_looks_where_the_jobs_code_comes_from_not_in_its_own_folder(
     from types import SimpleNamespace
 
     from tests.unit.test_watch_loop import _watcher
-    from verl_cluster.launch import job_records
+    from verl_cluster.records import job_records
     from verl_cluster.watch import runs
 
     where, here = node

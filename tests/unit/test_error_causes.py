@@ -147,7 +147,7 @@ def test_up_reason_carries_it():
 
 @pytest.mark.parametrize("command", ["logs", "stop"])
 def test_an_id_one_character_short_gets_did_you_mean(command, capsys):
-    from verl_cluster.launch import job_records
+    from verl_cluster.records import job_records
 
     sid = "raysubmit_Ab12Cd34Ef56Gh78"
     job_records.record(sid, LOCAL, "local", "gsm8k")  # this test's own HOME (tests/conftest.py)

@@ -90,6 +90,6 @@ def test_each_run_fits_one_h100_with_room(name):
 
 
 def test_the_grid_runs_use_shapes_make_tiny_model_writes():
-    from verl_cluster.launch.tiny_model import SHAPES
+    from verl_cluster.testdata.tiny_model import SHAPES
 
     assert {r["shape"] for r in GRID.values()} <= set(SHAPES)

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.data_check import check_schema, requirement_for, schema_tree
-from verl_cluster.launch.gsm8k import (INSTRUCTION, convert_rows, final_answer, read_rows, split_of, to_verl_row,
+from verl_cluster.submit.data_check import check_schema, requirement_for, schema_tree
+from verl_cluster.testdata.gsm8k import (INSTRUCTION, convert_rows, final_answer, read_rows, split_of, to_verl_row,
                                       write_parquet)
-from verl_cluster.launch.synthetic_gsm8k import synthetic_splits
+from verl_cluster.testdata.synthetic_gsm8k import synthetic_splits
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
@@ -158,7 +158,7 @@ def test_verl_dataset_reads_synthetic_parquet_with_the_offline_tokenizer(tmp_pat
     from transformers import AutoTokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from verl_cluster.launch.tiny_model import write_tokenizer
+    from verl_cluster.testdata.tiny_model import write_tokenizer
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
     train, _ = synthetic_splits(30, 0, seed=2)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from verl_cluster.facts import nvml_node
-from verl_cluster.lifecycle import node_script
+from verl_cluster.nodes import node_script
 from verl_cluster.watch.bundle import _stuck, top_frames
 from tests.unit.nvml_replay import ReplayedNvml
 

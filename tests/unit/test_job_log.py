@@ -1,4 +1,4 @@
-"""Reading a job's log by byte ranges (launch/job_log.py) against a stand-in of Ray's agent route
+"""Reading a job's log by byte ranges (verl_logs/job_log.py) against a stand-in of Ray's agent route
 (tests/unit/agent_log_server.py; tests/integration/test_log_scale.py reads the real one): each poll moves only what
 the job wrote since the last, a reader resumes at its offset, the last lines and the parsed progress stay bounded."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from tests.unit.agent_log_server import AgentLogServer, fake_api
 from verl_cluster.errors import ClusterError
-from verl_cluster.launch import job_log
-from verl_cluster.launch.job_log import AgentLog, LogFollower, last_lines
-from verl_cluster.launch.verl_log import VerlProgress
+from verl_cluster.verl_logs import job_log
+from verl_cluster.verl_logs.job_log import AgentLog, LogFollower, last_lines
+from verl_cluster.verl_logs.verl_log import VerlProgress
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "verl_logs"
 STEP = ("(TaskRunner pid=4711) step:{n} - timing_s/gen:{g} - timing_s/old_log_prob:0.7 - timing_s/ref:0.4 - "
@@ -116,7 +116,7 @@ def test_the_token_is_sent_and_a_refusal_is_one_clear_error(server):
 def test_an_agent_address_outside_the_cluster_gets_no_token(tmp_path):
     """The address comes from the Jobs API's reply: a hostile server could name any listener."""
     from verl_cluster.config.cluster import load_cluster
-    from verl_cluster.launch.ray_jobs import JobsApi
+    from verl_cluster.jobs.ray_jobs import JobsApi
 
     root = Path(__file__).resolve().parents[2]
     spec = load_cluster(str(root / "cluster_configs/local.yaml"))
@@ -132,7 +132,7 @@ def test_a_head_on_this_machine_has_its_agent_at_any_address_of_this_machine(tmp
     route's): `submit` and `logs` on the one-node default failed 'not one of the cluster's nodes'. Any address of
     this machine is this head's; one elsewhere, or this machine for a remote head, still gets no token."""
     from verl_cluster.config.cluster import load_cluster
-    from verl_cluster.launch.ray_jobs import JobsApi
+    from verl_cluster.jobs.ray_jobs import JobsApi
 
     root = Path(__file__).resolve().parents[2]
     spec = load_cluster(str(root / "cluster_configs/local.yaml"))
@@ -232,7 +232,7 @@ def test_a_jobs_api_500_shows_the_last_line_of_the_servers_traceback():
     """The dashboard answered HTTP 500 to every submit once its working directory was gone; the message ended at
     'Traceback (most recent call last):' and the line that matters was cut (Ray's client puts the body after
     `Request failed with status code 500: ` and a '.' after it)."""
-    from verl_cluster.launch.ray_jobs import JobsApi
+    from verl_cluster.jobs.ray_jobs import JobsApi
 
     body = ("Traceback (most recent call last):\n  File \"/ray/dashboard/modules/job/job_head.py\", line 1, in submit\n"
             "    cwd = os.path.abspath(os.path.curdir)\nFileNotFoundError: [Errno 2] No such file or directory")
@@ -252,9 +252,9 @@ def test_jobs_json_reads_a_running_job_on_from_its_record_and_keeps_a_finished_o
     and parse state in the job's record); once the job has ended its pairs are kept and its log is not read again."""
     from types import SimpleNamespace
 
-    from verl_cluster.launch import job_records
-    from verl_cluster.launch.integrations import PlanInfo, plan_metadata
-    from verl_cluster.launch.job_pairs import job_pairs, pairs_of
+    from verl_cluster.records import job_records
+    from verl_cluster.submit.integrations import PlanInfo, plan_metadata
+    from verl_cluster.job_list.job_pairs import job_pairs, pairs_of
 
     monkeypatch.setenv("HOME", str(tmp_path))
     predicted = {"phases_s": {"gen": 4.0, "old_log_prob": 0.7, "ref": 0.4, "adv": 0.01, "update_actor": 1.5,

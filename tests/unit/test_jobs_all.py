@@ -13,7 +13,8 @@ import pytest
 
 from verl_cluster.cli import main
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.launch import all_jobs, job_records
+from verl_cluster.job_list import all_jobs
+from verl_cluster.records import job_records
 
 ROOT = Path(__file__).resolve().parents[2]
 

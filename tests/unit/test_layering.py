@@ -8,14 +8,23 @@ functions. The layers, lowest first (docs/architecture.md draws them):
     runners           the transports: a command run locally or over SSH
     slurm             the allocation, its job-step runner, the batch script
     launchers         the one launcher a cluster's config names: its runner, how Ray is started and held there
-    facts, diagnostics, lifecycle
-                      what the nodes have, what is wrong with them, starting and stopping Ray there
+    facts             what a node has, as data (and the node-side NVML reader)
+    nodes             the node agent: our Ray on a node (probe, kill, start, GCS), the cluster token and auth env
+    diagnostics       what is wrong with the nodes; gathering their facts
+    lifecycle         starting, healing and stopping Ray there
     placement         pure: facts in, plan out
-    launch, reshard   turning a job into a Ray job or torchrun, checkpoints for another world size
+    records, verl_scripts, testdata, reshard
+                      what this machine remembers; verl scripts read as jobs; test data makers; checkpoints for
+                      another world size
+    jobs              the job launchers: Ray Jobs API and torchrun, the requests they take
+    submit            the submit pipeline: preflight, plan, request
+    verl_logs         reading verl's logs: steps, lengths, ETA, failures
+    job_list          `jobs`: every cluster's jobs, each planned job's predicted vs measured
     watch             a long run's loop over attempts
     cli               parse, call the library, print
 
-A module may import from its own layer or a lower one. Imports under `if TYPE_CHECKING:` never run, so they
+A module may import from its own layer or a lower one, and no two packages import each other (a package-level
+cycle hides behind function-level imports even when every file-level import looks down). Imports under `if TYPE_CHECKING:` never run, so they
 do not make a cycle; they still must look down (a type from a higher layer is a dependency on it).
 """
 
@@ -35,9 +44,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runners", ("verl_cluster.runners",)),
     ("slurm", ("verl_cluster.slurm",)),
     ("launchers", ("verl_cluster.launchers",)),
-    ("facts/diagnostics/lifecycle", ("verl_cluster.facts", "verl_cluster.diagnostics", "verl_cluster.lifecycle")),
+    ("facts", ("verl_cluster.facts",)),
+    ("nodes", ("verl_cluster.nodes",)),
+    ("diagnostics", ("verl_cluster.diagnostics",)),
+    ("lifecycle", ("verl_cluster.lifecycle",)),
     ("placement", ("verl_cluster.placement",)),
-    ("launch/reshard", ("verl_cluster.launch", "verl_cluster.reshard")),
+    ("records/verl_scripts/testdata/reshard", ("verl_cluster.records", "verl_cluster.verl_scripts",
+                                               "verl_cluster.testdata", "verl_cluster.reshard")),
+    ("jobs", ("verl_cluster.jobs",)),
+    ("submit", ("verl_cluster.submit",)),
+    ("verl_logs", ("verl_cluster.verl_logs",)),
+    ("job_list", ("verl_cluster.job_list",)),
     ("watch", ("verl_cluster.watch",)),
     ("cli", ("verl_cluster.cli", "verl_cluster.__main__")),
 ]
@@ -46,7 +63,7 @@ PLACEMENT = [name for name, _ in LAYERS].index("placement")
 
 # placement plans from facts it is given: nothing it imports, directly or through others, reaches a node
 TALKS_TO_NODES = ("verl_cluster.runners", "verl_cluster.slurm", "verl_cluster.launchers", "verl_cluster.diagnostics",
-                  "verl_cluster.lifecycle", "verl_cluster.facts.cluster_facts")
+                  "verl_cluster.lifecycle", "verl_cluster.diagnostics.cluster_facts")
 
 
 @dataclass(frozen=True)
@@ -201,6 +218,38 @@ def _one_cycle(start: str, group: set[str], graph: dict[str, list[Edge]]) -> lis
     raise AssertionError(f"no cycle through {start}")
 
 
+def package_of(name: str) -> str:
+    """verl_cluster.X for a module of package X (a top-level module is its own: verl_cluster.errors)."""
+    return ".".join(name.split(".")[:2])
+
+
+def package_cycles(edges: list[Edge]) -> list[str]:
+    """Pairs of packages that import each other at run time (directly or through a third), one line each."""
+    graph: dict[str, dict[str, Edge]] = {}
+    for e in edges:
+        a, b = package_of(e.source), package_of(e.target)
+        if a != b and not e.typing_only:
+            graph.setdefault(a, {}).setdefault(b, e)
+
+    def path(a: str, b: str) -> list[Edge] | None:
+        seen, todo = {a: []}, [a]
+        while todo:
+            v = todo.pop(0)
+            for w, e in graph.get(v, {}).items():
+                if w not in seen:
+                    seen[w] = seen[v] + [e]
+                    todo.append(w)
+        return seen.get(b)
+
+    found = []
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            back = path(b, a)
+            if back is not None and a < b:
+                found.append(f"{a} <-> {b}: " + " / ".join(x.where() for x in [graph[a][b]] + back))
+    return found
+
+
 def reaches(start: str, edges: list[Edge]) -> dict[str, list[Edge]]:
     """Every module `start` loads at run time, directly or through others, with the chain of imports to it."""
     graph: dict[str, list[Edge]] = {}
@@ -234,6 +283,11 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n\n".join("\n".join(c) for c in cycles)
 
 
+def test_no_package_cycles():
+    cycles = package_cycles(all_edges())
+    assert not cycles, "packages that import each other:\n" + "\n".join(cycles)
+
+
 def test_placement_reaches_no_node():
     edges = all_edges()
     bad = []
@@ -264,7 +318,7 @@ def test_the_checker_sees_every_kind_of_import(tmp_path, monkeypatch):
         "cli/__init__.py": "",
         "cli/c.py": "",
         "runners/__init__.py": "",
-        "runners/r.py": "",
+        "runners/r.py": "def h():\n    from verl_cluster.config import a\n",
     }.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text(text)
@@ -281,7 +335,15 @@ def test_the_checker_sees_every_kind_of_import(tmp_path, monkeypatch):
         ("verl_cluster.placement.plan", "verl_cluster.placement.hw", True, False),
         ("verl_cluster.placement.hw", "verl_cluster.placement.plan", True, False),
         ("verl_cluster.watch.w", "verl_cluster.cli.c", False, True),
+        ("verl_cluster.runners.r", "verl_cluster.config.a", True, False),
     }
+    # config.a -> errors and runners.r -> config.a look fine file by file; config <-> runners needs a way back:
+    assert package_cycles(edges) == []
+    (pkg / "config" / "a.py").write_text("from verl_cluster.errors import X\nfrom verl_cluster.runners import r\n")
+    [both] = package_cycles(all_edges())
+    assert both.startswith("verl_cluster.config <-> verl_cluster.runners: verl_cluster.config.a -> verl_cluster.runners.r")
+    (pkg / "config" / "a.py").write_text("from verl_cluster.errors import X\n")
+    edges = all_edges()
     [cycle] = import_cycles(edges)
     assert len(cycle) == 2 and "function-level" in cycle[0]
     [up] = upward_imports(edges)

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from verl_cluster.config.job import load_job
-from verl_cluster.launch import job_records, length_store
-from verl_cluster.launch.data_lengths import gather_lengths
-from verl_cluster.launch.verl_log import VerlProgress
+from verl_cluster.records import job_records, length_store
+from verl_cluster.submit.data_lengths import gather_lengths
+from verl_cluster.verl_logs.verl_log import VerlProgress
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "tests/fixtures/verl_logs/h100_grpo_0.5b_succeeded.log"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from verl_cluster.cli import main
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.lifecycle import node_script
+from verl_cluster.nodes import node_script
 from verl_cluster.lifecycle.commands import plan_start
-from verl_cluster.lifecycle.nodes import index_by_ip
+from verl_cluster.nodes.agent import index_by_ip
 from verl_cluster.lifecycle.status import ClusterStatus, NodeState, NodeStatus
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from verl_cluster.config.job import load_job
 from verl_cluster.diagnostics.check import keep_bus
 from verl_cluster.diagnostics.collective import CollectiveResult
 from verl_cluster.facts import measured_bus
-from verl_cluster.facts.cluster_facts import cluster_bus
+from verl_cluster.diagnostics.cluster_facts import cluster_bus
 from verl_cluster.facts.measured_bus import BusMeasure, recorded
 from verl_cluster.facts.model import NodeFacts, from_dict
 from verl_cluster.placement import plan_job

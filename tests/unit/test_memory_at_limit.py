@@ -91,8 +91,8 @@ def test_what_earlier_phases_left_cached_never_makes_a_phase_fail():
 def test_submit_says_when_its_plan_runs_at_the_limit(monkeypatch):
     """verl's run_qwen3-8b.sh on 8 H100s: submit's preflight note names the phase that runs at the GPU's limit."""
     from verl_cluster.config.cluster import load_cluster
-    from verl_cluster.launch import integrations
-    from verl_cluster.facts import cluster_facts
+    from verl_cluster.submit import integrations
+    from verl_cluster.diagnostics import cluster_facts
 
     job, hw, p = _plan("tests/fixtures/verl_recipes/run_qwen3-8b.yaml", "1x8xH100-80GB")
     assert p.feasible and any(w.startswith("actor update runs at the GPU's limit") for w in p.warnings)

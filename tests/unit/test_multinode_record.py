@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from verl_cluster.launch.integrations import _with_shared_host
+from verl_cluster.submit.integrations import _with_shared_host
 from verl_cluster.placement.check_run import pairs
 
 ROOT = Path(__file__).resolve().parents[2]

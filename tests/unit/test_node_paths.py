@@ -6,9 +6,9 @@ from pathlib import Path
 
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import JobSpec
-from verl_cluster.launch.node_paths import judge, to_expand, unexpanded
-from verl_cluster.launch.preflight import PreflightReport, check_nodes
-from verl_cluster.launch.request import override_args
+from verl_cluster.submit.node_paths import judge, to_expand, unexpanded
+from verl_cluster.submit.preflight import PreflightReport, check_nodes
+from verl_cluster.jobs.request import override_args
 
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT / "tests/fixtures/prompts/gsm8k_train.parquet"
@@ -104,7 +104,7 @@ def test_without_the_checks_the_paths_are_still_expanded_on_the_nodes(tmp_path, 
     """--skip-preflight and a watched run's next attempt (plan_submission(run_checks=False)) send verl the same
     absolute paths; where no node answers, the paths go as written with a warning each."""
     from verl_cluster.errors import RunnerError
-    from verl_cluster.launch import preflight
+    from verl_cluster.submit import preflight
 
     monkeypatch.setenv("HOME", str(tmp_path))
     c = tmp_path / "c.yaml"
@@ -126,7 +126,7 @@ def test_without_the_checks_the_paths_are_still_expanded_on_the_nodes(tmp_path, 
 def test_omegaconfs_interpolations_are_left_to_verl():
     """`${oc.env:DATA}` is OmegaConf's (verl resolves it when it composes its config): not a shell variable, not
     an error; a bare `$VAR` beside it is expanded."""
-    from verl_cluster.launch import node_files
+    from verl_cluster.submit import node_files
 
     assert to_expand({"data.train_files": ["${oc.env:DATA}/t.parquet"], "trainer.default_local_dir": "/c/${x}"}) == {}
     assert to_expand({"data.val_files": "${oc.env:DATA}/$SPLIT.parquet"}) == {"data.val_files":

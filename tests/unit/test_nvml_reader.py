@@ -12,8 +12,8 @@ import pytest
 from verl_cluster.diagnostics import probe_node
 from verl_cluster.diagnostics.gather import PROBE_SOURCE
 from verl_cluster.facts import nvml_node
-from verl_cluster.lifecycle import node_script
-from verl_cluster.lifecycle.nodes import SCRIPT
+from verl_cluster.nodes import node_script
+from verl_cluster.nodes.agent import SCRIPT
 from tests.unit.nvml_replay import ReplayedNvml
 
 FACTS = Path(__file__).parents[1] / "fixtures/facts"

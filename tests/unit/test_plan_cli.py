@@ -119,7 +119,7 @@ def test_plan_for_job_on_localhost_cluster_is_a_clean_error_without_gpus():
     from verl_cluster.config.job import load_job
     from verl_cluster.diagnostics.gather import local_facts
     from verl_cluster.errors import ConfigError, PlanError
-    from verl_cluster.launch.integrations import plan_for_job
+    from verl_cluster.submit.integrations import plan_for_job
 
     job = load_job(PPO)
     if local_facts(head_ip=None, deep=False).gpus:
@@ -131,14 +131,14 @@ def test_plan_for_job_on_localhost_cluster_is_a_clean_error_without_gpus():
 
 
 def test_plan_for_job_matches_what_submit_calls(monkeypatch):
-    """launch/integrations.placement_plan does what plan_for_job(job, spec) does: gather every node, then plan."""
+    """submit/integrations.placement_plan does what plan_for_job(job, spec) does: gather every node, then plan."""
     import inspect
 
     from verl_cluster.config.job import load_job
     from verl_cluster.diagnostics import gather
     from verl_cluster.facts.model import from_dict, NodeFacts
-    from verl_cluster.launch import integrations
-    from verl_cluster.launch.integrations import plan_for_job
+    from verl_cluster.submit import integrations
+    from verl_cluster.submit.integrations import plan_for_job
 
     assert list(inspect.signature(plan_for_job).parameters)[:2] == ["job", "spec"]
     recorded = json.loads((ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())

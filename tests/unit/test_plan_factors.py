@@ -13,7 +13,7 @@ import pytest
 
 from verl_cluster.cli import main
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.job_pairs import pairs_of
+from verl_cluster.job_list.job_pairs import pairs_of
 from verl_cluster.placement.check_run import STEP_PHASES
 from verl_cluster.placement.factors import apply_factors, read_factors
 
@@ -239,7 +239,7 @@ def test_a_job_names_its_factors_and_submit_keeps_the_scaled_predictions(tmp_pat
 
     from verl_cluster.cli import main
     from verl_cluster.config.job import load_job
-    from verl_cluster.launch.integrations import placement_plan
+    from verl_cluster.submit.integrations import placement_plan
 
     (tmp_path / "mine.json").write_text(json.dumps({"factors": {"gen": {"factor": 1.5, "runs": 3}}}))
     job_file = tmp_path / "job.yaml"

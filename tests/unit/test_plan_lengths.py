@@ -11,7 +11,7 @@ import pytest
 from verl_cluster.cli import main
 from verl_cluster.config.job import load_job
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.data_lengths import gather_lengths
+from verl_cluster.submit.data_lengths import gather_lengths
 from verl_cluster.placement import parse_gpus, plan_job
 from verl_cluster.placement.length_plans import plan_lengths
 from verl_cluster.placement.lengths import TOTAL_SWING, micro_tokens, resolve_lengths

@@ -95,9 +95,9 @@ def test_a_typo_in_our_own_sections_is_an_error_not_a_verl_override():
 
 def test_the_lora_options_overrides_compose_in_verls_own_config(monkeypatch):
     """verl 0.9.1's Hydra config takes every key the LoRA option sets (actor and critic lora_rank included)."""
-    from verl_cluster.launch.preflight import check_verl
-    from verl_cluster.launch.request import merge_overrides
-    from verl_cluster.launch.verl_config import verl_available, verl_python
+    from verl_cluster.submit.preflight import check_verl
+    from verl_cluster.jobs.request import merge_overrides
+    from verl_cluster.submit.verl_config import verl_available, verl_python
 
     if not verl_available(verl_python()):
         pytest.skip("verl is not importable here")

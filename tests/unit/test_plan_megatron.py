@@ -7,8 +7,8 @@ import pytest
 
 from verl_cluster.cli import main
 from verl_cluster.config.job import load_job
-from verl_cluster.launch.request import merge_overrides
-from verl_cluster.launch.script_import import load_job_input
+from verl_cluster.jobs.request import merge_overrides
+from verl_cluster.verl_scripts.script_import import load_job_input
 from verl_cluster.placement import parse_gpus
 from verl_cluster.placement.length_plans import plan_lengths
 from verl_cluster.placement.lengths import resolve_lengths
@@ -82,8 +82,8 @@ def test_fsdp_jobs_are_unchanged():
 
 
 def test_submit_side_gets_no_verdict_and_no_fsdp_keys(monkeypatch):
-    """launch/integrations.placement_plan: feasible None (a warning, not a refusal), the node counts only."""
-    from verl_cluster.launch import integrations
+    """submit/integrations.placement_plan: feasible None (a warning, not a refusal), the node counts only."""
+    from verl_cluster.submit import integrations
 
     job, _ = load_job_input(MEGATRON_ARGV[0], MEGATRON_ARGV[1:])
     monkeypatch.setattr(integrations, "_facts_and_lengths",

@@ -3,8 +3,8 @@ them (predicted vs measured, a warning past 25%), on a recorded H100 log."""
 
 from pathlib import Path
 
-from verl_cluster.launch.integrations import PlanInfo, plan_metadata, plan_predictions
-from verl_cluster.launch.verl_log import VerlProgress, describe
+from verl_cluster.submit.integrations import PlanInfo, plan_metadata, plan_predictions
+from verl_cluster.verl_logs.verl_log import VerlProgress, describe
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = (ROOT / "tests/fixtures/verl_logs/h100_grpo_0.5b_succeeded.log").read_text()

@@ -6,8 +6,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from verl_cluster.config.job import JobSpec
-from verl_cluster.launch.data_check import check_schema, requirement_for, schema_tree
-from verl_cluster.launch.preflight import NodeGpus, data_files, gpu_fit, gpu_request, judge_node_files
+from verl_cluster.submit.data_check import check_schema, requirement_for, schema_tree
+from verl_cluster.submit.preflight import NodeGpus, data_files, gpu_fit, gpu_request, judge_node_files
 
 MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 VERL_SCHEMA = pa.schema([("data_source", pa.string()), ("prompt", MESSAGES), ("ability", pa.string()),
@@ -110,7 +110,7 @@ def test_check_files_on_this_machine_never_says_both_missing_and_found(tmp_path,
     """The real node probe on a localhost cluster: a hub model absent from an empty HF cache is a warning,
     and then no 'found on every node' line contradicts it; a real model dir gets the ok line."""
     from verl_cluster.config.cluster import load_cluster
-    from verl_cluster.launch.preflight import check_files
+    from verl_cluster.submit.preflight import check_files
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     c = tmp_path / "c.yaml"
@@ -150,15 +150,15 @@ def _smoke(*cli):
 
 
 def test_strategy_auto_on_one_gpu_is_no_finding():
-    from verl_cluster.launch.preflight import check_strategy
+    from verl_cluster.submit.preflight import check_strategy
 
     assert _smoke().placement.strategy == "auto"
     assert check_strategy(_smoke(), _recorded(ONE_GPU)) == []
 
 
 def test_strategy_split_on_one_gpu_is_a_placement_error_naming_field_file_why_and_fix():
-    from verl_cluster.launch.preflight import PreflightReport, check_strategy
-    from verl_cluster.launch.submit import preflight_exit_code
+    from verl_cluster.submit.preflight import PreflightReport, check_strategy
+    from verl_cluster.submit.pipeline import preflight_exit_code
 
     found = check_strategy(_smoke("placement.strategy=split"), _recorded(ONE_GPU))
     assert [(f.level, f.check, f.message) for f in found] == [("error", "placement", f"{SMOKE}: {SPLIT_ON_ONE}")]
@@ -166,14 +166,14 @@ def test_strategy_split_on_one_gpu_is_a_placement_error_naming_field_file_why_an
 
 
 def test_strategy_split_on_two_gpus_is_fine():
-    from verl_cluster.launch.preflight import check_strategy
+    from verl_cluster.submit.preflight import check_strategy
 
     found = check_strategy(_smoke("placement.strategy=split"), _recorded(TWO_GPUS))
     assert [(f.level, f.message) for f in found] == [("ok", "placement.strategy split: fits on 1x2x NVIDIA H200")]
 
 
 def test_gpu_smoke_env_strategy_is_checked_and_wins_over_the_file():
-    from verl_cluster.launch.preflight import check_strategy
+    from verl_cluster.submit.preflight import check_strategy
 
     (f,) = check_strategy(_smoke("env.GPU_SMOKE_STRATEGY=split"), _recorded(ONE_GPU))
     assert f.level == "error" and f.message.startswith(f"{SMOKE}: env.GPU_SMOKE_STRATEGY is `split`, but split needs >= 2 GPUs")
@@ -185,7 +185,7 @@ def test_gpu_smoke_env_strategy_is_checked_and_wins_over_the_file():
 
 def test_strategy_that_does_not_fit_while_auto_does_is_an_error():
     """qwen2.5-7b on the 2x H200 recording: split puts the actor's AdamW states on one GPU; colocate shards them."""
-    from verl_cluster.launch.preflight import check_strategy
+    from verl_cluster.submit.preflight import check_strategy
 
     (f,) = check_strategy(_smoke("placement.strategy=split", "model.catalog=qwen2.5-7b"), _recorded(TWO_GPUS))
     assert f.level == "error" and "placement.strategy is `split`, but split does not fit: actor update" in f.message
@@ -196,7 +196,7 @@ def test_submit_preflight_runs_the_strategy_check_on_gathered_facts(monkeypatch)
     """run_preflight (what submit calls) gathers the nodes' facts for a self-planning command job."""
     from verl_cluster.config.cluster import load_cluster
     from verl_cluster.diagnostics import gather
-    from verl_cluster.launch.preflight import run_preflight
+    from verl_cluster.submit.preflight import run_preflight
 
     spec = load_cluster(ROOT / "cluster_configs/local.yaml")
     monkeypatch.setattr(gather, "gather_facts", lambda spec, runners=None, timeout=90.0: {
@@ -213,8 +213,8 @@ def test_verl_trainer_split_on_one_gpu_gets_the_same_message_from_submits_plan(m
     from verl_cluster.config.cluster import load_cluster
     from verl_cluster.config.job import load_job
     from verl_cluster.diagnostics import gather
-    from verl_cluster.launch import integrations
-    from verl_cluster.launch.preflight import check_strategy
+    from verl_cluster.submit import integrations
+    from verl_cluster.submit.preflight import check_strategy
 
     spec = load_cluster(ROOT / "cluster_configs/local.yaml")
     monkeypatch.setattr(gather, "gather_facts", lambda spec, runners=None, timeout=90.0: {
@@ -231,7 +231,7 @@ def test_split_for_verl_main_ppo_is_refused_because_it_puts_every_role_in_one_po
     from dataclasses import replace
 
     from verl_cluster.config.job import load_job
-    from verl_cluster.launch.preflight import check_strategy
+    from verl_cluster.submit.preflight import check_strategy
     from verl_cluster.placement import plan_job
 
     job = load_job(GSM8K, ["placement.strategy=split"])
@@ -248,7 +248,7 @@ def test_split_for_verl_main_ppo_is_refused_because_it_puts_every_role_in_one_po
 
 
 def test_strategy_split_nodes_on_one_node_and_on_stock_main_ppo_say_why():
-    from verl_cluster.launch.preflight import check_strategy
+    from verl_cluster.submit.preflight import check_strategy
 
     (f,) = check_strategy(_smoke("placement.strategy=split-nodes"), _recorded(ONE_GPU))
     assert f.level == "error" and "split-nodes needs >= 2 nodes" in f.message and "this cluster has 1" in f.message

@@ -1,4 +1,4 @@
-"""submit's placement preflight at the lengths the data has (launch/integrations.placement_plan, which submit and
+"""submit's placement preflight at the lengths the data has (submit/integrations.placement_plan, which submit and
 watch call): the training prompts measured on the cluster's head node — here a localhost cluster, so the node-side
 probe runs for real in a subprocess with this environment's Python, pyarrow and the tokenizer fixture — and planned
 on verl's seq_balance recipe's hardware (8x H100 80GB from the GPU catalog: no recorded 8-GPU H100 facts exist)."""
@@ -9,10 +9,10 @@ import pytest
 
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import load_job
-from verl_cluster.launch import integrations
-from verl_cluster.launch import prompt_probe
-from verl_cluster.launch.preflight import PreflightReport, prompt_findings
-from verl_cluster.launch.submit import preflight_exit_code
+from verl_cluster.submit import integrations
+from verl_cluster.submit import prompt_probe
+from verl_cluster.submit.preflight import PreflightReport, prompt_findings
+from verl_cluster.submit.pipeline import preflight_exit_code
 from verl_cluster.placement import parse_gpus
 from verl_cluster.placement.lengths import PromptStats
 
@@ -35,8 +35,8 @@ def _job(path, data, *extra):
 
 
 def _submit_findings(info):
-    """What submit.plan_submission turns the plan into (launch/submit.py)."""
-    from verl_cluster.launch.preflight import Finding
+    """What submit.plan_submission turns the plan into (submit/pipeline.py)."""
+    from verl_cluster.submit.preflight import Finding
 
     out = []
     if info.feasible is False:

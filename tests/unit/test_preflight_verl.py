@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from verl_cluster.config.job import load_job
-from verl_cluster.launch.preflight import check_verl
-from verl_cluster.launch.request import effective_overrides
-from verl_cluster.launch.verl_config import check_verl_config, verl_available, verl_python
+from verl_cluster.submit.preflight import check_verl
+from verl_cluster.jobs.request import effective_overrides
+from verl_cluster.submit.verl_config import check_verl_config, verl_available, verl_python
 
 ROOT = Path(__file__).resolve().parents[2]
 if not verl_available(verl_python()):

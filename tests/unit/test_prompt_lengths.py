@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_cluster.launch import prompt_probe
-from verl_cluster.launch.verl_log import VerlProgress
+from verl_cluster.submit import prompt_probe
+from verl_cluster.verl_logs.verl_log import VerlProgress
 from verl_cluster.placement.lengths import PromptStats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ def test_the_node_side_script_runs_as_preflight_ships_it():
     from verl_cluster.runners.remote_python import run_python
 
     arg = json.dumps({"files": [GSM8K], "model": TOK, "prompt_key": "prompt", "limit": 512})
-    doc = run_python(LocalRunner(), sys.executable, (ROOT / "verl_cluster/launch/prompt_probe.py").read_text(), [arg],
+    doc = run_python(LocalRunner(), sys.executable, (ROOT / "verl_cluster/submit/prompt_probe.py").read_text(), [arg],
                      timeout=120)
     here = prompt_probe.measure([GSM8K], TOK, limit=512)
     assert {k: doc[k] for k in ("mean", "p95", "max", "sampled", "method")} == \

@@ -10,7 +10,7 @@ import pytest
 from verl_cluster.cli import main
 from verl_cluster.cli.env_cmd import ray_env
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.lifecycle.auth import ensure_token
+from verl_cluster.nodes.auth import ensure_token
 
 
 @pytest.fixture

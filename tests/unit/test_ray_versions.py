@@ -111,7 +111,7 @@ def test_doctor_says_when_this_machines_ray_is_outside_the_range():
 def test_up_refuses_nodes_whose_agent_takes_jobs_without_the_token(tmp_path, monkeypatch):
     """`up`'s own step, before any `ray start`: with token auth on, a 2.53 node is failed with the fix."""
     from verl_cluster.config.cluster import load_cluster
-    from verl_cluster.lifecycle.nodes import Probe
+    from verl_cluster.nodes.agent import Probe
     from verl_cluster.lifecycle.up import NodeAction, _Up
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the token file `up` makes lands here

@@ -7,7 +7,7 @@ from pathlib import Path
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.facts.model import NodeFacts, from_dict
 from verl_cluster.facts.ray_view import as_ray_sees, visible_indices
-from verl_cluster.facts.cluster_facts import gather_node_facts
+from verl_cluster.diagnostics.cluster_facts import gather_node_facts
 from verl_cluster.placement import plan_job
 from verl_cluster.config.job import load_job
 

@@ -5,8 +5,8 @@ import pytest
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import RunnerError
-from verl_cluster.launch import preflight
-from verl_cluster.launch.submit import preflight_exit_code
+from verl_cluster.submit import preflight
+from verl_cluster.submit.pipeline import preflight_exit_code
 
 PPO = JobSpec(name="t", entrypoint="verl.trainer.main_ppo")
 
@@ -93,8 +93,8 @@ def test_torchrun_nproc_defaults_to_the_nodes_gpu_count(tmp_path, monkeypatch):
     from verl_cluster.config.job import load_job
     from verl_cluster.diagnostics import gather
     from verl_cluster.facts.model import GpuInfo, NodeFacts
-    from verl_cluster.launch import submit
-    from verl_cluster.launch.integrations import BackendEnv
+    from verl_cluster.submit import pipeline as submit
+    from verl_cluster.submit.integrations import BackendEnv
 
     c = tmp_path / "c.yaml"
     c.write_text("cluster_name: r2\nhead: {host: 10.0.0.1}\nworkers: [{host: 10.0.0.2}]\n")
@@ -119,8 +119,8 @@ def test_torchrun_ctrl_c_does_not_blame_another_node(monkeypatch):
     import threading
     import types
 
-    from verl_cluster.launch import torchrun
-    from verl_cluster.launch.request import NodeLaunch, TorchrunRequest
+    from verl_cluster.jobs import torchrun
+    from verl_cluster.jobs.request import NodeLaunch, TorchrunRequest
     from verl_cluster.runners import LocalRunner
 
     class InterruptingEvent(threading.Event):
@@ -165,7 +165,8 @@ def test_follow_turns_a_refused_log_stream_into_one_line():
     import pytest
 
     from verl_cluster.errors import ClusterError
-    from verl_cluster.launch import job_log, ray_jobs
+    from verl_cluster.verl_logs import job_log
+    from verl_cluster.jobs import ray_jobs
 
     class Client:
         def get_job_info(self, job_id):
@@ -184,7 +185,7 @@ def test_jobs_client_times_out_on_a_dashboard_that_never_answers(monkeypatch):
     import threading
     import time
 
-    from verl_cluster.launch import ray_jobs
+    from verl_cluster.jobs import ray_jobs
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

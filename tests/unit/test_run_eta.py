@@ -1,4 +1,4 @@
-"""A verl run's time per step and time left (launch/run_eta.py), read through the same VerlProgress the follow and
+"""A verl run's time per step and time left (verl_logs/run_eta.py), read through the same VerlProgress the follow and
 the watcher feed, on the recorded verl 0.9.1 logs; every figure checked against the log's own numbers by hand."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_cluster.launch.run_eta import FOLLOW_EVERY, WATCH_EVERY, EtaTicker, due, duration
-from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
+from verl_cluster.verl_logs.run_eta import FOLLOW_EVERY, WATCH_EVERY, EtaTicker, due, duration
+from verl_cluster.verl_logs.verl_log import KEEP_STEPS, VerlProgress
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "verl_logs"
 # the grid's PPO 0.5B run (tests/fixtures/verl_runs/calibration_runs.json: fit-ppo05, save_freq 3, 5 steps)

@@ -1,4 +1,4 @@
-"""Run hygiene (launch/hygiene.py): checkpoints saved where no one looks, wandb with no login on the nodes, and the
+"""Run hygiene (submit/hygiene.py): checkpoints saved where no one looks, wandb with no login on the nodes, and the
 line that resumes a run by hand."""
 
 import shlex
@@ -6,11 +6,11 @@ from pathlib import Path
 
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import JobSpec
-from verl_cluster.launch import preflight
-from verl_cluster.launch.hygiene import (checkpoint_dir_findings, resume_command, resume_hint, wandb_findings,
+from verl_cluster.submit import preflight
+from verl_cluster.submit.hygiene import (checkpoint_dir_findings, resume_command, resume_hint, wandb_findings,
                                          wandb_unknown, wants_wandb)
-from verl_cluster.launch.job_input import JobInput
-from verl_cluster.launch.preflight import check_nodes
+from verl_cluster.submit.job_input import JobInput
+from verl_cluster.submit.preflight import check_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 PPO = JobSpec(name="gsm8k-ppo", entrypoint="verl.trainer.main_ppo")

@@ -4,7 +4,7 @@ unreachable node is its RunnerError and never hides the others; a bug is raised,
 import pytest
 
 from verl_cluster.errors import RunnerError
-from verl_cluster.lifecycle import nodes
+from verl_cluster.nodes import agent as nodes
 
 
 class FakeNode:

@@ -8,9 +8,9 @@ import yaml
 from verl_cluster.cli import main
 from verl_cluster.config.job import JobSpec, load_job
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.hydra_values import from_hydra
-from verl_cluster.launch.request import merge_overrides, program_argv, torchrun_program
-from verl_cluster.launch.script_import import import_argv, import_script, load_job_input
+from verl_cluster.verl_scripts.hydra_values import from_hydra
+from verl_cluster.jobs.request import merge_overrides, program_argv, torchrun_program
+from verl_cluster.verl_scripts.script_import import import_argv, import_script, load_job_input
 
 ENV = {"HOME": "/home/u"}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.launch.ray_jobs import JobsApi
+from verl_cluster.jobs.ray_jobs import JobsApi
 from verl_cluster.watch import bundle
 from verl_cluster.watch.events import Event, Note, Reporter
 from verl_cluster.watch.runs import RunLock, RunState

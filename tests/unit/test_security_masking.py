@@ -9,8 +9,8 @@ import pytest
 from verl_cluster.cli import main
 from verl_cluster.config.names import MASK, is_secret_name, mask_url_credentials, masked_env
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.script_import import import_script
-from verl_cluster.launch.shell_words import looks_secret
+from verl_cluster.verl_scripts.script_import import import_script
+from verl_cluster.verl_scripts.shell_words import looks_secret
 
 TOKEN = "hf_SeCrEt0123456789"
 PAT = "ghp_PaT0123456789abcdef"

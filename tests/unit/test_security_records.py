@@ -15,8 +15,8 @@ import pytest
 from tests.harness.json_server import JsonServer
 from verl_cluster.cli import main
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.lifecycle.auth import ensure_token
-from verl_cluster.launch import job_records
+from verl_cluster.nodes.auth import ensure_token
+from verl_cluster.records import job_records
 
 
 TOKEN = "ab" * 32

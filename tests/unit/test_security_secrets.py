@@ -11,10 +11,10 @@ import pytest
 
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.names import MASK, is_secret_name, masked_env
-from verl_cluster.lifecycle.auth import ensure_token
+from verl_cluster.nodes.auth import ensure_token
 from verl_cluster.lifecycle.commands import plan_start
-from verl_cluster.launch.request import RayJobRequest, TorchrunRequest, NodeLaunch
-from verl_cluster.launch.shell_words import looks_secret
+from verl_cluster.jobs.request import RayJobRequest, TorchrunRequest, NodeLaunch
+from verl_cluster.verl_scripts.shell_words import looks_secret
 from verl_cluster.runners.local import LocalRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_submit_dry_run_masks_pattern_names_it_was_not_told_about(tmp_path, caps
 
 
 def test_job_records_are_private(tmp_path):
-    from verl_cluster.launch import job_records
+    from verl_cluster.records import job_records
 
     old = os.umask(0o022)
     try:
@@ -129,7 +129,7 @@ def test_import_arithmetic_is_bounded(tmp_path, expr):
 
 
 def test_import_arithmetic_still_computes_64_bit_values(tmp_path):
-    from verl_cluster.launch.shell_words import read_script
+    from verl_cluster.verl_scripts.shell_words import read_script
 
     run = read_script("export N=$(( 2**62 - 1 + 2**62 ))\nexport M=$(( -7 / 2 ))\npython3 -m m x=$N y=$M\n",
                       "s.sh", {})

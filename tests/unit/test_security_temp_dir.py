@@ -11,9 +11,9 @@ import pytest
 
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.errors import ConfigError
-from verl_cluster.lifecycle import node_script
-from verl_cluster.lifecycle.nodes import SCRIPT
-from verl_cluster.lifecycle.temp_dir_node import prepare_temp_dir, temp_dir_problem
+from verl_cluster.nodes import node_script
+from verl_cluster.nodes.agent import SCRIPT
+from verl_cluster.nodes.temp_dir_node import prepare_temp_dir, temp_dir_problem
 from verl_cluster.lifecycle.up import _refusal
 from verl_cluster.runners.remote_python import MARK
 

@@ -9,11 +9,11 @@ import pytest
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import load_job
 from verl_cluster.errors import ClusterError, ConfigError
-from verl_cluster.launch.integrations import BackendEnv, config_interface_env
-from verl_cluster.launch.hydra_values import to_hydra
-from verl_cluster.launch.request import (MASK, build_ray_request, build_torchrun_request, effective_overrides,
+from verl_cluster.submit.integrations import BackendEnv, config_interface_env
+from verl_cluster.verl_scripts.hydra_values import to_hydra
+from verl_cluster.jobs.request import (MASK, build_ray_request, build_torchrun_request, effective_overrides,
                                          secret_values, submission_id)
-from verl_cluster.launch.submit import decide_launcher, needs_ray
+from verl_cluster.submit.pipeline import decide_launcher, needs_ray
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ from verl_cluster.cli import build_parser, split_command
 from verl_cluster.cli.submit_cmd import job_input_of
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.job_input import JobInput
-from verl_cluster.launch.request import build_ray_request
+from verl_cluster.submit.job_input import JobInput
+from verl_cluster.jobs.request import build_ray_request
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verl_cluster.launch import job_records
+from verl_cluster.records import job_records
 
 
 def test_tests_run_with_a_home_that_is_not_the_users(real_home):

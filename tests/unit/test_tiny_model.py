@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-from verl_cluster.launch.tiny_model import (SHAPES, from_bf16, model_config, read_weights, tensor_shapes, to_bf16,
+from verl_cluster.testdata.tiny_model import (SHAPES, from_bf16, model_config, read_weights, tensor_shapes, to_bf16,
                                             write_model, write_weights)
 from verl_cluster.placement.model_shape import catalog_shape, shape_from_hf_config
 

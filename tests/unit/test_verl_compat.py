@@ -6,7 +6,7 @@ from pathlib import Path
 
 from verl_cluster.config.job import load_job
 from verl_cluster.facts.model import NodeFacts, from_json
-from verl_cluster.launch.preflight import check_flash_attn_needs
+from verl_cluster.submit.preflight import check_flash_attn_needs
 from verl_cluster.placement import parse_gpus, plan_job
 from verl_cluster.placement.hardware import flash_status
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 
-from verl_cluster.launch.verl_log import VerlProgress, classify, describe, parse_metrics
+from verl_cluster.verl_logs.verl_log import VerlProgress, classify, describe, parse_metrics
 
 
 def verl_line(step: int, metrics: dict) -> str:
@@ -158,7 +158,7 @@ def test_real_ppo_run_with_a_critic_summary():
 
 
 def test_the_block_shown_is_the_failing_traceback_not_the_shutdown_noise_after_it():
-    from verl_cluster.launch.verl_log import classify, traceback_block
+    from verl_cluster.verl_logs.verl_log import classify, traceback_block
 
     job = ["step 1", "step 2", "Traceback (most recent call last):", '  File "resumable_job.py", line 80, in <module>',
            "    sys.exit(main())", '  File "resumable_job.py", line 70, in main',
@@ -178,7 +178,7 @@ def test_the_block_shown_is_the_failing_traceback_not_the_shutdown_noise_after_i
 
 
 def test_shutdown_noise_with_its_own_traceback_header_is_skipped_too():
-    from verl_cluster.launch.verl_log import classify, traceback_block
+    from verl_cluster.verl_logs.verl_log import classify, traceback_block
 
     job = ["Traceback (most recent call last):", '  File "job.py", line 3, in <module>', "ValueError: bad value at step 3"]
     noise = ["Exception ignored in atexit callback: <function shutdown at 0x7f>", "Traceback (most recent call last):",

@@ -81,7 +81,7 @@ def test_tiny_model_rollout_within_ten_percent(tmp_path):
     # the 2-layer model of scripts/make_tiny_model.py (vocab 1024): the awake vLLM process is its context +
     # util x capacity (no sampler workspace to speak of). Its training phases last milliseconds, shorter than
     # the sampler's 0.2 s, so only the rollout is compared.
-    from verl_cluster.launch.tiny_model import write_model
+    from verl_cluster.testdata.tiny_model import write_model
 
     write_model(tmp_path / "tiny", "tiny", seed=0)
     predicted = phase_peaks(replan(TINY, [f"model.path={tmp_path / 'tiny'}"]))["generate"]
@@ -139,7 +139,7 @@ def test_ppo_shared_allocator_and_fused_loss_terms():
 
 
 def test_tiny_ppo_rollout_within_ten_percent(tmp_path):
-    from verl_cluster.launch.tiny_model import write_model
+    from verl_cluster.testdata.tiny_model import write_model
 
     write_model(tmp_path / "tiny", "tiny", seed=0)
     predicted = phase_peaks(replan(PPO_TINY, [f"model.path={tmp_path / 'tiny'}"], facts=H100))["generate"]

@@ -5,7 +5,7 @@ import os
 import socket
 import time
 
-from verl_cluster.launch import verl_probe
+from verl_cluster.submit import verl_probe
 
 
 def _closed_port() -> int:

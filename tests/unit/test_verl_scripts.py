@@ -7,11 +7,11 @@ import pytest
 
 from verl_cluster.config.job import load_job
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.integrations import placement_plan
-from verl_cluster.launch.preflight import check_verl
-from verl_cluster.launch.request import merge_overrides
-from verl_cluster.launch.script_import import import_script
-from verl_cluster.launch.verl_config import verl_available, verl_python
+from verl_cluster.submit.integrations import placement_plan
+from verl_cluster.submit.preflight import check_verl
+from verl_cluster.jobs.request import merge_overrides
+from verl_cluster.verl_scripts.script_import import import_script
+from verl_cluster.submit.verl_config import verl_available, verl_python
 from verl_cluster.placement import parse_gpus, plan_job
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verl_scripts"

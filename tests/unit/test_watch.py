@@ -49,7 +49,7 @@ def test_log_tails_classified(text, cls):
 
 
 def test_every_log_kind_folds_into_a_failure_class_written_as_its_text():
-    from verl_cluster.launch.verl_log import FAILURES
+    from verl_cluster.verl_logs.verl_log import FAILURES
     from verl_cluster.watch import failures
 
     for kind, *_ in FAILURES:

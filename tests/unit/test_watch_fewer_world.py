@@ -7,9 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.launch import integrations
-from verl_cluster.launch.integrations import PlanInfo
-from verl_cluster.launch.job_input import JobInput
+from verl_cluster.submit import integrations
+from verl_cluster.submit.integrations import PlanInfo
+from verl_cluster.submit.job_input import JobInput
 from verl_cluster.watch import runs
 from verl_cluster.watch.events import Reporter
 from verl_cluster.watch.settings import WatchSettings

@@ -8,7 +8,7 @@ import pytest
 
 from verl_cluster.errors import RunnerError
 from verl_cluster.facts import nvml_node
-from verl_cluster.lifecycle import node_script
+from verl_cluster.nodes import node_script
 from verl_cluster.runners import HostResult
 from verl_cluster.watch.gpu_health import judge
 from tests.unit.nvml_replay import ReplayedNvml

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.launch.job_input import JobInput
+from verl_cluster.submit.job_input import JobInput
 from verl_cluster.watch import runs
 from verl_cluster.watch.events import Reporter
 from verl_cluster.watch.failures import diagnose
@@ -50,7 +50,7 @@ def _failed(log: str, progress_text: str = "") -> Outcome:
 
 def _verl(text: str, predicted=None):
     """The attempt's verl progress as the watcher's reader leaves it (fed as the log streams, steps folded)."""
-    from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
+    from verl_cluster.verl_logs.verl_log import KEEP_STEPS, VerlProgress
 
     p = VerlProgress(predicted=predicted, keep_steps=KEEP_STEPS)
     p.feed(text)
@@ -105,7 +105,7 @@ def test_the_budget_bounds_different_failures(tmp_path, monkeypatch):
 
 def test_a_watched_attempt_keeps_the_lengths_verl_logged(tmp_path, monkeypatch):
     """The next plan of the job uses them (submit's follow keeps them too; a watched run never follows)."""
-    from verl_cluster.launch import job_records, length_store
+    from verl_cluster.records import job_records, length_store
 
     w, st = _watcher(tmp_path, monkeypatch, [])
     job_records.record("r-r1", st.cluster_file, "local", "gsm8k-grpo")
@@ -119,7 +119,7 @@ def test_a_watched_attempt_is_held_against_its_plan(tmp_path, monkeypatch):
     one event with the pairs and a warning line for each figure off by more than 25%."""
     import json
 
-    from verl_cluster.launch.integrations import PlanInfo, plan_metadata, plan_predictions
+    from verl_cluster.submit.integrations import PlanInfo, plan_metadata, plan_predictions
 
     w, st = _watcher(tmp_path, monkeypatch, [])
     measured = {"gen": 4.05, "old_log_prob": 0.76, "ref": 0.43, "update_actor": 1.48}  # the 1.5B GRPO run's means

@@ -7,7 +7,7 @@ import pytest
 
 from verl_cluster.cli import split_command
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.job_input import JobInput
+from verl_cluster.submit.job_input import JobInput
 from verl_cluster.watch.failures import actor_death, diagnose
 from verl_cluster.watch.progress import read_progress, resume_verdict
 
@@ -280,7 +280,7 @@ def test_plan_takes_the_job_words_before_the_command(capsys):
 def test_progress_fed_in_pieces_reads_as_the_whole_log():
     """The watcher feeds each poll's new text (lines cut anywhere) instead of reading the whole log again."""
     from tests.unit.agent_log_server import AgentLogServer, fake_api
-    from verl_cluster.launch.job_log import AgentLog
+    from verl_cluster.verl_logs.job_log import AgentLog
     from verl_cluster.watch.detect import LogTracker
     from verl_cluster.watch.progress import Progress
 

@@ -4,7 +4,7 @@
 from dataclasses import replace
 from pathlib import Path
 
-from verl_cluster.facts import cluster_facts
+from verl_cluster.diagnostics import cluster_facts
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.config.job import ModelSpec, PlacementSpec, load_job
 from verl_cluster.placement import parse_gpus, plan_job

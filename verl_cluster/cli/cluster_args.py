@@ -66,7 +66,7 @@ def _names(clusters) -> str:
 def by_word(word: str, how: str = "") -> Chosen:
     """A cluster file when the path exists, else a cluster name recorded here; anything else is an error that
     lists the recorded names."""
-    from verl_cluster.launch import job_records
+    from verl_cluster.records import job_records
 
     path = os.path.expanduser(word)
     if os.path.exists(path):
@@ -86,7 +86,7 @@ def by_word(word: str, how: str = "") -> Chosen:
 
 def default_cluster() -> Chosen:
     """No cluster named: $VERL_CLUSTER, else the one cluster recorded as up, else the packaged one-node default."""
-    from verl_cluster.launch import job_records
+    from verl_cluster.records import job_records
 
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
@@ -116,7 +116,7 @@ def cluster_for_job(job, word: Optional[str]) -> Chosen:
         return default_cluster()
     if path.exists():
         return Chosen(str(path), how="the job's cluster:")
-    from verl_cluster.launch import job_records
+    from verl_cluster.records import job_records
 
     if any(k.name == job.cluster for k in job_records.known_clusters()):
         return by_word(job.cluster, "the job's cluster")

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from verl_cluster.errors import EXIT_OK
-from verl_cluster.launch.job_records import JOBS_DIR
+from verl_cluster.records.job_records import JOBS_DIR
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:

@@ -43,7 +43,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from verl_cluster.launch import ray_jobs
+    from verl_cluster.jobs import ray_jobs
 
     spec = load_cluster_args(args)
     headers = ray_jobs.auth_headers(spec)  # ClusterError when the token file is missing

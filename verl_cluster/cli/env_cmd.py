@@ -59,7 +59,7 @@ def ray_env(spec, word: str, gcs_answers: bool, local_port: int, token_path: Opt
     """What Ray's CLI needs for this cluster. `gcs_answers`: the head's GCS port takes a connection from here;
     `local_port`: where the tunnel listens when the dashboard is on a remote head's loopback; `token_path`: the
     cluster's token file (None: auth none)."""
-    from verl_cluster.launch.ray_jobs import dashboard_target
+    from verl_cluster.jobs.ray_jobs import dashboard_target
 
     host, port, needs_tunnel = dashboard_target(spec)
     api = f"http://127.0.0.1:{local_port}" if needs_tunnel else f"http://{host}:{port}"
@@ -86,8 +86,8 @@ def _any_free_port() -> int:
 
 
 def run(args) -> int:
-    from verl_cluster.launch.ray_jobs import auth_headers, reachable
-    from verl_cluster.lifecycle.token_bind import token_for_sending
+    from verl_cluster.jobs.ray_jobs import auth_headers, reachable
+    from verl_cluster.nodes.token_bind import token_for_sending
 
     spec = load_cluster_args(args)
     # Ray's CLI sends the token wherever RAY_ADDRESS points: only this cluster's own token, bound to this head,

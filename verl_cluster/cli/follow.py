@@ -8,7 +8,8 @@ from rich.markup import escape
 
 from verl_cluster.cli.output import err, print_json
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY
-from verl_cluster.launch import job_log, ray_jobs
+from verl_cluster.verl_logs import job_log
+from verl_cluster.jobs import ray_jobs
 from verl_cluster.terminal_text import for_terminal
 
 
@@ -16,7 +17,7 @@ def follow_job(api, sid: str, stop_on_interrupt: bool, reattach: str, as_json: b
                verl: bool = False, predicted=None, offset: int = 0) -> int:
     """`predicted`: the plan's predictions (kept in the job's metadata), held against what verl logs; `offset`:
     the byte of the log to start printing at."""
-    from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress, describe
+    from verl_cluster.verl_logs.verl_log import KEEP_STEPS, VerlProgress, describe
 
     progress = VerlProgress(predicted=predicted, keep_steps=KEEP_STEPS) if verl else None
     try:

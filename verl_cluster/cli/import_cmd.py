@@ -13,7 +13,7 @@ import sys
 
 from verl_cluster.cli.output import print_json
 from verl_cluster.errors import EXIT_OK, ConfigError
-from verl_cluster.launch.script_import import is_python, load_job_input
+from verl_cluster.verl_scripts.script_import import is_python, load_job_input
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:

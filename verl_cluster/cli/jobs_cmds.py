@@ -18,7 +18,10 @@ from verl_cluster.cli.follow import follow_job
 from verl_cluster.cli.output import err, one_line, out, print_json
 from verl_cluster.launchers import load_cluster
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY, ConfigError
-from verl_cluster.launch import all_jobs, job_log, job_records, ray_jobs
+from verl_cluster.job_list import all_jobs
+from verl_cluster.jobs import ray_jobs
+from verl_cluster.verl_logs import job_log
+from verl_cluster.records import job_records
 
 _DEFAULT = "the job's cluster when it was submitted from here, else as every command chooses (see `up --help`)"
 _EVERY = "$VERL_CLUSTER, else every cluster brought up or submitted to from here, else this machine"
@@ -126,7 +129,7 @@ def run_jobs(args) -> int:
     with ray_jobs.connect(spec) as api:
         rows = ray_jobs.list_jobs(api)
         if args.json:  # the logs of the planned jobs only, and only here: the table stays one request
-            from verl_cluster.launch.job_pairs import job_pairs
+            from verl_cluster.job_list.job_pairs import job_pairs
 
             one = all_jobs.ClusterJobs(spec.cluster_name, os.path.abspath(args.cluster), rows,
                                        pairs=job_pairs(api, rows, args.timeout))
@@ -196,7 +199,7 @@ def run_logs(args) -> int:
                 err.print(f"no log of {escape(args.job_id)} on its driver's node: its driver has not started yet, or "
                           "Ray was restarted since it ran (see `verl-cluster jobs`)")
             return EXIT_OK
-        from verl_cluster.launch.integrations import plan_predictions
+        from verl_cluster.submit.integrations import plan_predictions
 
         row = ray_jobs.job_info(api, args.job_id)
         offset = job_log.tail_offset(api, args.job_id, args.tail) if args.tail is not None else 0
@@ -209,7 +212,7 @@ def run_stop(args) -> int:
     with ray_jobs.connect(spec) as api:
         row = ray_jobs.stop(api, args.job_id)
     if args.json:
-        from verl_cluster.launch.job_pairs import job_json
+        from verl_cluster.job_list.job_pairs import job_json
 
         print_json(job_json(row))
     else:

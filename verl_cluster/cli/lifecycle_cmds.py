@@ -14,8 +14,8 @@ from rich.table import Table
 from verl_cluster.cli.cluster_args import add_cluster_args, cluster_word, load_cluster_args
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_OK, EXIT_UNHEALTHY, ConfigError
-from verl_cluster.launch import job_records
-from verl_cluster.launch.job_records import record_cluster, record_down
+from verl_cluster.records import job_records
+from verl_cluster.records.job_records import record_cluster, record_down
 
 _UP_HELP = """\
 Which cluster (every command): -c X is a cluster file when that path exists, else the name of a
@@ -161,7 +161,7 @@ def run_up(args) -> int:
 
 def warn_open(spec) -> None:
     """Loud, on stderr, before anything else: a cluster others can run code on."""
-    from verl_cluster.lifecycle.auth import open_cluster_warnings
+    from verl_cluster.nodes.auth import open_cluster_warnings
 
     for w in open_cluster_warnings(spec):
         err.print(f"[bold red]WARNING:[/] {escape(w)}")

@@ -121,7 +121,7 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
         args.cluster, _ = allocation_cluster(None)  # the file written for the allocation names its launcher
     if getattr(args, "cluster", None):
         from verl_cluster.launchers import load_cluster
-        from verl_cluster.facts.cluster_facts import gather_node_facts
+        from verl_cluster.diagnostics.cluster_facts import gather_node_facts
 
         from verl_cluster.cli.cluster_args import say_cluster
 
@@ -139,10 +139,10 @@ def _hardware(args: argparse.Namespace, job_gpus: str | None) -> list[NodeFacts]
 
 
 def run(args: argparse.Namespace) -> int:
-    from verl_cluster.facts.cluster_facts import cluster_bus
-    from verl_cluster.launch.data_lengths import gather_lengths
-    from verl_cluster.launch.request import merge_overrides
-    from verl_cluster.launch.job_input import JobInput
+    from verl_cluster.diagnostics.cluster_facts import cluster_bus
+    from verl_cluster.submit.data_lengths import gather_lengths
+    from verl_cluster.jobs.request import merge_overrides
+    from verl_cluster.submit.job_input import JobInput
     from verl_cluster.config.job import job_factors_path
     from verl_cluster.placement.factors import apply_factors, factors_note, read_factors
     from verl_cluster.placement.length_plans import plan_lengths

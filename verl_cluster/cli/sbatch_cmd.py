@@ -36,7 +36,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from verl_cluster.launch.script_import import load_job_input
+    from verl_cluster.verl_scripts.script_import import load_job_input
     from verl_cluster.slurm.batch import BatchRequest, resolve_log_dir, safe_name, script, submit_script, write_script
     from verl_cluster.slurm.fit import check_fits, job_shape
 

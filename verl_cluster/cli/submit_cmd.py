@@ -12,10 +12,11 @@ from verl_cluster.cli.follow import follow_job
 from verl_cluster.cli.plan_cmd import add_model_config, model_config_word
 from verl_cluster.cli.output import err, out, print_json
 from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY, ConfigError
-from verl_cluster.launch import job_records, ray_jobs
-from verl_cluster.launch.preflight import PreflightReport
-from verl_cluster.launch.job_input import JobInput, working_dir_word
-from verl_cluster.launch.submit import (Submission, check_cluster_file, plan_submission, preflight_exit_code,
+from verl_cluster.records import job_records
+from verl_cluster.jobs import ray_jobs
+from verl_cluster.submit.preflight import PreflightReport
+from verl_cluster.submit.job_input import JobInput, working_dir_word
+from verl_cluster.submit.pipeline import (Submission, check_cluster_file, plan_submission, preflight_exit_code,
                                         warm_imports)
 
 LEVEL_STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "skipped": "dim"}
@@ -129,7 +130,7 @@ def resume_findings(sub: Submission) -> list:
     size it runs on: a checkpoint saved on another number of GPUs fails it. Judged where the folder is visible."""
     import shlex
 
-    from verl_cluster.launch.preflight import Finding
+    from verl_cluster.submit.preflight import Finding
     from verl_cluster.reshard import resume_world_size_problem
 
     job = sub.job
@@ -148,8 +149,8 @@ def resume_findings(sub: Submission) -> list:
 
 def ram_checkpoint_findings(sub: Submission) -> list:
     """Checkpoints saved into a tmpfs folder stay in RAM: judged where the folder is visible, as above."""
-    from verl_cluster.launch.ckpt_memory import ram_checkpoint_warning
-    from verl_cluster.launch.preflight import Finding
+    from verl_cluster.submit.ckpt_memory import ram_checkpoint_warning
+    from verl_cluster.submit.preflight import Finding
 
     try:
         save_freq = int(sub.job.get("trainer.save_freq") or -1)
@@ -205,11 +206,11 @@ def _apply_ray(sub: Submission, args) -> int:
             return EXIT_UNHEALTHY if status in ("FAILED", "STOPPED") else EXIT_OK
         err.print(f"submitted [bold]{sid}[/] to {escape(api.where)}; Ctrl-C detaches "
                   f"({'stops the job' if args.stop_on_interrupt else 'the job keeps running'})")
-        from verl_cluster.launch.integrations import plan_predictions
+        from verl_cluster.submit.integrations import plan_predictions
 
         rc = follow_job(api, sid, args.stop_on_interrupt, reattach, args.json, verl=sub.job.runs_verl,
                         predicted=plan_predictions(req.metadata.get("verl_cluster.plan")))
-        from verl_cluster.launch.hygiene import resume_hint
+        from verl_cluster.submit.hygiene import resume_hint
 
         hint = resume_hint(args.job_input, sub.cluster_file, req.argv)
         if hint and rc != 130:  # 130: detached, the run goes on
@@ -218,7 +219,7 @@ def _apply_ray(sub: Submission, args) -> int:
 
 
 def _apply_torchrun(sub: Submission, args) -> int:
-    from verl_cluster.launch.torchrun import run_torchrun
+    from verl_cluster.jobs.torchrun import run_torchrun
 
     req = sub.request
     err.print(f"torchrun {req.run_id}: {len(req.nodes)} node(s) x {req.nproc_per_node} proc(s), "

@@ -198,7 +198,7 @@ def keep_bus(cluster: str, c: collective.CollectiveResult) -> None:
 def _temp_dir_problems(spec: ClusterSpec, runners: Mapping[str, CommandRunner], hosts: list[str]) -> list[Problem]:
     """Per node, judged there: a temp dir other local users can reach (its parent loosened, someone else's folder),
     or this cluster's Ray still under the earlier default temp dir in the shared /tmp."""
-    from verl_cluster.lifecycle.nodes import Node, temp_dir_findings
+    from verl_cluster.nodes.agent import Node, temp_dir_findings
 
     nodes = {n.host: (role, n) for role, n in spec.nodes()}
     out = []

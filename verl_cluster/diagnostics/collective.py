@@ -35,7 +35,7 @@ class CollectiveResult:
 
 def ray_env(spec: ClusterSpec, runner: CommandRunner) -> dict[str, str]:
     """What a driver on the head needs to join the cluster (token auth: the token file `up` put there)."""
-    from verl_cluster.lifecycle.auth import node_token_path, ray_auth_env
+    from verl_cluster.nodes.auth import node_token_path, ray_auth_env
 
     if spec.security.auth == "none":
         return ray_auth_env(spec)

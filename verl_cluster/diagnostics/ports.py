@@ -239,7 +239,7 @@ def ray_listeners(spec: ClusterSpec, runners: Mapping[str, CommandRunner],
                   hosts: Sequence[str]) -> tuple[dict[str, list[dict]], dict[str, str]]:
     """Per node: every TCP port our Ray listens on, its bind address, its config key (None: not pinned) and how
     it answers a client without the token. Asked on the node itself, so loopback listeners are seen too."""
-    from verl_cluster.lifecycle.nodes import SCRIPT
+    from verl_cluster.nodes.agent import SCRIPT
 
     nodes = {n.host: n for _, n in spec.nodes()}
 

@@ -1,5 +1,5 @@
 """NVML through ctypes: the one GPU reader of the node-side scripts (diagnostics/probe_node.py,
-lifecycle/node_script.py). STDLIB ONLY, no imports from this package: it is shipped as source in front of those
+nodes/node_script.py). STDLIB ONLY, no imports from this package: it is shipped as source in front of those
 scripts (runners.remote_python.script_source) and needs nothing on a node but the NVIDIA driver.
 """
 

@@ -1,7 +1,7 @@
 """Bringing a cluster up the one way: the backend environment (NCCL/Gloo/UCX interface choice, as `check` makes it)
-first, then `up` with it on every node, then — when a node was (re)started — the quick check. The CLI's `up`, the
-batch script's `up` and `watch`'s heal all call this, so a node restarted by a heal comes back with the same
-NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME as after `up`."""
+first, then `up` with it on every node. The CLI's `up`, the batch script's `up` and `watch`'s heal all call this, so
+a node restarted by a heal comes back with the same NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME as after `up`. The quick
+check after a (re)start is the caller's step (`BringUp.quick_check`): the CLI's `up` takes it, a heal does not."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.launchers import launcher_for
-from verl_cluster.lifecycle.auth import refuse_open_dashboard
+from verl_cluster.nodes.auth import refuse_open_dashboard
 from verl_cluster.lifecycle.commands import NodeCommand, plan_start
 from verl_cluster.lifecycle.up import NodeAction, UpReport, up
 

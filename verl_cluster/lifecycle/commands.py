@@ -13,7 +13,7 @@ from verl_cluster.config.cluster import ClusterSpec, NodeSpec
 from verl_cluster.config.names import masked_env
 from verl_cluster.diagnostics.backend import config_network_env
 from verl_cluster.launchers import launcher_for
-from verl_cluster.lifecycle.auth import ray_auth_env, remote_token_path
+from verl_cluster.nodes.auth import ray_auth_env, remote_token_path
 
 
 @dataclass(frozen=True)

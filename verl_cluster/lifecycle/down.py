@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.lifecycle.nodes import Node, cluster_nodes
+from verl_cluster.nodes.agent import Node, cluster_nodes
 from verl_cluster.runners import fan_out
 
 

@@ -11,8 +11,8 @@ from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ConnectError, KeyFileError, RunnerError
 from verl_cluster.launchers import Launcher, launcher_for
-from verl_cluster.lifecycle.auth import node_token_path, open_cluster_warnings
-from verl_cluster.lifecycle.nodes import Probe, cluster_nodes, index_by_ip, temp_dir_findings
+from verl_cluster.nodes.auth import node_token_path, open_cluster_warnings
+from verl_cluster.nodes.agent import Probe, cluster_nodes, index_by_ip, temp_dir_findings
 from verl_cluster.runners import fan_out
 
 

@@ -19,9 +19,9 @@ from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.diagnostics import ray_versions
 from verl_cluster.errors import ClusterError, ConfigError, ConnectError, RunnerError
 from verl_cluster.launchers import launcher_for
-from verl_cluster.lifecycle.auth import ensure_token, node_token_path, refuse_open_dashboard, remote_token_path
+from verl_cluster.nodes.auth import ensure_token, node_token_path, refuse_open_dashboard, remote_token_path
 from verl_cluster.lifecycle.commands import NodeCommand, plan_start
-from verl_cluster.lifecycle.nodes import Node, Probe, cluster_nodes, index_by_ip
+from verl_cluster.nodes.agent import Node, Probe, cluster_nodes, index_by_ip
 from verl_cluster.runners.remote_python import MARK
 from verl_cluster.runners import fan_out
 

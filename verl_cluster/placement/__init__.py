@@ -1,7 +1,7 @@
 """Placement planner: which GPUs each verl role gets, memory per GPU, and the verl overrides that make it so.
 
 Pure: facts come in as arguments, nothing here reaches a node (a live cluster's facts:
-`verl_cluster.facts.cluster_facts.gather_node_facts`).
+`verl_cluster.diagnostics.cluster_facts.gather_node_facts`).
 
     from verl_cluster.placement import plan_job, parse_gpus, Plan
 

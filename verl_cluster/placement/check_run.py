@@ -1,4 +1,4 @@
-"""The plan held against what verl logged: per-step metrics (launch/verl_log.py VerlProgress.steps) reduced to
+"""The plan held against what verl logged: per-step metrics (verl_logs/verl_log.py VerlProgress.steps) reduced to
 what the plan predicts (seconds per phase and step, host RAM, GPU memory), and the pairs with their errors."""
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 verl pads nothing under use_remove_padding: a micro batch holds the tokens its sequences really have, so memory
 follows the data's lengths, not `max_prompt_length + max_response_length`. What is known, first that applies:
 
-- prompts: measured on the training parquet (launch/prompt_probe.py: the chat template and tokenizer where the
+- prompts: measured on the training parquet (submit/prompt_probe.py: the chat template and tokenizer where the
   node has them, else characters at a stated ratio), else verl's `prompt_length/mean` logged by an earlier run of
-  the same job (launch/length_store.py), else the worst case, `data.max_prompt_length`;
+  the same job (records/length_store.py), else the worst case, `data.max_prompt_length`;
 - responses: `placement.mean_response_tokens`, else verl's logged `response_length/mean` (the largest per-step
   mean: responses grow as RL trains), else the worst case, `data.max_response_length`;
 - `--fill` or `placement.fill` (the average share of prompt+response) replaces both.

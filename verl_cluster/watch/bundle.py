@@ -14,8 +14,8 @@ from typing import Any, Optional
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.names import MASK, is_secret_name, mask_url_credentials
 from verl_cluster.errors import ClusterError
-from verl_cluster.launch import ray_jobs
-from verl_cluster.lifecycle.nodes import run_on_nodes
+from verl_cluster.jobs import ray_jobs
+from verl_cluster.nodes.agent import run_on_nodes
 from verl_cluster.watch.clean import actor_pairs
 from verl_cluster.watch.private import private_dir, write_private
 

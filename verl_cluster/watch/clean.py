@@ -17,8 +17,8 @@ from typing import Callable
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ClusterError
-from verl_cluster.launch import ray_jobs
-from verl_cluster.lifecycle.nodes import run_on_nodes
+from verl_cluster.jobs import ray_jobs
+from verl_cluster.nodes.agent import run_on_nodes
 
 ALIVE_ACTOR = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING")
 

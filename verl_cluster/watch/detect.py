@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ClusterError, RunnerError
-from verl_cluster.lifecycle.auth import node_token_path
-from verl_cluster.lifecycle.nodes import Node, index_by_ip
+from verl_cluster.nodes.auth import node_token_path
+from verl_cluster.nodes.agent import Node, index_by_ip
 from verl_cluster.watch.progress import Progress
 
 
@@ -120,7 +120,7 @@ class NodeMonitor:
 
 class LogTracker:
     """A running attempt's log as the watcher reads it: only the bytes written since the last look
-    (launch/job_log.py), the training progress they show (read once, as they arrive: steps and checkpoints for
+    (verl_logs/job_log.py), the training progress they show (read once, as they arrive: steps and checkpoints for
     the watcher, verl's metrics for the end of the attempt), the last lines (bounded), and when the log last moved.
     Its offset and what it parsed are kept in the run folder (`state_file`): a watcher started again resumes there
     and never reads the log from its start again."""
@@ -128,8 +128,8 @@ class LogTracker:
     SAVE_EVERY_S = 10.0
 
     def __init__(self, source: Any, state_file: Optional[Path] = None, predicted: Optional[dict] = None):
-        from verl_cluster.launch.job_log import LogFollower
-        from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
+        from verl_cluster.verl_logs.job_log import LogFollower
+        from verl_cluster.verl_logs.verl_log import KEEP_STEPS, VerlProgress
 
         self.progress = Progress()
         self.verl = VerlProgress(predicted=predicted, keep_steps=KEEP_STEPS)
@@ -143,7 +143,7 @@ class LogTracker:
         self._seed = offset > 0  # the lines before the offset, for the tail: read with the first update
 
     def _load(self, predicted: Optional[dict]) -> int:
-        from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
+        from verl_cluster.verl_logs.verl_log import KEEP_STEPS, VerlProgress
 
         if self.state_file is None:
             return 0
@@ -169,7 +169,7 @@ class LogTracker:
 
     def update(self, limit: Optional[int] = None) -> str:
         """Fetches what the job wrote since the last look (at most `limit` bytes); returns it."""
-        from verl_cluster.launch.job_log import CHUNK
+        from verl_cluster.verl_logs.job_log import CHUNK
 
         if self._seed:
             self.follower.seed_tail()
@@ -201,7 +201,7 @@ class LogTracker:
     def show(self, stream: Any, new: str, sid: str) -> None:
         """The job's new output on `stream` (made safe on a terminal); a backlog more than a chunk long (a watcher
         attaching to a long run) is read for its progress but not printed."""
-        from verl_cluster.launch.job_log import CHUNK
+        from verl_cluster.verl_logs.job_log import CHUNK
         from verl_cluster.terminal_text import TerminalWriter
 
         if stream is None or not new:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from verl_cluster.enums import StrEnum
-from verl_cluster.launch.verl_log import classify as classify_log
+from verl_cluster.verl_logs.verl_log import classify as classify_log
 
 
 class FailureClass(StrEnum):

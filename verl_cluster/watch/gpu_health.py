@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.lifecycle.nodes import run_on_nodes
+from verl_cluster.nodes.agent import run_on_nodes
 from verl_cluster.runners import HostResult
 
 

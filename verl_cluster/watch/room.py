@@ -28,8 +28,8 @@ def room_after_oom(load: Callable[[list[str]], JobSpec], overrides: list[str], s
                    facts: Optional[list] = None) -> tuple[list[str], str]:
     """(the overrides for the next attempt, what was decided, in words). `load(overrides)` builds the job;
     `facts`: the nodes' facts (gathered from `spec` when not given)."""
-    from verl_cluster.launch.hydra_values import to_hydra
-    from verl_cluster.facts.cluster_facts import gather_node_facts
+    from verl_cluster.verl_scripts.hydra_values import to_hydra
+    from verl_cluster.diagnostics.cluster_facts import gather_node_facts
     from verl_cluster.placement import plan_job
 
     if ROOM in overrides:
@@ -70,6 +70,6 @@ def room_after_oom(load: Callable[[list[str]], JobSpec], overrides: list[str], s
 
 
 def _differs(a: Any, b: Any) -> bool:
-    from verl_cluster.launch.hydra_values import to_hydra
+    from verl_cluster.verl_scripts.hydra_values import to_hydra
 
     return a is None or to_hydra(a).lower() != to_hydra(b).lower()

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Optional
 from verl_cluster.config.state_files import read_state_json
 from verl_cluster.enums import StrEnum
 from verl_cluster.errors import ClusterError, ConfigError
-from verl_cluster.launch import job_records
+from verl_cluster.records import job_records
 from verl_cluster.watch.private import open_private, private_dir, write_private
 
 if TYPE_CHECKING:
-    from verl_cluster.launch.job_input import JobInput
+    from verl_cluster.submit.job_input import JobInput
 
 RUNS_ROOT = "~/.verl-cluster"
 
@@ -61,7 +61,7 @@ class RunState:
 
     def job_input(self, extra: list[str] = ()) -> "JobInput":
         """The job as submitted, with the run's current key=value words (an OOM re-plan changes them)."""
-        from verl_cluster.launch.job_input import JobInput
+        from verl_cluster.submit.job_input import JobInput
 
         if not self.input:  # a run.json from before the three forms were kept
             return JobInput.from_words(self.job_file, list(self.overrides) + list(extra))
@@ -117,7 +117,7 @@ def find_run(job_id: str) -> RunState:
     st = RunState.load(rec["cluster"], run)
     if st is not None:
         return st
-    from verl_cluster.launch.job_input import JobInput
+    from verl_cluster.submit.job_input import JobInput
 
     ji = JobInput.from_record(rec)
     if ji is None:

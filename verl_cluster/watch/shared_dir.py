@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.launch.preflight import Finding
+from verl_cluster.submit.preflight import Finding
 from verl_cluster.launchers import runner_for
 from verl_cluster.runners import fan_out
 

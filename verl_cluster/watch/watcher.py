@@ -17,7 +17,8 @@ from verl_cluster.enums import StrEnum
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ClusterError
-from verl_cluster.launch import job_records, ray_jobs
+from verl_cluster.records import job_records
+from verl_cluster.jobs import ray_jobs
 from verl_cluster.watch.detect import LogTracker, NodeMonitor
 from verl_cluster.watch.events import Event, Note, Reporter
 from verl_cluster.watch.failures import Diagnosis, FailureClass, diagnose
@@ -144,8 +145,8 @@ class Watcher:
     def _after_attempt(self, sid: str, progress) -> None:
         """The sequence lengths verl logged (`progress`: the attempt's verl_log.VerlProgress), kept for the next plan
         of this job, and the attempt held against the plan it was submitted with (as `submit`'s follow does both)."""
-        from verl_cluster.launch.length_store import remember_run
-        from verl_cluster.launch.verl_log import vs_plan_lines
+        from verl_cluster.records.length_store import remember_run
+        from verl_cluster.verl_logs.verl_log import vs_plan_lines
 
         progress.flush()
         try:
@@ -193,7 +194,7 @@ class Watcher:
     # ---- one attempt ----
     def _tracker(self, sid: str) -> LogTracker:
         """The attempt's log reader, resuming where a watcher before this one left it (its state in the run folder)."""
-        from verl_cluster.launch.job_log import AgentLog
+        from verl_cluster.verl_logs.job_log import AgentLog
 
         return LogTracker(AgentLog(None, sid), self.st.dir / f"log-{sid}.json")
 
@@ -209,8 +210,8 @@ class Watcher:
         return new
 
     def watch_attempt(self, sid: str) -> Outcome:
-        from verl_cluster.launch.integrations import plan_predictions
-        from verl_cluster.launch.run_eta import WATCH_EVERY, EtaTicker
+        from verl_cluster.submit.integrations import plan_predictions
+        from verl_cluster.verl_logs.run_eta import WATCH_EVERY, EtaTicker
 
         tracker, expected, next_check, api_errors = self._tracker(sid), None, 0.0, 0
         eta, learned = EtaTicker(WATCH_EVERY), False
@@ -345,7 +346,7 @@ class Watcher:
                 return Outcome(AttemptEnd.FAILED, Diagnosis(FailureClass.GPU_FAULT, "a GPU reports a fault", fault[1],
                                                    "verl-cluster doctor on that node; a GPU off the bus needs a "
                                                    "reboot"), fault[0], lines[-40:], progress)
-        from verl_cluster.launch.verl_log import traceback_block
+        from verl_cluster.verl_logs.verl_log import traceback_block
 
         d = diagnose(lines, row.message, lost[1] if lost else None, made_progress=progress.first_step is not None,
                      here=self._code_dir())
@@ -357,7 +358,7 @@ class Watcher:
         """Where the job's code comes from, to look for a module the nodes lack: its working_dir when it has
         one, else the folder submit ran in (never this watcher's own folder); "" when neither is known."""
         from verl_cluster.errors import ConfigError
-        from verl_cluster.launch.request import resolve_working_dir
+        from verl_cluster.jobs.request import resolve_working_dir
 
         try:
             return resolve_working_dir(self.job) or self.st.submit_dir
@@ -471,7 +472,7 @@ class Watcher:
     def _plan_fits(self, spec: ClusterSpec) -> tuple[bool, str]:
         """Whether the run fits the nodes left, and — verl loads the checkpoint files of the world size it runs
         on — whether its newest checkpoint is there for the new world size or can be resharded to it."""
-        from verl_cluster.launch.integrations import placement_plan
+        from verl_cluster.submit.integrations import placement_plan
 
         # a job that states its world (a user line's trainer.nnodes) is planned at the nodes left, as resubmit sends it
         job = self.st.job_input([f"trainer.nnodes={1 + len(spec.workers)}"]).job() if self.job.get("trainer.nnodes") \
@@ -536,7 +537,7 @@ class Watcher:
 
     # ---- resume ----
     def resubmit(self, spec: ClusterSpec, waited: float) -> str:
-        from verl_cluster.launch.submit import plan_submission
+        from verl_cluster.submit.pipeline import plan_submission
 
         prev = self.st.current
         sid = f"{self.st.run}-r{len(self.st.attempts)}"

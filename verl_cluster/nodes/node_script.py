@@ -1,7 +1,7 @@
 """Node-side helper, shipped as source and run with the node's Python (`python -c SOURCE CMD ARGS`).
 
 Stdlib only (ray is imported where present); shipped after the NVML reader's source (facts/nvml_node.py) and the
-temp dir rules (lifecycle/temp_dir_node.py). Commands:
+temp dir rules (nodes/temp_dir_node.py). Commands:
   probe TEMP_DIR [GCS [OLD]]  versions, GPUs (NVML), this cluster's Ray processes (or those of its OLD temp dir),
                           saved start state, what is unsafe about TEMP_DIR here
   kill TEMP_DIR [GCS [OLD]]   stop exactly the Ray processes of this TEMP_DIR (and OLD) and their children, verify
@@ -27,7 +27,7 @@ import time
 if "open_nvml" not in globals():  # imported here as a module; shipped, the reader's source comes first
     from verl_cluster.facts.nvml_node import NvmlError, open_nvml
 if "prepare_temp_dir" not in globals():
-    from verl_cluster.lifecycle.temp_dir_node import prepare_temp_dir, temp_dir_problem
+    from verl_cluster.nodes.temp_dir_node import prepare_temp_dir, temp_dir_problem
 
 MARK = "@@VC-JSON@@"
 

@@ -54,7 +54,7 @@ def lookup(job_name: str) -> Optional[dict[str, Any]]:
 
 def remember_run(submission_id: str, progress: Any) -> bool:
     """After following a run: record its logged lengths under the job name `submit` recorded for the id."""
-    from verl_cluster.launch import job_records
+    from verl_cluster.records import job_records
 
     rec = job_records.lookup(submission_id)
     lengths = progress.lengths() if progress is not None and hasattr(progress, "lengths") else {}

@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from verl_cluster.launch.run_eta import RunEta
+from verl_cluster.verl_logs.run_eta import RunEta
 
 _STEP = re.compile(r"step:(\d+) - (.*)$")
 # verl prints numpy scalars as np.float64(0.0) in validation metrics
@@ -108,7 +108,7 @@ def classify(lines: list[str], here: Optional[str] = None) -> Optional[Failure]:
         for line in lines:
             if pat.search(line):
                 if kind == "entrypoint" and here is not None:
-                    from verl_cluster.launch.entry_hint import ship_fix
+                    from verl_cluster.verl_logs.entry_hint import ship_fix
 
                     fix = ship_fix(line.strip(), lines, here) or fix
                 return Failure(kind, what, fix, line.strip()[:300])
@@ -241,7 +241,7 @@ class VerlProgress:
     keep_steps: Optional[int] = None  # None: every step kept whole (the scripts that read a finished run's steps)
     first: Optional[int] = None  # the lowest step logged: vs_plan() leaves it out (it pays for the warm-up)
     folded: Folded = field(default_factory=Folded)
-    eta: RunEta = field(default_factory=RunEta)  # the time per step and what is left (launch/run_eta.py)
+    eta: RunEta = field(default_factory=RunEta)  # the time per step and what is left (verl_logs/run_eta.py)
 
     def feed(self, text: str) -> None:
         lines = (self.partial + text).split("\n")
@@ -334,7 +334,7 @@ class VerlProgress:
         self.eta.learn_command(command)
 
     def estimate(self) -> Optional[dict[str, Any]]:
-        """Time per step, time left and the plan's step time (launch/run_eta.py), from the second step of a start."""
+        """Time per step, time left and the plan's step time (verl_logs/run_eta.py), from the second step of a start."""
         return self.eta.estimate(self.predicted)
 
     def vs_plan(self) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Mapping, Optional
 
 from verl_cluster.config.names import is_secret_name
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.shell_secrets import SecretTracking
+from verl_cluster.verl_scripts.shell_secrets import SecretTracking
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")

@@ -156,8 +156,8 @@ def read_weights(path: Path) -> dict[str, np.ndarray]:
 
 def tokenizer_corpus(seed: int = 0, problems: int = 4000) -> list[str]:
     """Text like what the model will see: word problems and answers, the instruction, chat scaffolding."""
-    from verl_cluster.launch.gsm8k import INSTRUCTION
-    from verl_cluster.launch.synthetic_gsm8k import make_problem
+    from verl_cluster.testdata.gsm8k import INSTRUCTION
+    from verl_cluster.testdata.synthetic_gsm8k import make_problem
 
     rng = random.Random(seed)
     texts = ["0123456789 " * 4, "+ - * / = < > ( ) [ ] { } . , : ; ! ? $ % # ' \" _ @ & ^ ~ | \\ `"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ConfigError
-from verl_cluster.lifecycle.token_bind import bind, own_token
+from verl_cluster.nodes.token_bind import bind, own_token
 from verl_cluster.runners.local import private_dirs
 
 
@@ -39,7 +39,7 @@ def ensure_token(spec: ClusterSpec) -> Path | None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32) + "\n")
-    bind(spec, Path(os.path.realpath(path)))  # the token goes to this head only (lifecycle/token_bind.py)
+    bind(spec, Path(os.path.realpath(path)))  # the token goes to this head only (nodes/token_bind.py)
     return path
 
 

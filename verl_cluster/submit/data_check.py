@@ -97,6 +97,6 @@ def check_schema(file: str, schema: Mapping[str, Mapping], req: DataRequirement)
 
 def schema_tree(schema: Any) -> dict[str, dict]:
     """pyarrow.Schema -> schema tree."""
-    from verl_cluster.launch.node_files import type_tree
+    from verl_cluster.submit.node_files import type_tree
 
     return {f.name: type_tree(f.type) for f in schema}

@@ -9,8 +9,8 @@ from verl_cluster.config.cluster import ClusterSpec, NodeSpec
 from verl_cluster.errors import RunnerError
 from verl_cluster.facts import nvml_node
 from verl_cluster.launchers import runner_for
-from verl_cluster.lifecycle import node_script, temp_dir_node
-from verl_cluster.lifecycle.auth import ray_auth_env
+from verl_cluster.nodes import node_script, temp_dir_node
+from verl_cluster.nodes.auth import ray_auth_env
 from verl_cluster.runners import CommandRunner, HostResult, fan_out
 from verl_cluster.runners.remote_python import run_python, script_source
 

@@ -17,7 +17,7 @@ from typing import Callable, Optional, TextIO
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ConfigError, RunnerError
-from verl_cluster.launch.request import TorchrunRequest
+from verl_cluster.jobs.request import TorchrunRequest
 from verl_cluster.launchers import runner_for
 from verl_cluster.runners import CommandRunner, fan_out
 

@@ -11,8 +11,8 @@ from typing import Callable, Optional, Sequence
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import VerlClusterError
-from verl_cluster.launch import ray_jobs
-from verl_cluster.launch.job_records import KnownCluster
+from verl_cluster.jobs import ray_jobs
+from verl_cluster.records.job_records import KnownCluster
 
 ANSWER_TIMEOUT_S = 20.0  # SSH connect (its own timeout), tunnel, the Jobs API's version check and list
 
@@ -26,7 +26,7 @@ class ClusterJobs:
     hint: str = ""
     down_at: float = 0.0  # taken down from here then (not asked); 0: asked
     overrides: tuple[str, ...] = ()  # what `up` recorded with the file: the way back needs them too
-    pairs: Optional[dict] = None  # submission id -> its predicted vs measured pairs (launch/job_pairs.py)
+    pairs: Optional[dict] = None  # submission id -> its predicted vs measured pairs (job_list/job_pairs.py)
 
     @property
     def answered(self) -> bool:
@@ -39,7 +39,7 @@ class ClusterJobs:
     def to_json(self) -> dict:
         d = {"cluster": self.cluster, "cluster_file": self.cluster_file, "answered": self.answered, "down": self.down}
         if self.rows is not None:
-            from verl_cluster.launch.job_pairs import with_pairs
+            from verl_cluster.job_list.job_pairs import with_pairs
 
             return d | {"jobs": with_pairs(self.rows, self.pairs or {})}
         if self.down:
@@ -60,7 +60,7 @@ def _ask(known: KnownCluster, load: Loader, extra: Sequence[str], pairs_until: O
             rows = ray_jobs.list_jobs(api)
             pairs = None
             if pairs_until is not None:
-                from verl_cluster.launch.job_pairs import job_pairs
+                from verl_cluster.job_list.job_pairs import job_pairs
 
                 pairs = job_pairs(api, rows, max(0.0, pairs_until - time.monotonic()))
             return ClusterJobs(spec.cluster_name, known.cluster_file, rows, pairs=pairs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from verl_cluster.config.job import JobSpec
-from verl_cluster.launch.findings import Finding
+from verl_cluster.submit.findings import Finding
 
 VERL_DEFAULT_CKPT = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
 NO_LOGIN_MODES = ("offline", "disabled")
@@ -70,7 +70,7 @@ def wandb_unknown(spec: Any, job: JobSpec, overrides: Mapping[str, Any]) -> bool
     their ~/.netrc from `wandb login`). The job's secrets, its env and the cluster's env count."""
     if not wants_wandb(job, overrides):
         return False
-    from verl_cluster.launch.node_paths import job_env
+    from verl_cluster.submit.node_paths import job_env
 
     if "WANDB_API_KEY" in job.secrets or _login_in(job_env(job)) or _login_in(spec.ray.env):
         return False

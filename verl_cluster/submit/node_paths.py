@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from verl_cluster.launch.findings import Finding
+from verl_cluster.submit.findings import Finding
 
 REMOTE_SCHEMES = ("hdfs://", "s3://", "gs://", "http://", "https://")
 

@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterator, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.errors import ClusterError
-from verl_cluster.launch.request import RayJobRequest
+from verl_cluster.jobs.request import RayJobRequest
 from verl_cluster.launchers import runner_for
-from verl_cluster.lifecycle.token_bind import token_for_sending
+from verl_cluster.nodes.token_bind import token_for_sending
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -86,7 +86,7 @@ class JobsApi:
                  spec: Optional[ClusterSpec] = None, stack: Optional[contextlib.ExitStack] = None,
                  runner: Optional[Any] = None):
         self.client, self.where, self.url, self.headers = client, where, url, dict(headers or {})
-        self.spec, self.stack, self.runner = spec, stack, runner  # to reach the nodes' agents (launch/job_log.py)
+        self.spec, self.stack, self.runner = spec, stack, runner  # to reach the nodes' agents (verl_logs/job_log.py)
         self._routes: dict[tuple[str, int], tuple[tuple[str, int], Any]] = {}
         self._routes_lock = threading.Lock()
 
@@ -268,7 +268,7 @@ class JobRow:
     run: str = ""  # the first submission of a watched run (`watch` resubmits under new ids)
     previous: str = ""  # the submission this one resumed
     ray_job_id: str = ""  # the driver's Ray job id (hex) once it connected: its workers carry it
-    plan: str = ""  # what the plan assumed and predicted (launch/integrations.plan_metadata), JSON
+    plan: str = ""  # what the plan assumed and predicted (submit/integrations.plan_metadata), JSON
 
     @property
     def duration_s(self) -> Optional[float]:
@@ -321,7 +321,7 @@ def job_info(api: JobsApi, job_id: str) -> JobRow:
 
 def logs(api: JobsApi, job_id: str) -> str:
     """The whole log in one string, as the Jobs SDK gives it: for small logs in scripts only; the product reads
-    logs by byte ranges (launch/job_log.py)."""
+    logs by byte ranges (verl_logs/job_log.py)."""
     return api.call(api.client.get_job_logs, job_id)
 
 

@@ -2,7 +2,7 @@
 
 Only jobs whose metadata keeps the plan's predictions are read; their logs are read side by side, by byte ranges,
 parsed as they stream, all within one deadline. A job submitted from here keeps what was read in its record
-(launch/job_records.py): a finished job's pairs once and for all, a running one's parse state and offset, so the
+(records/job_records.py): a finished job's pairs once and for all, a running one's parse state and offset, so the
 next `jobs --json` reads only what the job wrote since. A log not read in time gives no pairs and the reason."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ import threading
 import time
 from typing import Any, Sequence
 
-from verl_cluster.launch import job_records, ray_jobs
-from verl_cluster.launch.integrations import plan_predictions
+from verl_cluster.records import job_records
+from verl_cluster.jobs import ray_jobs
+from verl_cluster.submit.integrations import plan_predictions
 
 PARALLEL = 8  # logs read at once
 
 
 def pairs_of(text: str, predicted: dict[str, Any]) -> dict[str, Any]:
     """{"vs_plan": rows} for a whole log, with "vs_plan_reason" when there are none."""
-    from verl_cluster.launch.verl_log import VerlProgress
+    from verl_cluster.verl_logs.verl_log import VerlProgress
 
     prog = VerlProgress(predicted=predicted)
     prog.feed(text)
@@ -39,8 +40,8 @@ def progress_pairs(prog: Any) -> dict[str, Any]:
 def read_pairs(api: ray_jobs.JobsApi, row: ray_jobs.JobRow, predicted: dict[str, Any], deadline: float) -> dict:
     """The pairs of one job: from its record when a finished job's were kept there; else its log read from where
     the record's state left off (or from the start), kept in the record when there is one."""
-    from verl_cluster.launch.job_log import AgentLog, LogFollower
-    from verl_cluster.launch.verl_log import KEEP_STEPS, VerlProgress
+    from verl_cluster.verl_logs.job_log import AgentLog, LogFollower
+    from verl_cluster.verl_logs.verl_log import KEEP_STEPS, VerlProgress
 
     rec = job_records.lookup(row.submission_id) or {}
     if isinstance(rec.get("vs_plan_final"), dict):

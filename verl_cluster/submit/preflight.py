@@ -12,10 +12,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec, is_verl_module
-from verl_cluster.launch.data_check import check_schema, requirement_for
-from verl_cluster.launch.findings import Finding
-from verl_cluster.launch.request import key_origin
-from verl_cluster.launch.verl_config import check_verl_config
+from verl_cluster.submit.data_check import check_schema, requirement_for
+from verl_cluster.submit.findings import Finding
+from verl_cluster.jobs.request import key_origin
+from verl_cluster.submit.verl_config import check_verl_config
 from verl_cluster.launchers import runner_for
 from verl_cluster.runners import fan_out
 from verl_cluster.runners.remote_python import run_python
@@ -134,7 +134,7 @@ def probe_node_files(spec: ClusterSpec, files: Sequence[str], model: Optional[st
                      job: Optional[JobSpec] = None, wandb: bool = False) -> dict[str, Any]:
     """{host: node_files' answer or the exception}: the data files and model, the paths in `expand` expanded in
     the environment the job gets on that node, whether wandb can log in there."""
-    from verl_cluster.launch.node_paths import node_env
+    from verl_cluster.submit.node_paths import node_env
 
     source = PROBE.read_text()
 
@@ -159,7 +159,7 @@ def local_schema(path: str) -> Optional[dict]:
     try:
         import pyarrow.parquet as pq
 
-        from verl_cluster.launch.data_check import schema_tree
+        from verl_cluster.submit.data_check import schema_tree
 
         return schema_tree(pq.read_schema(p))
     except Exception:  # noqa: BLE001 - not readable here: the node result stands
@@ -173,8 +173,8 @@ def check_files(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -
 def check_nodes(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -> tuple[list[Finding], dict]:
     """(findings, path keys to rewrite) of one probe of every node: data files, model, the paths verl opens
     expanded there (node_paths), wandb's login when the job logs to wandb."""
-    from verl_cluster.launch.hygiene import wandb_findings, wandb_unknown
-    from verl_cluster.launch.node_paths import judge, to_expand
+    from verl_cluster.submit.hygiene import wandb_findings, wandb_unknown
+    from verl_cluster.submit.node_paths import judge, to_expand
 
     files = [f for f in data_files(overrides) if not f.startswith(REMOTE_SCHEMES)]
     remote = [f for f in data_files(overrides) if f.startswith(REMOTE_SCHEMES)]
@@ -237,7 +237,7 @@ def _at(f: Finding, where: str) -> Finding:
 def expand_paths(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) -> tuple[dict, list[Finding]]:
     """Without the checks (--skip-preflight, a watched run's next attempt): still the paths verl opens as every
     node expands them, where they agree; the others are sent as written, each with a warning."""
-    from verl_cluster.launch.node_paths import judge, to_expand, unexpanded
+    from verl_cluster.submit.node_paths import judge, to_expand, unexpanded
 
     wanted = to_expand(overrides)
     if not wanted:
@@ -256,7 +256,7 @@ def expand_paths(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any]) 
 def verl_check_where(job: JobSpec, overrides: Mapping[str, Any], spec: Optional[ClusterSpec] = None):
     """(result, where it ran): here when this machine has verl (or VC_VERL_PYTHON names a Python that does),
     else in the cluster's head Python, where the job's verl runs (a default install has no verl here)."""
-    from verl_cluster.launch.verl_config import check_verl_config_on, verl_available, verl_python
+    from verl_cluster.submit.verl_config import check_verl_config_on, verl_available, verl_python
 
     if spec is None or verl_available(verl_python()):
         return check_verl_config(job.entrypoint, overrides, args=job.args), "here"
@@ -267,7 +267,7 @@ def verl_check_where(job: JobSpec, overrides: Mapping[str, Any], spec: Optional[
         return check_verl_config_on(runner, spec.python_executable(head), job.entrypoint, overrides,
                                     args=job.args), where
     except Exception as e:  # noqa: BLE001 - an unreachable head costs this check only (the node probe says why)
-        from verl_cluster.launch.verl_config import VerlConfigCheck
+        from verl_cluster.submit.verl_config import VerlConfigCheck
 
         why = getattr(e, "reason", None) or f"{type(e).__name__}: {e}"
         return VerlConfigCheck(False, skipped=f"verl is not installed here and the check could not run on "
@@ -438,7 +438,7 @@ def check_placement_strategy(spec: ClusterSpec, job: JobSpec) -> list[Finding]:
     if job.is_ray_only or not (job.model.catalog or job.model.path) or requested_strategy(job)[1] == "auto":
         return []
     from verl_cluster.errors import VerlClusterError
-    from verl_cluster.facts.cluster_facts import gather_node_facts
+    from verl_cluster.diagnostics.cluster_facts import gather_node_facts
 
     try:
         return check_strategy(job, gather_node_facts(spec))
@@ -526,7 +526,7 @@ def lengths_findings(job: JobSpec, lengths: Any, notes: Sequence[str] = (), plan
 def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any], status: Any,
                   extra: Sequence[Finding] = ()) -> PreflightReport:
     """Every check; the report carries the paths to send verl as the nodes expand them."""
-    from verl_cluster.launch.hygiene import checkpoint_dir_findings
+    from verl_cluster.submit.hygiene import checkpoint_dir_findings
 
     findings = list(extra)
     paths: dict[str, Any] = {}

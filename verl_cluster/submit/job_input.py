@@ -28,7 +28,7 @@ class JobInput:
     @classmethod
     def from_words(cls, first: Optional[str], rest: list[str], before: list[str] = ()) -> "JobInput":
         """`first rest...` as argparse left them; `before`: the key=value words given before `--`."""
-        from verl_cluster.launch.script_import import is_python, is_script
+        from verl_cluster.verl_scripts.script_import import is_python, is_script
 
         words = ([first] if first else []) + list(rest)
         at = next((i for i, w in enumerate(words) if is_python(w)), None)
@@ -54,7 +54,7 @@ class JobInput:
 
     def load(self, extra: list[str] = ()) -> tuple[JobSpec, Any]:
         """(JobSpec, ImportedJob or None) with `extra` key=value words applied after the recorded ones."""
-        from verl_cluster.launch.script_import import load_job_input
+        from verl_cluster.verl_scripts.script_import import load_job_input
 
         words = list(self.overrides) + list(extra)
         if self.kind == "command":

@@ -20,8 +20,8 @@ from verl_cluster.config.job import JobSpec, is_verl_module, is_verl_trainer, jo
 from verl_cluster.config.names import MASK, has_url_credentials, mask_url_credentials
 from verl_cluster.config.loader import read_text_bounded, short
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.hydra_values import from_hydra
-from verl_cluster.launch.shell_words import ARGS, PYTHON, Field, looks_secret, read_script
+from verl_cluster.verl_scripts.hydra_values import from_hydra
+from verl_cluster.verl_scripts.shell_words import ARGS, PYTHON, Field, looks_secret, read_script
 
 SCRIPT_SUFFIXES = (".sh", ".bash")
 HYDRA_FLAGS = ("--config-path", "--config-name", "--config-dir", "-cp", "-cn", "-cd")

@@ -18,7 +18,7 @@ from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec
 from verl_cluster.config.names import MASK, masked_env  # noqa: F401 - MASK: what tests and callers compare with
 from verl_cluster.errors import ConfigError
-from verl_cluster.launch.hydra_values import to_hydra
+from verl_cluster.verl_scripts.hydra_values import to_hydra
 
 PYTHONS = ("python", "python3")
 
@@ -63,7 +63,7 @@ class NotApplied:
 def key_origin(job: JobSpec, key: str) -> str:
     """'file:line' of a verl key in the job file's `overrides` (or the script's line), else 'the command line'."""
     from verl_cluster.config.loader import read_yaml
-    from verl_cluster.launch.script_import import is_script, script_key_origin
+    from verl_cluster.verl_scripts.script_import import is_script, script_key_origin
 
     if job.source == "<command line>":
         return "the command line"

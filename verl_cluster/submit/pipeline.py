@@ -17,10 +17,10 @@ from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec, is_verl_module
 from verl_cluster.errors import ClusterError, ConfigError
 from verl_cluster.launchers import load_cluster
-from verl_cluster.launch.integrations import cached_backend_env, placement_plan, plan_metadata
-from verl_cluster.launch.preflight import (Finding, PreflightReport, check_flash_attn_needs, expand_paths,
+from verl_cluster.submit.integrations import cached_backend_env, placement_plan, plan_metadata
+from verl_cluster.submit.preflight import (Finding, PreflightReport, check_flash_attn_needs, expand_paths,
                                           run_preflight)
-from verl_cluster.launch.request import (NotApplied, RayJobRequest, TorchrunRequest, build_ray_request,
+from verl_cluster.jobs.request import (NotApplied, RayJobRequest, TorchrunRequest, build_ray_request,
                                          build_torchrun_request, merge_overrides, secret_values)
 
 def warm_imports() -> None:
@@ -87,7 +87,7 @@ def _status(spec: ClusterSpec):
 def _jobs_api_up(spec: ClusterSpec):
     """(None, why-not or "") from one Jobs API round trip: enough to know Ray can take a job (~0.3 s, where the
     full status probes every node over SSH in ~3 s)."""
-    from verl_cluster.launch import ray_jobs
+    from verl_cluster.jobs import ray_jobs
 
     try:
         with ray_jobs.connect(spec):

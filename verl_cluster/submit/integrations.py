@@ -39,7 +39,7 @@ def plan_for_job(job: JobSpec, spec: ClusterSpec, strategy: Optional[str] = None
     """Gather the live cluster's facts (every node of `spec`) and plan `job` on them (`plan_job`).
     Raises RunnerError for an unreachable node, ConfigError for bad input, PlanError when the hardware cannot
     be used at all (no GPUs, nodes with different GPU counts); a job that does not fit returns feasible=False."""
-    from verl_cluster.facts.cluster_facts import gather_node_facts
+    from verl_cluster.diagnostics.cluster_facts import gather_node_facts
     from verl_cluster.placement import plan_job
 
     return plan_job(job, gather_node_facts(spec, runners=runners, timeout=timeout), strategy=strategy, fill=fill)
@@ -63,7 +63,7 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
         return PlanInfo({}, None, {}, f"no placement plan: {e.message}; the job's own settings are used as they are",
                         unplanned=e.hint or "set model.catalog")
     from verl_cluster.facts.measured_bus import recorded
-    from verl_cluster.launch.preflight import lengths_findings
+    from verl_cluster.submit.preflight import lengths_findings
     from verl_cluster.placement.length_plans import plan_lengths
 
     findings: tuple = ()  # the prompts measured stand even when the plan cannot be made (no GPUs, ...)
@@ -126,8 +126,8 @@ def _facts_and_lengths(job: JobSpec, spec: ClusterSpec, facts: Optional[list]):
     side. An unreachable node raises: it is a finding, not a smaller plan."""
     import concurrent.futures as cf
 
-    from verl_cluster.launch.data_lengths import gather_lengths
-    from verl_cluster.facts.cluster_facts import gather_node_facts
+    from verl_cluster.submit.data_lengths import gather_lengths
+    from verl_cluster.diagnostics.cluster_facts import gather_node_facts
 
     with cf.ThreadPoolExecutor(2) as pool:
         facts_f = pool.submit(gather_node_facts, spec) if facts is None else None
@@ -142,7 +142,7 @@ def _strategy_note(job: JobSpec, facts) -> str:
     no pools for it), preflight's one-line message for it (field, file, why, fix); else ""."""
     if facts is None or job.placement.strategy in (None, "", "auto"):
         return ""
-    from verl_cluster.launch.preflight import check_strategy
+    from verl_cluster.submit.preflight import check_strategy
 
     try:
         found = check_strategy(job, facts)

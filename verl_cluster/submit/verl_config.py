@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from verl_cluster.launch.request import override_args
+from verl_cluster.jobs.request import override_args
 
 PROBE = Path(__file__).with_name("verl_probe.py")
 MARK = "@@VC-JSON@@"

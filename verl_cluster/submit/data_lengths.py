@@ -18,7 +18,7 @@ REMOTE_SCHEMES = ("hdfs://", "s3://", "gs://", "http://", "https://")
 
 def probe_request(job: JobSpec, files: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """What prompt_probe needs: the files, the model whose tokenizer verl uses, the prompt column, the limit."""
-    from verl_cluster.launch.preflight import _as_list, model_path
+    from verl_cluster.submit.preflight import _as_list, model_path
 
     ov = job.verl_overrides()
     chosen = list(files) if files is not None else _as_list(ov.get("data.train_files"))
@@ -40,7 +40,7 @@ def _stats(doc: Any, where: str) -> tuple[Optional[PromptStats], str]:
 
 def measure_here(job: JobSpec, files: Sequence[str]) -> PromptStats:
     """`plan --data FILE...`: measured on this machine; a file that cannot be read is bad input."""
-    from verl_cluster.launch import prompt_probe
+    from verl_cluster.submit import prompt_probe
 
     for f in files:
         if not Path(f).expanduser().is_file():
@@ -66,8 +66,8 @@ def measure_job_files_here(job: JobSpec) -> tuple[Optional[PromptStats], str]:
     measured on this machine as submit measures them on the head node; (None, why) when they cannot be."""
     import os
 
-    from verl_cluster.launch import prompt_probe
-    from verl_cluster.launch.node_paths import job_env
+    from verl_cluster.submit import prompt_probe
+    from verl_cluster.submit.node_paths import job_env
 
     req = probe_request(job)
     if not req["files"]:
@@ -135,7 +135,7 @@ def gather_lengths(job: JobSpec, *, spec=None, data: Optional[Sequence[str]] = N
         if note:
             notes.append(note)
     if logged == "store":
-        from verl_cluster.launch.length_store import lookup
+        from verl_cluster.records.length_store import lookup
 
         logged = lookup(job.name)
     lengths = resolve_lengths(job, prompts=prompts, logged=logged, fill=fill)

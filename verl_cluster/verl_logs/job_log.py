@@ -330,12 +330,12 @@ def follow(api: Any, job_id: str, out: Any = None, status_out: Any = None, poll_
     """Print the job's log from `offset` until the job ends (made safe when `out` is a terminal); status changes
     go to `status_out`. Ctrl-C raises KeyboardInterrupt (the caller decides: detach or stop). `progress` (a
     verl_log.VerlProgress) is fed every line; from the second step of a start, its time per step and time left
-    go to `status_out` when they move (launch/run_eta.py). The job's end is decided by its status, not by its
+    go to `status_out` when they move (verl_logs/run_eta.py). The job's end is decided by its status, not by its
     log: processes it left behind (vLLM's workers, say) can write long after it SUCCEEDED."""
     import sys
 
-    from verl_cluster.launch import ray_jobs
-    from verl_cluster.launch.run_eta import EtaTicker
+    from verl_cluster.jobs import ray_jobs
+    from verl_cluster.verl_logs.run_eta import EtaTicker
     from verl_cluster.terminal_text import TerminalWriter
 
     out, status_out = out or sys.stdout, status_out or sys.stderr
@@ -372,7 +372,7 @@ def follow(api: Any, job_id: str, out: Any = None, status_out: Any = None, poll_
         raise
     failure = None
     if row.status != "SUCCEEDED":  # any job: its own module not shipped is said with the command that ships it
-        from verl_cluster.launch.verl_log import classify
+        from verl_cluster.verl_logs.verl_log import classify
 
         found = classify(list(f.tail), here=_here())
         failure = found.to_json() if found else None
@@ -390,6 +390,6 @@ def _here() -> Optional[str]:
 
 def _remember_lengths(job_id: str, progress: Optional[Any]) -> None:
     if progress is not None:
-        from verl_cluster.launch.length_store import remember_run
+        from verl_cluster.records.length_store import remember_run
 
         remember_run(job_id, progress)

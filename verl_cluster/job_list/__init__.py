@@ -1,0 +1,1 @@
+"""`jobs`: every known cluster's jobs asked in parallel, each planned job's predicted vs measured from its log."""

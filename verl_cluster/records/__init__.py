@@ -1,0 +1,1 @@
+"""What this machine remembers: jobs submitted from here, clusters brought up from here, the lengths verl logged."""

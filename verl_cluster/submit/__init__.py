@@ -1,0 +1,1 @@
+"""The submit pipeline: preflight (data, model, paths, verl config), the plan, the request for a job launcher."""
