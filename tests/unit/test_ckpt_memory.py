@@ -34,21 +34,18 @@ def test_this_machines_mounts_are_read(tmp_path):
 
 
 def test_submit_preflight_warns_of_a_tmpfs_checkpoint_folder():
-    import types
     from pathlib import Path
 
-    from verl_cluster.cli.submit_cmd import ram_checkpoint_findings
     from verl_cluster.config.job import load_job
+    from verl_cluster.submit.checkpoint_checks import ram_checkpoint_findings
 
     root = Path(__file__).resolve().parents[2]
+    mounts = "tmpfs /dev/shm tmpfs rw 0 0\n/dev/vda1 / ext4 rw 0 0\n"  # as /proc/mounts says it on Linux
 
     def findings(*words):
-        job = load_job(root / "launch/gsm8k_grpo.yaml", list(words))
-        return ram_checkpoint_findings(types.SimpleNamespace(job=job))
+        return ram_checkpoint_findings(load_job(root / "launch/gsm8k_grpo.yaml", list(words)), mounts)
 
-    if mount_fs("/dev/shm") == "tmpfs":  # Linux machines mount it so; the check reads this machine's mounts
-        (f,) = findings("trainer.save_freq=5", "trainer.default_local_dir=/dev/shm/ckpt")
-        assert f.level == "warning" and f.check == "checkpoint" and "stays in RAM" in f.message
-    assert findings("trainer.save_freq=-1", "trainer.default_local_dir=/dev/shm/ckpt") == []
-    assert findings("trainer.save_freq=5", "trainer.default_local_dir=/var/tmp/ckpt") == [] or \
-        mount_fs("/var/tmp") in ("tmpfs", "ramfs")
+    (f,) = findings("trainer.save_freq=5", "trainer.default_local_dir=/dev/shm/ckpt")
+    assert f.level == "warning" and f.check == "checkpoint" and "stays in RAM" in f.message
+    assert findings("trainer.save_freq=-1", "trainer.default_local_dir=/dev/shm/ckpt") == []  # never saves
+    assert findings("trainer.save_freq=5", "trainer.default_local_dir=/var/tmp/ckpt") == []  # on disk

@@ -312,13 +312,16 @@ def test_the_two_node_run_by_hand(tmp_path):
     assert rows["time step (s)"]["measured"] == pytest.approx(10.18 + 2.58 + 2.21 + 0.11 + 10.92 + 1.52, abs=0.02)
 
 
-def test_gpu_catalog_speeds():
-    assert st.gpu_speed("NVIDIA H100 80GB HBM3") == (st.GpuSpeed(989, 3350, 330, 55), True)
-    assert st.gpu_speed("NVIDIA GeForce RTX 4090")[0].pcie_gbs == 25 and st.gpu_speed("Tesla V100-SXM2-32GB")[0].pcie_gbs == 12
-    assert st.gpu_speed("NVIDIA H200")[0].hbm_gbs == 4800
-    assert st.gpu_speed("NVIDIA H100 PCIe")[0].link_gbs == 20
+def test_every_gpu_in_the_catalog_is_found_by_its_nvml_name():
+    """The first fragment a name contains wins: a fragment inside an earlier one (H100 in "H100 PCIe") must come
+    after it, or that GPU would be read as another (a PCIe H100 planned with NVLink's bandwidth)."""
+    for frag, speed in st.GPU_SPEEDS:
+        assert st.gpu_speed(f"NVIDIA {frag} 80GB") == (speed, True), frag
+    pcie, sxm = st.gpu_speed("NVIDIA H100 PCIe")[0], st.gpu_speed("NVIDIA H100 80GB HBM3")[0]
+    assert pcie.link_gbs < sxm.link_gbs  # as NVML spells the two cards
+    assert st.gpu_family("NVIDIA H100 80GB HBM3") == "H100" and st.gpu_family("NVIDIA H100 PCIe") == "H100 PCIe"
     sp, known = st.gpu_speed("Some Future GPU")
-    assert not known and sp == st.UNKNOWN_GPU
+    assert not known and sp == st.UNKNOWN_GPU and st.gpu_family("Some Future GPU") == "Some Future GPU"
 
 
 def test_more_gpus_across_nodes_use_the_network():

@@ -4,6 +4,7 @@ reshardable; a launcher resuming it on another world size is told the command, a
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 from verl_cluster.reshard import resume_world_size_problem
@@ -33,16 +34,17 @@ def test_reshard_dry_run_plans_the_fsdp1_model_and_extra_state(tmp_path):
 
 
 def test_submit_preflight_says_it_before_any_gpu_time():
-    import types
+    from verl_cluster.config.job_shape import JobShape
+    from verl_cluster.submit.checkpoint_checks import checkpoint_findings, resume_findings
 
-    from verl_cluster.cli.submit_cmd import resume_findings
-
-    def sub(gpus, mode="auto"):
+    def job(mode="auto"):
         keys = {"trainer.default_local_dir": str(CKPT), "trainer.resume_mode": mode}
-        return types.SimpleNamespace(job=types.SimpleNamespace(get=keys.get), request=types.SimpleNamespace(
-            entrypoint=f"python3 -m verl.trainer.main_ppo trainer.nnodes=1 trainer.n_gpus_per_node={gpus}"))
+        return types.SimpleNamespace(get=lambda k, d=None: keys.get(k, d))
 
-    (f,) = resume_findings(sub(2))
+    (f,) = resume_findings(job(), JobShape(1, 2))
     assert f.level == "error" and f.check == "checkpoint" and "verl-cluster reshard" in f.message
-    assert resume_findings(sub(2, mode="disable")) == []
-    assert resume_findings(sub(1)) == []
+    assert resume_findings(job("disable"), JobShape(1, 2)) == []
+    assert resume_findings(job(), JobShape(1, 1)) == []
+    assert resume_findings(job(), JobShape(None, 1)) == []  # verl's one node by default: the world the ckpt has
+    # the request's overrides (the plan's counts merged in) are what is judged
+    assert [x.check for x in checkpoint_findings(job(), {"trainer.n_gpus_per_node": "2"})] == ["checkpoint"]

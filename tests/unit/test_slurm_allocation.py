@@ -10,7 +10,8 @@ from verl_cluster.config.job import job_from_data
 from verl_cluster.errors import ConfigError
 from verl_cluster.slurm import allocation as al
 from verl_cluster.slurm.batch import BatchRequest, script
-from verl_cluster.slurm.fit import check_fits, job_shape
+from verl_cluster.config.job_shape import JobShape
+from verl_cluster.slurm.fit import check_fits
 from verl_cluster.slurm.runner import SlurmRunner
 from verl_cluster.slurm.spec import fill
 
@@ -150,6 +151,10 @@ def _job(data):
 
 
 def test_job_shape_and_fit():
+    def job_shape(job):
+        s = JobShape.of(job)
+        return s.nodes, s.gpus_per_node, s.needs_gpus
+
     assert job_shape(_job({"overrides": {"trainer": {"nnodes": 2, "n_gpus_per_node": 8}}})) == (2, 8, True)
     assert job_shape(_job({"placement": {"gpus": "4x8xH100-80GB"}})) == (4, 8, True)
     assert job_shape(_job({})) == (None, None, False)

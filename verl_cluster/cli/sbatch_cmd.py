@@ -38,10 +38,12 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from verl_cluster.verl_scripts.script_import import load_job_input
     from verl_cluster.slurm.batch import BatchRequest, resolve_log_dir, safe_name, script, submit_script, write_script
-    from verl_cluster.slurm.fit import check_fits, job_shape
+    from verl_cluster.config.job_shape import JobShape
+    from verl_cluster.slurm.fit import check_fits
 
     job, _ = load_job_input(args.job, list(args.overrides))
-    want_nodes, want_gpus, _ = job_shape(job)
+    shape = JobShape.of(job)
+    want_nodes, want_gpus = shape.nodes, shape.gpus_per_node
     nodes = args.nodes if args.nodes is not None else (want_nodes or 1)
     gpus = args.gpus_per_node if args.gpus_per_node is not None else (want_gpus or 0)
     check_fits(job, nodes, gpus, gpus > 0, f"the request (--nodes {nodes}, --gpus-per-node {gpus})")

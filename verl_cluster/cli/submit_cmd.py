@@ -99,8 +99,6 @@ def run_submit(args) -> int:
         from verl_cluster.watch.shared_dir import check_shared_dir
 
         sub.preflight.findings.extend(check_shared_dir(sub.spec, str(job.get("trainer.default_local_dir"))))
-    if sub.launcher == "ray" and not args.skip_preflight:
-        sub.preflight.findings.extend(resume_findings(sub) + ram_checkpoint_findings(sub))
     if not args.json:
         print_preflight(sub.preflight)
         for n in sub.not_applied:
@@ -123,41 +121,6 @@ def run_submit(args) -> int:
         raise ConfigError("--watch needs a Ray job (torchrun runs are not watched yet)",
                           "drop --watch, or run the job with launcher: ray")
     return _apply_torchrun(sub, args)
-
-
-def resume_findings(sub: Submission) -> list:
-    """verl resumes the newest checkpoint by default (trainer.resume_mode=auto) and loads the files of the world
-    size it runs on: a checkpoint saved on another number of GPUs fails it. Judged where the folder is visible."""
-    import shlex
-
-    from verl_cluster.submit.preflight import Finding
-    from verl_cluster.reshard import resume_world_size_problem
-
-    job = sub.job
-    mode = str(job.get("trainer.resume_mode") or "auto")
-    folder = job.get("trainer.resume_from_path") if mode == "resume_path" else job.get("trainer.default_local_dir")
-    if mode == "disable" or not folder:
-        return []
-    words = dict(w.split("=", 1) for w in shlex.split(sub.request.entrypoint) if "=" in w)
-    try:
-        world = int(words.get("trainer.nnodes", 1)) * int(words.get("trainer.n_gpus_per_node", 0))
-    except ValueError:
-        return []
-    problem = resume_world_size_problem(str(folder), world) if world else None
-    return [Finding("error", "checkpoint", problem, "or trainer.resume_mode=disable to start again")] if problem else []
-
-
-def ram_checkpoint_findings(sub: Submission) -> list:
-    """Checkpoints saved into a tmpfs folder stay in RAM: judged where the folder is visible, as above."""
-    from verl_cluster.submit.ckpt_memory import ram_checkpoint_warning
-    from verl_cluster.submit.preflight import Finding
-
-    try:
-        save_freq = int(sub.job.get("trainer.save_freq") or -1)
-    except (TypeError, ValueError):
-        return []
-    found = ram_checkpoint_warning(str(sub.job.get("trainer.default_local_dir") or ""), save_freq)
-    return [Finding("warning", "checkpoint", *found)] if found else []
 
 
 def _print_request(sub: Submission) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from verl_cluster.config.job_shape import JobShape
 from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ConfigError
 
@@ -81,6 +82,11 @@ class Settings:
     at_limit: bool = True  # placement.at_limit: a phase may run at the GPU's limit when nothing fits with room
     save_freq: int = -1  # trainer.save_freq: > 0 saves checkpoints (the CPU copy of the states at each save)
     megatron: bool = False  # verl's Megatron workers: the memory model (FSDP) does not cover them
+
+    @property
+    def shape(self) -> JobShape:
+        """The counts the job pins (None: not pinned: the planner fits the cluster), as every reader takes them."""
+        return JobShape(self.nnodes, self.n_gpus_per_node)
 
     @property
     def seq_len(self) -> int:

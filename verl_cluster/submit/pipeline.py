@@ -20,6 +20,7 @@ from verl_cluster.launchers import load_cluster
 from verl_cluster.submit.integrations import cached_backend_env, placement_plan, plan_metadata
 from verl_cluster.submit.preflight import (Finding, PreflightReport, check_flash_attn_needs, expand_paths,
                                           run_preflight)
+from verl_cluster.submit.checkpoint_checks import checkpoint_findings
 from verl_cluster.jobs.request import (NotApplied, RayJobRequest, TorchrunRequest, build_ray_request,
                                          build_torchrun_request, merge_overrides, secret_values)
 
@@ -147,6 +148,8 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
         report = PreflightReport([Finding("warning" if f.level == "error" else f.level, f.check, f.message, f.hint)
                                   for f in extra] + found + [Finding("skipped", "preflight", "--skip-preflight")], paths)
     overrides = report.with_paths(overrides)  # verl opens paths as written: `~` and $VAR as the nodes expand them
+    if run_checks and chosen == "ray":
+        report.findings.extend(checkpoint_findings(job, overrides))
     if chosen == "ray":
         env, warnings = benv.merged()
         notes += warnings

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from verl_cluster.config.cluster import ClusterSpec
+from verl_cluster.config.job_shape import JobShape
 from verl_cluster.config.job import JobSpec, is_verl_module
 from verl_cluster.submit.data_check import check_schema, requirement_for
 from verl_cluster.submit.findings import Finding
@@ -331,7 +332,8 @@ def gpu_fit(nodes: Sequence[NodeGpus], per_node: int, nnodes: int) -> list[Findi
 
 def gpu_request(overrides: Mapping[str, Any]) -> tuple[int, int]:
     """(n_gpus_per_node, nnodes) verl will ask for (its defaults: 8 and 1)."""
-    return int(overrides.get("trainer.n_gpus_per_node", 8)), int(overrides.get("trainer.nnodes", 1))
+    shape = JobShape.of_overrides(overrides)
+    return shape.verl_gpus_per_node, shape.verl_nodes
 
 
 def nodes_from_status(status: Any) -> list[NodeGpus]:

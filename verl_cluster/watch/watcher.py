@@ -16,6 +16,7 @@ from typing import Optional, TextIO
 from verl_cluster.enums import StrEnum
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec
+from verl_cluster.config.job_shape import JobShape
 from verl_cluster.errors import ClusterError
 from verl_cluster.records import job_records
 from verl_cluster.jobs import ray_jobs
@@ -483,8 +484,9 @@ class Watcher:
         # the plan's world size; a job with no plan (not a verl trainer) runs on the nodes left, each with the
         # ranks its trainer.n_gpus_per_node states
         nodes = 1 + len(spec.workers)
-        world = (_world(plan.overrides.get("trainer.nnodes"), plan.overrides.get("trainer.n_gpus_per_node"))
-                 or _world(nodes, self.job.get("trainer.n_gpus_per_node")))
+        world = (JobShape.of_overrides(plan.overrides).world
+                 or JobShape.of_overrides({"trainer.n_gpus_per_node": self.job.get("trainer.n_gpus_per_node")})
+                 .at_nodes(nodes).world or 0)
         folder = str(self.job.get("trainer.default_local_dir") or "")
         gone = [n.host for _, n in self.spec.nodes() if n.host not in {x.host for _, x in spec.nodes()}]
         if folder and gone:  # checked where the run goes on (the head), before anything is resharded or resubmitted
@@ -580,13 +582,6 @@ class Watcher:
             self.st.restarts += 1
         self.st.pending = None
         self.st.save()
-
-
-def _world(nnodes, per_node) -> int:
-    try:
-        return max(0, int(nnodes or 0) * int(per_node or 0))
-    except (TypeError, ValueError):
-        return 0
 
 
 def _write_private(path, text: str) -> None:
