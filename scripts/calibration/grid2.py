@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""Issue 33's second calibration grid: verl GRPO and PPO (GAE critic) runs on one node of 2 GPUs (H100 or H200,
+whichever the device lends) that vary the update / log-prob micro batches, 1 vs 2 GPUs, sdpa padded (no flash-attn)
+vs packed flash-attn, and GRPO vs PPO with a critic. Runs are grouped in families; held-out families are never
+fitted on (docs in scripts/calibration/README.md).
+
+    grid2.py predict [--batch B ...]   here: plan every run for H100 and H200 with the CLI, append a round
+                                       (commit, date, per-phase predictions by fill, error bar) to PREDICTIONS
+    grid2.py start BATCH               device: copy the repo to /srv/vc/repo, run `chain BATCH` detached (setsid)
+    grid2.py chain BATCH               device: setup (site, models, data, flash-attn, `up`), then `run BATCH`
+    grid2.py run BATCH                 device: submit the batch's lines one after another -> /srv/vc/out/grid2-RUN.json
+    grid2.py report DIR [--json F] [--md F]   here: prediction vs measured per family, per run (DIR: grid2-*.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+PREDICTIONS = REPO / "tests/fixtures/verl_runs/grid2_predictions.json"
+FACTS_TEMPLATE = REPO / "tests/fixtures/facts/h200x2_recorded.json"
+VC = Path("/srv/vc")
+OUT = VC / "out"
+CARDS = {"H100": ("NVIDIA H100 80GB HBM3", 81559), "H200": ("NVIDIA H200", 143771)}
+STEPS = 5  # verl steps a run; step 1 (start-up, compilation) is left out of timing
+STARTUP_S = 210  # submit -> end less the steps (preflight, Ray actors, vLLM, FSDP load, exit): 205-220 s at 0.5B
+EXPECTED_FILL = 0.45  # the lengths a run is budgeted at: this data and model filled 0.38 on 2026-11-28
+SESSION_RUNS_S = 1200  # a session's seconds for runs: ~25 usable min less staging (~3) and setup + up (~2)
+FILLS = (0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.75, 1.0)  # the fills each run is predicted at (read at its own)
+STEP_BOUND, PHASE_BOUND, PHASE_MIN_S = 0.20, 0.30, 0.5  # the issue's target on held-out runs
+PADDED, PACKED = "padded, no flash-attn", "packed (flash-attn)"  # envelope.py's attention values
+
+
+# ---------------------------------------------------------------- the grid as data
+@dataclass(frozen=True)
+class Run:
+    name: str
+    family: str
+    batch: str
+    gpus: int  # on one node
+    algo: str  # "grpo" | "gae" (PPO with a critic)
+    attention: str  # PADDED | PACKED
+    micro: int  # actor (and critic) update micro batch per GPU
+    log_prob: int  # log-prob (old, ref, critic values) micro batch per GPU
+
+    @property
+    def flash(self) -> bool:
+        """flash-attn must be importable (packed; verl 0.9.1 loads a critic with flash_attention_2 regardless);
+        padded runs run with it moved out of the site, as the issue's user lines ran."""
+        return self.attention == PACKED or self.algo == "gae"
+
+    @property
+    def sequences(self) -> int:
+        return 32 * 4 if self.algo == "grpo" else 128
+
+    def axes(self) -> dict[str, Any]:
+        """The run's values on the step-time envelope's axes (placement/envelope.py job_axes)."""
+        return {"ranks": self.gpus, "nodes": 1, "attention": self.attention,
+                "algorithm": "grpo" if self.algo == "grpo" else "gae+critic", "micro_update": self.micro,
+                "micro_log_prob": self.log_prob}
+
+    def line(self) -> list[str]:
+        model, data = VC / "models" / "qwen2.5-0.5b", VC / "data" / "gsm8k"
+        w = ["python3", "-m", "verl.trainer.main_ppo", f"algorithm.adv_estimator={self.algo}",
+             f"data.train_files=[{data}/train.parquet]", f"data.val_files=[{data}/test.parquet]",
+             "data.max_prompt_length=512", "data.max_response_length=384", f"actor_rollout_ref.model.path={model}",
+             "actor_rollout_ref.model.enable_gradient_checkpointing=true"]
+        if self.algo == "grpo":  # 32 prompts x 4: 128 sequences, 64 a mini batch (as the issue's user line)
+            w += ["data.train_batch_size=32", "actor_rollout_ref.rollout.n=4",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.use_kl_loss=true",
+                  f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={self.log_prob}"]
+        else:  # 128 prompts x 1, the same 128 sequences and 64 a mini batch; no KL loss: no ref
+            w += ["data.train_batch_size=128", "actor_rollout_ref.rollout.n=1",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.use_kl_loss=false",
+                  f"critic.model.path={model}", "critic.model.enable_gradient_checkpointing=true",
+                  f"critic.ppo_micro_batch_size_per_gpu={self.micro}",
+                  f"critic.forward_micro_batch_size_per_gpu={self.log_prob}"]
+        if self.attention == PADDED:
+            w += ["actor_rollout_ref.model.use_remove_padding=false",
+                  "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
+        else:
+            w += ["actor_rollout_ref.model.use_remove_padding=true"]
+        return w + [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={self.micro}",
+                    f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={self.log_prob}",
+                    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "trainer.logger=[console]",
+                    "trainer.nnodes=1", f"trainer.n_gpus_per_node={self.gpus}",
+                    f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+                    "trainer.val_before_train=false", f"trainer.default_local_dir={VC / 'ckpt' / self.name}"]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    role: str  # "fit" | "hold-out"
+    what: str
+    defines: dict[str, Any] = field(default_factory=dict)  # axis -> value, or (lo, hi) for a micro batch
+
+    def matches(self, axes: dict[str, Any]) -> bool:
+        for axis, want in self.defines.items():
+            v = axes.get(axis)
+            if isinstance(want, tuple) and not (v is not None and want[0] <= v <= want[1]):
+                return False
+            if not isinstance(want, tuple) and v != want:
+                return False
+        return True
+
+
+FAMILIES = (
+    Family("1gpu-padded", "fit", "1 GPU, sdpa padded without flash-attn, GRPO, micro 2 and 8",
+           {"nodes": 1, "ranks": 1, "attention": PADDED, "algorithm": "grpo"}),
+    Family("2gpu-padded-large-micro", "fit", "2 GPUs, sdpa padded, GRPO, micro 16 and 32",
+           {"nodes": 1, "ranks": 2, "attention": PADDED, "algorithm": "grpo", "micro_update": (16, 64)}),
+    Family("1gpu-packed", "fit", "1 GPU, packed flash-attn, GRPO, micro 2 and 8 (the one-H100 grid: 16-64)",
+           {"nodes": 1, "ranks": 1, "attention": PACKED, "algorithm": "grpo"}),
+    Family("1gpu-ppo", "fit", "1 GPU, PPO with a GAE critic (packed flash-attn)",
+           {"nodes": 1, "ranks": 1, "algorithm": "gae+critic"}),
+    Family("2gpu-padded-small-micro", "hold-out", "2 GPUs at small micro batch (2, 8), sdpa padded, GRPO",
+           {"nodes": 1, "ranks": 2, "attention": PADDED, "algorithm": "grpo", "micro_update": (1, 8)}),
+    Family("2gpu-packed", "hold-out", "2 GPUs, packed flash-attn, GRPO, micro 2 / 8 / 32",
+           {"nodes": 1, "ranks": 2, "attention": PACKED, "algorithm": "grpo"}),
+    Family("2gpu-ppo", "hold-out", "PPO with a GAE critic on 2 GPUs, micro 2 / 8 / 32",
+           {"nodes": 1, "ranks": 2, "algorithm": "gae+critic"}),
+)
+RUNS = (  # batch = the device session it runs in, most wanted first; the hold-out batches run after the refit on A
+    # and B is committed and predicted again (`predict --batch C --batch D`)
+    Run("g1pad-m2", "1gpu-padded", "A", 1, "grpo", PADDED, 2, 4),
+    Run("g1pad-m8", "1gpu-padded", "A", 1, "grpo", PADDED, 8, 16),  # the issue's one-GPU line
+    Run("g2pad-m32", "2gpu-padded-large-micro", "A", 2, "grpo", PADDED, 32, 32),  # log-prob 64: 81 GiB of logits
+    Run("g2pad-m16", "2gpu-padded-large-micro", "B", 2, "grpo", PADDED, 16, 32),
+    Run("g1fa-m8", "1gpu-packed", "B", 1, "grpo", PACKED, 8, 16),
+    Run("g1ppo-m8", "1gpu-ppo", "B", 1, "gae", PACKED, 8, 16),
+    Run("g1fa-m2", "1gpu-packed", "B", 1, "grpo", PACKED, 2, 4),
+    Run("g2pad-m8", "2gpu-padded-small-micro", "C", 2, "grpo", PADDED, 8, 16),  # the issue's 2-GPU line
+    Run("g2fa-m8", "2gpu-packed", "C", 2, "grpo", PACKED, 8, 16),
+    Run("g2pad-m2", "2gpu-padded-small-micro", "C", 2, "grpo", PADDED, 2, 4),
+    Run("g2fa-m2", "2gpu-packed", "C", 2, "grpo", PACKED, 2, 4),
+    Run("g2ppo-m8", "2gpu-ppo", "D", 2, "gae", PACKED, 8, 16),
+    Run("g2fa-m32", "2gpu-packed", "D", 2, "grpo", PACKED, 32, 32),
+    Run("g2ppo-m32", "2gpu-ppo", "D", 2, "gae", PACKED, 32, 32),
+    Run("g2ppo-m2", "2gpu-ppo", "D", 2, "gae", PACKED, 2, 4),
+)
+BATCHES = ("A", "B", "C", "D")
+BY_NAME = {r.name: r for r in RUNS}
+FAMILY = {f.name: f for f in FAMILIES}
+
+
+def batch_runs(batch: str) -> list[Run]:
+    if batch not in BATCHES:
+        raise SystemExit(f"no batch {batch!r}: the batches are {', '.join(BATCHES)}")
+    return [r for r in RUNS if r.batch == batch]
+
+
+# ---------------------------------------------------------------- the plan, through the CLI
+def facts_file(card: str, flash: bool, folder: Path) -> Path:
+    """A 2-GPU node of CARD (the recorded 2x H200 node's facts, GPUs renamed for H100) with or without flash-attn."""
+    path = folder / f"{card}-{'fa' if flash else 'nofa'}.json"
+    if not path.exists():
+        doc = json.loads(FACTS_TEMPLATE.read_text())
+        nodes = doc if isinstance(doc, list) else [doc]
+        name, mib = CARDS[card]
+        for nf in nodes:
+            for g in nf["gpus"]:
+                g.update(name=name, memory_total_mib=mib, memory_free_mib=mib - 600)
+            versions = {k: v for k, v in nf["versions"].items() if k != "flash_attn"}
+            nf["versions"] = {**versions, "verl": "0.9.1", **({"flash_attn": "2.8.3"} if flash else {})}
+        path.write_text(json.dumps(nodes))
+    return path
+
+
+def plan(run: Run, card: str, folder: Path, fill: Optional[float] = None) -> dict[str, Any]:
+    """`verl-cluster plan --json` of the run's line on a node of CARD (the CLI, as a user runs it)."""
+    argv = [sys.executable, "-m", "verl_cluster", "plan", "--json", "--facts",
+            str(facts_file(card, run.flash, folder))]
+    argv += ["--fill", str(fill)] if fill is not None else []
+    r = subprocess.run([*argv, "--", *run.line()], capture_output=True, text=True, timeout=180, cwd=REPO)
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"plan of {run.name} on {card} failed (rc {r.returncode}): {last}") from None
+
+
+def expected_s(step_s: float) -> float:
+    """Seconds a run takes from submit to its end: start-up and exit, step 1 as two steps, the rest."""
+    return round(STARTUP_S + (STEPS + 1) * step_s, 1)
+
+
+def predict_run(run: Run, card: str, folder: Path) -> dict[str, Any]:
+    """The plan at each fill (the one at 1.0, the worst case, gives the verdict and the error bar)."""
+    docs = {f: plan(run, card, folder, f) for f in FILLS}
+    worst, by_fill = docs[1.0], [[f, (d.get("time") or {}).get("phases_s", {})] for f, d in docs.items()]
+    t = worst.get("time") or {}
+    step = sum(at_fill(by_fill, EXPECTED_FILL).values())
+    return {"feasible": worst["feasible"], "problems": worst.get("problems"), "hardware": worst["hardware"],
+            "step_s": t.get("step_s"), "phases_s": t.get("phases_s"), "error_bar": t.get("error_bar"),
+            "notes": t.get("notes"), "by_fill": by_fill, "tokens_full": run.sequences * (512 + 384),
+            "peak_gib": max((g["peak_gib"] for g in worst.get("gpus", [])), default=None),
+            "host_gib": worst.get("host_steady_gib_per_node"), "step_at_expected_fill": round(step, 2),
+            "expected_s": expected_s(step)}
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO).stdout
+
+
+def predict(names: list[str], path: Path = PREDICTIONS, workers: int = 2) -> dict[str, Any]:
+    """Plan NAMES on both cards and append the round to PATH (kept: each round is what was predicted then)."""
+    runs = [BY_NAME[n] for n in names]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(workers) as pool:
+        jobs = {(r.name, c): pool.submit(predict_run, r, c, Path(tmp)) for r in runs for c in CARDS}
+        got = {r.name: {c: jobs[(r.name, c)].result() for c in CARDS} for r in runs}
+    dirty = [ln[3:] for ln in git("status", "--porcelain", "--", "verl_cluster/placement",  # "XY path"
+                                  "verl_cluster/catalog").splitlines() if ln.strip()]
+    rnd = {"commit": git("rev-parse", "HEAD").strip(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "model_files_changed_since_commit": dirty, "runs": got}
+    doc = json.loads(path.read_text()) if path.exists() else {"_comment": "", "rounds": []}
+    doc["_comment"] = ("issue 33's second grid (scripts/calibration/grid2.py predict): each round is the plan of "
+                       "every run named, for H100 and H200, recorded before the runs; by_fill holds the phases at "
+                       "each fill, so a run is read at its own lengths. The report holds each run against the "
+                       "latest round dated before it started.")
+    doc["rounds"].append(rnd)
+    path.write_text(dump(doc))
+    return rnd
+
+
+def dump(doc: dict) -> str:
+    """JSON with one line per run and card (diffs stay readable)."""
+    head = {k: v for k, v in doc.items() if k != "rounds"}
+    out = ["{"] + [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()] + ['  "rounds": [']
+    for i, rnd in enumerate(doc["rounds"]):
+        meta = {k: v for k, v in rnd.items() if k != "runs"}
+        out.append("    {" + json.dumps(meta)[1:-1] + ', "runs": {')
+        rows = [f'      {json.dumps(f"{n}")}: {{' + ", ".join(f"{json.dumps(c)}: {json.dumps(p)}" for c, p in
+                                                      cards.items()) + "}" for n, cards in rnd["runs"].items()]
+        out.append(",\n".join(rows))
+        out.append("    }}" + ("," if i < len(doc["rounds"]) - 1 else ""))
+    return "\n".join(out + ["  ]", "}"]) + "\n"
+
+
+# ---------------------------------------------------------------- verl's console metrics
+_STEP = re.compile(r"step:(\d+) - (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NUM = re.compile(r"^(?:np\.\w+\()?(-?[0-9.]+(?:e[-+]?\d+)?)\)?$")
+KEEP = ("timing_s/", "response_length/mean", "prompt_length/mean")  # and every */perf/* key
+# verl's timing_s/* names of the phases a step is made of (placement/check_run.py STEP_PHASES): the step is their sum
+PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
+
+
+def parse_steps(lines: list[str]) -> dict[int, dict[str, float]]:
+    """{step: metrics} from verl's console logger lines (`step:N - key:value - ...`, Ray's prefix or not)."""
+    out: dict[int, dict[str, float]] = {}
+    for line in lines:
+        m = _STEP.search(_ANSI.sub("", line))
+        if not m:
+            continue
+        got = {}
+        for kv in m.group(2).split(" - "):
+            k, _, v = kv.strip().rpartition(":")
+            num = _NUM.match(v.strip())
+            if (k.startswith(KEEP) or "perf/" in k) and num:
+                got[k] = float(num.group(1))
+        out.setdefault(int(m.group(1)), {}).update(got)
+    return out
+
+
+def measured(steps: dict[Any, dict[str, float]], sequences: int) -> dict[str, Any]:
+    """Means over steps 2+: seconds per phase (in every counted step), the step as their sum, the fill."""
+    timed = [m for s, m in sorted((int(k), v) for k, v in steps.items()) if s > 1 and "timing_s/step" in m]
+    if not timed:
+        return {}
+    phases = {n: sum(m[f"timing_s/{n}"] for m in timed) / len(timed) for n in PHASES
+              if all(f"timing_s/{n}" in m for m in timed)}
+    toks = [m["perf/total_num_tokens"] for m in timed if "perf/total_num_tokens" in m]
+    reserved = [v for m in steps.values() for k, v in m.items() if k.endswith("max_memory_reserved_gb")]
+    return {"steps": len(timed), "phases_s": phases, "step_s": sum(phases.values()),
+            "verl_step_s": sum(m["timing_s/step"] for m in timed) / len(timed),
+            "fill": sum(toks) / len(toks) / (sequences * (512 + 384)) if toks else None,
+            "max_memory_reserved_gib": max(reserved) if reserved else None}
+
+
+# ---------------------------------------------------------------- report
+def at_fill(by_fill: list, fill: float) -> dict[str, float]:
+    """The phases predicted at FILL, linear between the two recorded fills around it (clamped to the ends)."""
+    fill = min(max(fill, by_fill[0][0]), by_fill[-1][0])
+    hi = next(i for i, (f, _) in enumerate(by_fill) if f >= fill)
+    (f0, a), (f1, b) = by_fill[max(hi - 1, 0)], by_fill[hi]
+    w = 0.0 if f1 == f0 else (fill - f0) / (f1 - f0)
+    return {k: a[k] + w * (b.get(k, a[k]) - a[k]) for k in a}
+
+
+def card_key(name: str) -> str:
+    return next((c for c in CARDS if c in name), name)
+
+
+def judge(result: dict, rounds: list[dict]) -> dict[str, Any]:
+    """One run: the round it is held against (the latest dated before it started), the pairs, the verdict."""
+    run = BY_NAME[result["run"]]
+    card = card_key(result["card"])
+    before = [r for r in rounds if r["date"] <= result["started_utc"] and card in r["runs"].get(run.name, {})]
+    role = FAMILY[run.family].role
+    out: dict[str, Any] = {"run": run.name, "family": run.family, "card": result["card"], "gpus": run.gpus}
+    m = measured(result.get("steps") or {}, run.sequences)
+    if not before or not m:
+        return {**out, "role": role, "blind": False, "why": "no steps measured" if not m else
+                "no prediction recorded before it ran"}
+    rnd = before[-1]
+    later = [r["commit"] for r in rounds if r["date"] > rnd["date"] and r["date"] <= result["started_utc"]]
+    p = rnd["runs"][run.name][card]
+    fill = m["fill"] if m.get("fill") else 1.0
+    pred = at_fill(p["by_fill"], fill)
+    phases = []
+    for name in sorted(set(pred) | set(m["phases_s"])):
+        pv, mv = pred.get(name, 0.0), m["phases_s"].get(name, 0.0)
+        row = {"phase": name, "predicted": round(pv, 3), "measured": round(mv, 3),
+               "error": round(pv / mv - 1, 3) if mv > 0 else None, "held": mv > PHASE_MIN_S}
+        row["ok"] = (row["error"] is not None and abs(row["error"]) <= PHASE_BOUND) if row["held"] else None
+        phases.append(row)
+    step_p, step_m = sum(pred.values()), m["step_s"]
+    err = step_p / step_m - 1
+    ok = abs(err) <= STEP_BOUND and all(r["ok"] is not False for r in phases)
+    return {**out, "role": role, "blind": True, "commit": rnd["commit"], "predicted_at": rnd["date"],
+            "newer_rounds_before_run": later, "fill": round(fill, 3), "steps": m["steps"],
+            "step_predicted": round(step_p, 2), "step_measured": round(step_m, 2), "step_error": round(err, 3),
+            "error_bar_pct": (p.get("error_bar") or {}).get("pct"), "phases": phases, "meets_target": ok,
+            "max_memory_reserved_gib": m.get("max_memory_reserved_gib"), "planned_peak_gib": p.get("peak_gib")}
+
+
+def report(results: list[dict], rounds: list[dict]) -> dict[str, Any]:
+    runs = [judge(r, rounds) for r in results if r.get("run") in BY_NAME]
+    fams = []
+    for f in FAMILIES:
+        mine = [r for r in runs if r["family"] == f.name and r.get("blind")]
+        if not mine:
+            continue
+        fams.append({"family": f.name, "role": f.role, "what": f.what, "runs": len(mine),
+                     "worst_step_error": max((r["step_error"] for r in mine), key=abs),
+                     "worst_phase_error": max((p["error"] for r in mine for p in r["phases"] if p["held"]),
+                                              key=abs, default=None),
+                     "meets_target": all(r["meets_target"] for r in mine)})
+    held = [r for r in runs if r["role"] == "hold-out" and r.get("blind")]
+    held_fams = {r["family"] for r in held}
+    target = {"held_out_runs": len(held), "held_out_families": len(held_fams),
+              "held_out_families_on_2_gpus": len({r["family"] for r in held if r["gpus"] >= 2}),
+              "held_out_runs_meeting": sum(r["meets_target"] for r in held)}
+    target["met"] = (target["held_out_runs"] >= 6 and target["held_out_families"] >= 3 and
+                     target["held_out_families_on_2_gpus"] >= 2 and target["held_out_runs_meeting"] == len(held))
+    return {"families": fams, "runs": runs, "target": target}
+
+
+def markdown(rep: dict[str, Any]) -> str:
+    pct = (lambda x: "—" if x is None else f"{x * 100:+.1f}%")
+    out = ["| family | role | runs | worst step | worst phase > 0.5 s | target |", "|---|---|---|---|---|---|"]
+    for f in rep["families"]:
+        name = f"**{f['family']}**" if f["role"] == "hold-out" else f["family"]
+        out.append(f"| {name} | {f['role']} | {f['runs']} | {pct(f['worst_step_error'])} | "
+                   f"{pct(f['worst_phase_error'])} | {'met' if f['meets_target'] else 'NOT met'} |")
+    out += ["", "| run | family (role) | card | fill | step pred / meas | error | phases over 0.5 s (pred / meas, "
+            "error) |", "|---|---|---|---|---|---|---|"]
+    for r in rep["runs"]:
+        if not r.get("blind"):
+            out.append(f"| {r['run']} | {r['family']} ({r['role']}) | {r['card']} | — | — | — | {r['why']} |")
+            continue
+        ph = "; ".join(f"{p['phase']} {p['predicted']:.2f} / {p['measured']:.2f} ({pct(p['error'])})"
+                       for p in r["phases"] if p["held"])
+        name = f"**{r['run']}**" if r["role"] == "hold-out" else r["run"]
+        out.append(f"| {name} | {r['family']} ({r['role']}) | {r['card']} | {r['fill']} | {r['step_predicted']} / "
+                   f"{r['step_measured']} | {pct(r['step_error'])} | {ph} |")
+    t = rep["target"]
+    out += ["", "Target (held-out step ±20%, phases over 0.5 s ±30%; ≥6 held-out runs, ≥3 families, ≥2 on 2 "
+                f"GPUs): {t['held_out_runs_meeting']} of {t['held_out_runs']} held-out runs meet it, "
+                f"{t['held_out_families']} families ({t['held_out_families_on_2_gpus']} on 2 GPUs): "
+                f"{'met' if t['met'] else 'NOT met'}."]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="phase", required=True)
+    p = sub.add_parser("predict")
+    p.add_argument("--batch", action="append", choices=BATCHES, help="only these batches' runs (default: all)")
+    for name in ("start", "chain", "run"):
+        sub.add_parser(name).add_argument("batch", choices=BATCHES)
+    p = sub.add_parser("report")
+    p.add_argument("dir", type=Path, help="a folder holding grid2-RUN.json files (searched below it)")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--md", type=Path)
+    a = ap.parse_args(argv)
+    if a.phase == "predict":
+        names = [r.name for r in RUNS if not a.batch or r.batch in a.batch]
+        rnd = predict(names)
+        bad = [f"{n} on {c}" for n, cs in rnd["runs"].items() for c, p in cs.items() if not p["feasible"]]
+        print(f"round {rnd['commit'][:10]} {rnd['date']}: {len(names)} runs x {len(CARDS)} cards -> {PREDICTIONS}"
+              + (f"; INFEASIBLE: {', '.join(bad)}" if bad else ""))
+        return 1 if bad else 0
+    if a.phase in ("start", "chain", "run"):
+        sys.modules.setdefault("grid2", sys.modules[__name__])  # one module, run as a script or imported
+        import grid2_device as dev
+
+        {"start": dev.start, "chain": dev.chain, "run": dev.run_batch}[a.phase](a.batch)
+    else:
+        files = sorted(a.dir.rglob("grid2-*.json"))
+        results = [json.loads(f.read_text()) for f in files]
+        results = [r for r in results if isinstance(r, dict) and "run" in r]
+        if not results:
+            raise SystemExit(f"no grid2-RUN.json results under {a.dir}")
+        rep = report(results, json.loads(PREDICTIONS.read_text())["rounds"])
+        if a.json:
+            a.json.write_text(json.dumps(rep, indent=1) + "\n")
+        text = markdown(rep)
+        if a.md:
+            a.md.write_text(text)
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

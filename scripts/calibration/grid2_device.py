@@ -1,0 +1,205 @@
+"""grid2.py's device phases (start, chain, run): on the GPU machine, as root, after scripts/gpu_stage_verl.sh's
+parts were unpacked (/root/stage/verl/site). scripts/gpu_multinode.py's `setup` makes the site, wrappers, the
+0.5B shape and synthetic GSM8K under /srv/vc; this module adds flash-attn (moved in and out of the site per run),
+a one-node cluster file and `up`, then submits the batch's lines one after another through `verl-cluster submit`.
+Everything goes to /srv/vc/out: grid2-steps.log (what ran, what was skipped and why), grid2-RUN.json (card, verl's
+per-step metrics, the product's own verl summary), grid2-submit-RUN.log (the job's log), nvml-RUN.jsonl.
+BUDGET_S (default 1320, from `start`) stops starting runs that would not finish inside it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grid2
+from grid2 import OUT, REPO, VC, Run
+
+T0 = float(os.environ.get("GRID2_T0") or time.time())
+BUDGET_S = float(os.environ.get("BUDGET_S", "1320"))  # setup ~120 s + grid2.SESSION_RUNS_S
+FLASH_OFF = VC / "flash-off"  # flash-attn's files while a padded run runs (out of the site)
+UTC = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def gm():
+    """scripts/gpu_multinode.py, loaded by path (its setup, wrappers, paths and environment)."""
+    if "gpu_multinode" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("gpu_multinode", REPO / "scripts" / "gpu_multinode.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["gpu_multinode"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["gpu_multinode"]
+
+
+def log(msg: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} +{time.time() - T0:5.0f}s {msg}"
+    print(line, flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / "grid2-steps.log", "a") as fh:
+        fh.write(line + "\n")
+
+
+def vc(*args: str) -> list[str]:
+    return [str(gm().BIN / "python3"), "-m", "verl_cluster", *args]
+
+
+def sh(name: str, argv: list[str], limit: float) -> subprocess.CompletedProcess:
+    """argv with stderr in OUT/grid2-NAME.log, stdout returned; rc 124 past LIMIT seconds."""
+    with open(OUT / f"grid2-{name}.log", "w") as fh:
+        fh.write("$ " + " ".join(argv) + "\n")
+        fh.flush()
+        try:
+            r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=fh, text=True, timeout=max(limit, 1),
+                               env=gm().env(), cwd=REPO)
+        except subprocess.TimeoutExpired:
+            r = subprocess.CompletedProcess(argv, 124, "", "")
+    log(f"{name} rc={r.returncode}")
+    return r
+
+
+def set_flash(on: bool) -> bool:
+    """Move flash-attn's files into the site (on) or out of it; True when it imports afterwards."""
+    src, dst = (FLASH_OFF, gm().SITE) if on else (gm().SITE, FLASH_OFF)
+    dst.mkdir(parents=True, exist_ok=True)
+    for p in list(src.iterdir()) if src.exists() else []:
+        if p.name.startswith("flash_attn"):
+            shutil.move(str(p), str(dst / p.name))
+    if not on:
+        return False
+    r = subprocess.run([str(gm().BIN / "python3"), "-c", "import flash_attn, flash_attn_2_cuda"],
+                       capture_output=True, timeout=120, env=gm().env())
+    return r.returncode == 0
+
+
+def staged_flash() -> bool:
+    return any(p.name.startswith("flash_attn") for d in (gm().SITE, FLASH_OFF) if d.exists() for p in d.iterdir())
+
+
+def card_name() -> str:
+    r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                       text=True, timeout=30)
+    return (r.stdout.strip().splitlines() or ["unknown"])[0].strip()
+
+
+def device_setup() -> None:
+    g = gm()
+    g.setup()  # the staged site moved to /srv/vc/site, wrappers, the 0.5B shape and synthetic GSM8K
+    comp = subprocess.Popen([g.PY, "-m", "compileall", "-q", "-j", "0", str(g.SITE)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # staged --no-compile: else every verl process compiles
+    wheel = VC / "flashattn-wheel"
+    if wheel.exists() and not staged_flash():
+        e = {**g.env(), "FA_SITE": str(g.SITE), "FA_PYTHON": g.PY}
+        with open(OUT / "grid2-flash-attn.log", "w") as fh:
+            r = subprocess.run(["bash", str(wheel / "install.sh")], stdout=fh, stderr=subprocess.STDOUT, env=e,
+                               timeout=300)
+        log(f"flash-attn installed, its GPU check rc={r.returncode} (grid2-flash-attn.log)")
+    set_flash(False)
+    log(f"flash-attn {'staged' if staged_flash() else 'NOT staged: the packed and PPO runs will be skipped'}")
+    cluster = OUT / "grid2.yaml"
+    cluster.write_text(f"cluster_name: grid2\nhead:\n  host: localhost\nray:\n  ray_executable: {g.BIN / 'ray'}\n"
+                       "  object_store_memory: 4294967296\n")
+    try:
+        comp.wait(600)
+    except subprocess.TimeoutExpired:
+        comp.kill()
+    sh("up", vc("up", "-c", str(cluster)), 300)
+
+
+def decide(run: Run, flash_ok: bool, left_s: float, need_s: float) -> str:
+    """'' to run it, else the one line that says why it is skipped."""
+    if run.flash and not flash_ok:
+        return (f"SKIP {run.name} ({run.family}): flash-attn is not staged on this machine; carry "
+                ".stage/flashattn-wheel in the start call (scripts/gpu_flash_attn_kit.sh --wheel-here builds it)")
+    if left_s < need_s:
+        return f"SKIP {run.name}: needs ~{need_s:.0f}s, {left_s:.0f}s left of BUDGET_S (run it with the next batch)"
+    return ""
+
+
+def need_s(run: Run, path: Path = grid2.PREDICTIONS) -> float:
+    """The latest recorded round's expected seconds for the run (the slower card), else a generous guess."""
+    rounds = json.loads(path.read_text())["rounds"] if path.exists() else []
+    got = [p["expected_s"] for r in rounds[-1:] for p in r["runs"].get(run.name, {}).values()]
+    return max(got) if got else grid2.STARTUP_S + 200
+
+
+def one(run: Run, batch: str, card: str, cluster: Path) -> dict[str, Any]:
+    shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
+    have_flash = set_flash(run.flash)
+    stop = OUT / f"stop-{run.name}"
+    sampler = subprocess.Popen([gm().PY, "scripts/gpu_mem_sampler.py", str(OUT / f"nvml-{run.name}.jsonl"),
+                                "--stop-file", str(stop)], cwd=REPO, env=gm().env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    started, t = time.strftime(UTC, time.gmtime()), time.time()
+    limit = min(need_s(run) * 1.5 + 120, BUDGET_S + 240 - (time.time() - T0))
+    r = sh(f"submit-{run.name}", vc("submit", "-c", str(cluster), "--json", "--", *run.line()), limit)
+    stop.touch()
+    try:
+        sampler.wait(30)
+    except subprocess.TimeoutExpired:
+        sampler.kill()
+    lines = (OUT / f"grid2-submit-{run.name}.log").read_text(errors="replace").splitlines()
+    try:
+        product = json.loads(r.stdout)
+    except ValueError:
+        product = {}
+    shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
+    return {"run": run.name, "batch": batch, "family": run.family, "card": card, "gpus": run.gpus,
+            "flash_attn": have_flash, "started_utc": started, "wall_s": round(time.time() - t, 1),
+            "rc": r.returncode, "status": product.get("status"), "line": run.line(),
+            "steps": grid2.parse_steps(lines), "product": product.get("verl")}
+
+
+def run_batch(batch: str) -> None:
+    cluster, card = OUT / "grid2.yaml", card_name()
+    flash_ok = set_flash(True)
+    set_flash(False)
+    log(f"batch {batch} on {card}; flash-attn importable: {flash_ok}")
+    for run in grid2.batch_runs(batch):
+        why = decide(run, flash_ok, BUDGET_S - (time.time() - T0), need_s(run))
+        if why:
+            log(why)
+            continue
+        doc = one(run, batch, card, cluster)
+        (OUT / f"grid2-{run.name}.json").write_text(json.dumps(doc, indent=1))
+        m = grid2.measured(doc["steps"], run.sequences)
+        log(f"{run.name}: {doc['status']} rc={doc['rc']} in {doc['wall_s']}s; step {m.get('step_s', 0):.2f}s "
+            f"over {m.get('steps', 0)} timed steps, fill {m.get('fill') or 0:.2f}")
+
+
+def start(batch: str) -> None:
+    """Copy the repo to /srv/vc/repo (a later call replaces the call's tree) and run `chain BATCH` detached."""
+    grid2.batch_runs(batch)
+    dst = VC / "repo"
+    OUT.mkdir(parents=True, exist_ok=True)
+    if REPO != dst:
+        shutil.copytree(REPO, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            ".git", ".stage", ".stage-src", ".venv", "__pycache__", ".gpubundle", ".whl"))
+        if (REPO / ".stage" / "flashattn-wheel").exists():
+            shutil.copytree(REPO / ".stage" / "flashattn-wheel", VC / "flashattn-wheel", dirs_exist_ok=True)
+    with open(OUT / f"chain-{batch}.log", "a") as fh:
+        subprocess.Popen([sys.executable, str(dst / "scripts/calibration/grid2.py"), "chain", batch], cwd=dst,
+                         stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                         env={**os.environ, "GRID2_T0": str(T0), "BUDGET_S": str(BUDGET_S), "PYTHONUNBUFFERED": "1"})
+    print(f"chain {batch} started detached (budget {BUDGET_S:.0f}s); poll: bash scripts/gpu_poll.sh {OUT} "
+          f"{OUT}/grid2-{batch}.done 560", flush=True)
+    steps, wait = OUT / "grid2-steps.log", float(os.environ.get("GRID2_START_WAIT_S", "240"))
+    while time.time() - T0 < wait and not (steps.exists() and "up rc=" in steps.read_text()):
+        time.sleep(3)  # the setup (site, models, flash-attn's GPU check, `up`) is seen in this call
+    print(steps.read_text() if steps.exists() else "no grid2-steps.log yet", end="")
+
+
+def chain(batch: str) -> None:
+    try:
+        log(f"chain {batch} (budget {BUDGET_S:.0f}s)")
+        device_setup()
+        run_batch(batch)
+    finally:
+        log("end")
+        (OUT / f"grid2-{batch}.done").touch()
