@@ -11,7 +11,7 @@ from rich.markup import escape
 from verl_cluster.cli.follow import follow_job
 from verl_cluster.cli.plan_cmd import add_model_config, model_config_word
 from verl_cluster.cli.output import err, out, print_json
-from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY, ConfigError
+from verl_cluster.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNHEALTHY
 from verl_cluster.records import job_records
 from verl_cluster.jobs import ray_jobs
 from verl_cluster.submit.preflight import PreflightReport
@@ -95,7 +95,7 @@ def run_submit(args) -> int:
     environ = {**os.environ, **imported.secret_values} if imported else None
     sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight,
                           refresh_backend=args.refresh_backend, environ=environ, spec=spec)
-    if args.watch and sub.launcher == "ray" and not args.skip_preflight:
+    if args.watch and sub.job_launcher.detached and not args.skip_preflight:
         from verl_cluster.watch.shared_dir import check_shared_dir
 
         sub.preflight.findings.extend(check_shared_dir(sub.spec, str(job.get("trainer.default_local_dir"))))
@@ -115,18 +115,15 @@ def run_submit(args) -> int:
         n = len(sub.preflight.errors)
         err.print(f"[bold red]error:[/] preflight found {n} problem{'s' if n > 1 else ''}: nothing was submitted")
         return preflight_exit_code(sub.preflight)
-    if sub.launcher == "ray":
-        return _apply_ray(sub, args)
     if args.watch:
-        raise ConfigError("--watch needs a Ray job (torchrun runs are not watched yet)",
-                          "drop --watch, or run the job with launcher: ray")
-    return _apply_torchrun(sub, args)
+        sub.job_launcher.check_watchable()
+    return _apply_ray(sub, args) if sub.job_launcher.detached else _apply_torchrun(sub, args)
 
 
 def _print_request(sub: Submission) -> None:
     d = sub.request.describe()
     out.print(f"[bold]job[/] {escape(sub.job.name)}  [bold]launcher[/] {sub.launcher}  [bold]cluster[/] {escape(sub.cluster_file)}")
-    if sub.launcher == "ray":
+    if sub.job_launcher.detached:
         out.print(f"[bold]submission id[/] {d['submission_id']}")
         out.print(f"[bold]entrypoint[/] {escape(d['entrypoint'])}")
         for k, v in d["runtime_env"].items():
@@ -151,7 +148,7 @@ def _apply_ray(sub: Submission, args) -> int:
     req = sub.request
     reattach = f"verl-cluster logs {req.submission_id} -c {sub.cluster_file} --follow"
     with ray_jobs.connect(sub.spec) as api:
-        sid = ray_jobs.submit(api, req)
+        sid = sub.job_launcher.submit(api, req)
         from verl_cluster.watch.runs import submit_dir
 
         job_records.record(sid, sub.cluster_file, sub.spec.cluster_name, sub.job.name,
@@ -182,12 +179,10 @@ def _apply_ray(sub: Submission, args) -> int:
 
 
 def _apply_torchrun(sub: Submission, args) -> int:
-    from verl_cluster.jobs.torchrun import run_torchrun
-
     req = sub.request
     err.print(f"torchrun {req.run_id}: {len(req.nodes)} node(s) x {req.nproc_per_node} proc(s), "
               f"master {req.master_addr}:{req.master_port}; streaming rank 0")
-    res = run_torchrun(sub.spec, req, out=sys.stderr if args.json else sys.stdout)
+    res = sub.job_launcher.run(sub.spec, req, out=sys.stderr if args.json else sys.stdout)
     if args.json:
         print_json({"run_id": req.run_id, "launcher": "torchrun", **res.to_json()})
     if res.ok:

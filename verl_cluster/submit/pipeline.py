@@ -21,8 +21,8 @@ from verl_cluster.submit.integrations import cached_backend_env, placement_plan,
 from verl_cluster.submit.preflight import (Finding, PreflightReport, check_flash_attn_needs, expand_paths,
                                           run_preflight)
 from verl_cluster.submit.checkpoint_checks import checkpoint_findings
-from verl_cluster.jobs.request import (NotApplied, RayJobRequest, TorchrunRequest, build_ray_request,
-                                         build_torchrun_request, merge_overrides, secret_values)
+from verl_cluster.jobs.launcher import JobLauncher, LaunchInputs, job_launcher_for
+from verl_cluster.jobs.request import NotApplied, RayJobRequest, TorchrunRequest, merge_overrides, secret_values
 
 def warm_imports() -> None:
     """Import Ray's job client in the background while the checks run (it takes ~1-2 s)."""
@@ -63,6 +63,10 @@ class Submission:
     preflight: PreflightReport
     notes: list[str] = field(default_factory=list)
     not_applied: list[NotApplied] = field(default_factory=list)  # planner suggestions the job's own keys beat
+
+    @property
+    def job_launcher(self) -> JobLauncher:
+        return job_launcher_for(self.launcher)
 
     def describe(self) -> dict[str, Any]:
         return {"job": self.job.name, "source": self.job.source, "cluster": self.cluster_file,
@@ -122,9 +126,10 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
         status, why = status_f.result()
         benv, plan = benv_f.result(), plan_f.result()
     chosen = decide_launcher(job, not why, cluster_file, why)
+    launcher = job_launcher_for(chosen)
     notes: list[str] = []
     extra: list[Finding] = []
-    if status is not None and not why and chosen == "ray":
+    if status is not None and not why and launcher.on_cluster_ray:
         for n in status.nodes:
             if not n.alive:
                 extra.append(Finding("warning", "cluster", f"{n.role} {n.host} is {n.state}"
@@ -142,27 +147,25 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
     overrides, not_applied = merge_overrides(job, plan.overrides)
     secrets = secret_values(job, os.environ if environ is None else environ)
     if run_checks:
-        report = run_preflight(spec, job, overrides, status if chosen == "ray" else None, extra)
+        report = run_preflight(spec, job, overrides, status if launcher.on_cluster_ray else None, extra)
     else:  # the paths are still expanded: verl cannot open `~` whoever skipped the checks
         paths, found = expand_paths(spec, job, overrides)
         report = PreflightReport([Finding("warning" if f.level == "error" else f.level, f.check, f.message, f.hint)
                                   for f in extra] + found + [Finding("skipped", "preflight", "--skip-preflight")], paths)
     overrides = report.with_paths(overrides)  # verl opens paths as written: `~` and $VAR as the nodes expand them
-    if run_checks and chosen == "ray":
+    if run_checks and launcher.on_cluster_ray:
         report.findings.extend(checkpoint_findings(job, overrides))
-    if chosen == "ray":
+    env: dict = {}
+    gpus = None
+    if launcher.on_cluster_ray:
         env, warnings = benv.merged()
         notes += warnings
-        req: Union[RayJobRequest, TorchrunRequest] = build_ray_request(job, spec, overrides, env, secrets,
-                                                                       plan_metadata(plan))
-    else:
-        gpus = None
-        if status is not None:
-            counts = [int(n.gpus) for n in status.nodes if n.alive]
-            gpus = min(counts) if counts and min(counts) > 0 else None
-        elif job.torchrun.nproc_per_node is None and spec.head.gpus is None:
-            gpus = _nodes_gpu_count(spec)  # "default: the nodes' GPU count", not 1
-        req = build_torchrun_request(job, spec, overrides, benv.by_host, secrets, gpus)
+    elif status is not None:
+        counts = [int(n.gpus) for n in status.nodes if n.alive]
+        gpus = min(counts) if counts and min(counts) > 0 else None
+    elif job.torchrun.nproc_per_node is None and spec.head.gpus is None:
+        gpus = _nodes_gpu_count(spec)  # "default: the nodes' GPU count", not 1
+    req = launcher.request(job, spec, LaunchInputs(overrides, benv.by_host, env, secrets, plan_metadata(plan), gpus))
     return Submission(job, spec, cluster_file, chosen, req, report, notes, not_applied)
 
 
