@@ -1,0 +1,151 @@
+"""Issue 33's second calibration grid (scripts/calibration/grid2.py): every run plans as declared on H100 and H200,
+held-out families are held out by axis, the batches fit their sessions by the plan's own estimate, the lines compose
+in verl 0.9.1's config, and the report's arithmetic on a small made-up set of results."""
+
+import importlib.util
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "calibration"))
+
+import grid2  # noqa: E402
+import grid2_device  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """The CLI's plan of every run on a 2-GPU node of each card, at the fill the batches are budgeted at."""
+    folder = tmp_path_factory.mktemp("facts")
+    with ThreadPoolExecutor(2) as pool:
+        jobs = {(r.name, c): pool.submit(grid2.plan, r, c, folder, grid2.EXPECTED_FILL)
+                for r in grid2.RUNS for c in grid2.CARDS}
+        return {k: j.result() for k, j in jobs.items()}
+
+
+def test_every_run_plans_feasible_on_h100_and_h200_as_declared(plans):
+    for (name, card), p in plans.items():
+        run = grid2.BY_NAME[name]
+        assert p["feasible"], f"{name} on {card}: {p['problems']}"
+        hw = p["hardware"]
+        assert (hw["nnodes"], hw["gpus_per_node"]) == (1, run.gpus), name
+        assert grid2.CARDS[card][0] in hw["description"]
+        axes = p["time"]["error_bar"]["axes"]  # the product's own reading of the line
+        assert axes["gpu"] == card
+        assert {k: axes[k] for k in run.axes()} == run.axes(), name
+
+
+def test_held_out_families_are_held_out_by_axis():
+    for run in grid2.RUNS:  # the families partition the runs
+        assert [f.name for f in grid2.FAMILIES if f.matches(run.axes())] == [run.family], run.name
+    held = [f for f in grid2.FAMILIES if f.role == "hold-out"]
+    fit_axes = [r.axes() for r in grid2.RUNS if grid2.FAMILY[r.family].role == "fit"]
+    envelope = json.loads((ROOT / "verl_cluster/catalog/step_time_envelope.json").read_text())["runs"]
+    fit_axes += [r["axes"] for r in envelope if r["role"] == "fit"]  # the runs the shipped model was fitted on
+    for fam in held:
+        assert not [a for a in fit_axes if fam.matches(a)], fam.name
+    held_runs = [r for r in grid2.RUNS if grid2.FAMILY[r.family].role == "hold-out"]
+    assert len(held_runs) >= 6 and len({r.family for r in held_runs}) >= 3
+    assert len({r.family for r in held_runs if r.gpus >= 2}) >= 2
+
+
+def test_batches_cover_every_run_once_and_fit_a_session(plans):
+    names = [r.name for b in grid2.BATCHES for r in grid2.batch_runs(b)]
+    assert sorted(names) == sorted(grid2.BY_NAME) and len(names) == len(set(names))
+    roles = [{grid2.FAMILY[r.family].role for r in grid2.batch_runs(b)} for b in grid2.BATCHES]
+    assert all(len(r) == 1 for r in roles)  # a batch is all fit or all held out ...
+    order = [r.pop() for r in roles]
+    assert order == sorted(order, key=lambda x: x == "hold-out")  # ... and the held-out ones come last
+    for b in grid2.BATCHES:
+        need = sum(max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"]) for c in grid2.CARDS)
+                   for r in grid2.batch_runs(b))
+        assert grid2.STARTUP_S * len(grid2.batch_runs(b)) < need <= grid2.SESSION_RUNS_S, b
+
+
+def test_every_line_composes_in_verls_config():
+    spec = importlib.util.find_spec("verl")  # its config folder only: importing verl takes seconds
+    if spec is None or importlib.util.find_spec("hydra") is None:
+        pytest.skip("verl 0.9.1 and hydra are not installed here")
+    import hydra
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.join(spec.submodule_search_locations[0], "trainer", "config"),
+                               version_base=None):
+        for run in grid2.RUNS:
+            cfg = compose(config_name="ppo_trainer", overrides=run.line()[3:])
+            assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == run.micro
+            assert cfg.trainer.n_gpus_per_node == run.gpus
+            assert (cfg.critic.ppo_micro_batch_size_per_gpu == run.micro) == (run.algo == "gae")
+        with pytest.raises(hydra.errors.ConfigCompositionException):
+            compose(config_name="ppo_trainer", overrides=["critic.no_such_key=1"])
+
+
+def test_the_recorded_predictions_cover_the_grid_on_both_cards():
+    rounds = json.loads(grid2.PREDICTIONS.read_text())["rounds"]
+    assert rounds and all(len(r["commit"]) == 40 for r in rounds)
+    seen = {(n, c) for r in rounds for n, cards in r["runs"].items() for c in cards}
+    assert seen >= {(r.name, c) for r in grid2.RUNS for c in grid2.CARDS}
+    for p in rounds[0]["runs"]["g2pad-m8"].values():
+        assert [f for f, _ in p["by_fill"]] == list(grid2.FILLS) and p["error_bar"]["pct"] > 0
+
+
+def test_verl_console_lines_parse_with_rays_prefix_and_numpy_scalars():
+    lines = ["(TaskRunner pid=42) \x1b[36mstep:2 - timing_s/gen:4.5 - actor/perf/max_memory_reserved_gb:20.5 - "
+             "val-core/acc:np.float64(0.25) - perf/total_num_tokens:40000 - training/global_step:2",
+             "INFO unrelated line", "step:3 - timing_s/gen:5.5 - timing_s/step:9"]
+    got = grid2.parse_steps(lines)
+    assert got == {2: {"timing_s/gen": 4.5, "actor/perf/max_memory_reserved_gb": 20.5,
+                       "perf/total_num_tokens": 40000.0}, 3: {"timing_s/gen": 5.5, "timing_s/step": 9.0}}
+
+
+def _steps(gen: float, upd: float, small: float, tokens: float) -> dict:
+    one = {"timing_s/gen": gen, "timing_s/update_actor": upd, "timing_s/adv": small, "timing_s/step": 99.0,
+           "perf/total_num_tokens": tokens, "actor/perf/max_memory_reserved_gb": 20.0}
+    return {"1": {k: v * 10 for k, v in one.items()}, "2": one, "3": dict(one)}  # step 1 is never counted
+
+
+def test_report_holds_each_run_against_the_round_before_it_at_its_own_fill():
+    tokens = 0.35 * 128 * 896  # fill 0.35: halfway between the recorded 0.2 and 0.5
+    by_fill = [[0.2, {"gen": 2.0, "update_actor": 4.0, "adv": 0.1}], [0.5, {"gen": 4.0, "update_actor": 6.0,
+                                                                          "adv": 0.3}]]
+    rounds = [{"commit": "a" * 40, "date": "2026-12-01T00:00:00Z",
+               "runs": {n: {"H100": {"by_fill": by_fill, "error_bar": {"pct": 35}}} for n in ("g1pad-m8",
+                                                                                              "g2pad-m8")}}]
+    results = [  # a fit run on the mark; a held-out one whose update is 40% off; one held out with no prior round
+        {"run": "g1pad-m8", "card": "NVIDIA H100 80GB HBM3", "started_utc": "2026-12-01T01:00:00Z",
+         "steps": _steps(3.0, 5.0, 0.2, tokens)},
+        {"run": "g2pad-m8", "card": "NVIDIA H100 80GB HBM3", "started_utc": "2026-12-01T02:00:00Z",
+         "steps": _steps(3.0, 5.0 / 1.4, 0.1, tokens)},
+        {"run": "g2fa-m8", "card": "NVIDIA H100 80GB HBM3", "started_utc": "2026-11-30T00:00:00Z",
+         "steps": _steps(3.0, 5.0, 0.2, tokens)},
+    ]
+    rep = grid2.report(results, rounds)
+    fit, held, early = rep["runs"]
+    assert fit["fill"] == 0.35 and fit["step_predicted"] == 8.2 and fit["step_measured"] == 8.2
+    assert fit["step_error"] == 0.0 and fit["meets_target"] and fit["commit"] == "a" * 40
+    ph = {p["phase"]: p for p in held["phases"]}
+    assert ph["update_actor"]["error"] == pytest.approx(0.4, abs=1e-3) and ph["update_actor"]["ok"] is False
+    assert ph["adv"]["held"] is False and ph["adv"]["ok"] is None  # 0.1 s: under half a second, not judged
+    assert held["step_error"] == pytest.approx(8.2 / (3.0 + 5.0 / 1.4 + 0.1) - 1, abs=1e-3)
+    assert held["meets_target"] is False
+    assert early["blind"] is False and "no prediction recorded before it ran" in early["why"]
+    fams = {f["family"]: f for f in rep["families"]}
+    assert fams["1gpu-padded"]["meets_target"] and not fams["2gpu-padded-small-micro"]["meets_target"]
+    assert "2gpu-packed" not in fams  # its only run was not blind
+    assert rep["target"] == {"held_out_runs": 1, "held_out_families": 1, "held_out_families_on_2_gpus": 1,
+                             "held_out_runs_meeting": 0, "met": False}
+    md = grid2.markdown(rep)
+    assert "| **g2pad-m8** |" in md and "NOT met" in md and "+40.0%" in md
+
+
+def test_a_batch_skips_what_it_cannot_run_with_one_line_saying_why():
+    packed, padded = grid2.BY_NAME["g2fa-m8"], grid2.BY_NAME["g2pad-m8"]
+    why = grid2_device.decide(packed, flash_ok=False, left_s=5000, need_s=300)
+    assert why.startswith("SKIP g2fa-m8") and "flash-attn is not staged" in why and "\n" not in why
+    assert grid2_device.decide(padded, flash_ok=False, left_s=5000, need_s=300) == ""
+    assert "needs ~300s, 200s left" in grid2_device.decide(padded, flash_ok=True, left_s=200, need_s=300)
