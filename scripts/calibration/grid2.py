@@ -375,7 +375,7 @@ def markdown(rep: dict[str, Any]) -> str:
                        for p in r["phases"] if p["held"])
         name = f"**{r['run']}**" if r["role"] == "hold-out" else r["run"]
         out.append(f"| {name} | {r['family']} ({r['role']}) | {r['card']} | {r['fill']} | {r['step_predicted']} / "
-                   f"{r['step_measured']} | {pct(r['step_error'])} | {ph} |")
+                   f"{r['step_measured']} | {pct(r['step_error'])} (bar ±{r['error_bar_pct']}%) | {ph} |")
     t = rep["target"]
     out += ["", "Target (held-out step ±20%, phases over 0.5 s ±30%; ≥6 held-out runs, ≥3 families, ≥2 on 2 "
                 f"GPUs): {t['held_out_runs_meeting']} of {t['held_out_runs']} held-out runs meet it, "

@@ -2,7 +2,7 @@
 parts were unpacked (/root/stage/verl/site). scripts/gpu_multinode.py's `setup` makes the site, wrappers, the
 0.5B shape and synthetic GSM8K under /srv/vc; this module adds flash-attn (moved in and out of the site per run),
 a one-node cluster file and `up`, then submits the batch's lines one after another through `verl-cluster submit`.
-Everything goes to /srv/vc/out: grid2-steps.log (what ran, what was skipped and why), grid2-RUN.json (card, verl's
+Everything goes to /srv/vc/out: steps.log (what ran, what was skipped and why), grid2-RUN.json (card, verl's
 per-step metrics, the product's own verl summary), grid2-submit-RUN.log (the job's log), nvml-RUN.jsonl.
 BUDGET_S (default 1320, from `start`) stops starting runs that would not finish inside it.
 """
@@ -42,7 +42,7 @@ def log(msg: str) -> None:
     line = f"{time.strftime('%H:%M:%S')} +{time.time() - T0:5.0f}s {msg}"
     print(line, flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    with open(OUT / "grid2-steps.log", "a") as fh:
+    with open(OUT / "steps.log", "a") as fh:  # beside gpu_multinode's lines: gpu_poll.sh's summary shows it
         fh.write(line + "\n")
 
 
@@ -180,7 +180,7 @@ def start(batch: str) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     if REPO != dst:
         shutil.copytree(REPO, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
-            ".git", ".stage", ".stage-src", ".venv", "__pycache__", ".gpubundle", ".whl"))
+            ".git", ".stage", ".stage-src", ".venv*", "__pycache__", ".gpubundle", ".whl", ".hypothesis"))
         if (REPO / ".stage" / "flashattn-wheel").exists():
             shutil.copytree(REPO / ".stage" / "flashattn-wheel", VC / "flashattn-wheel", dirs_exist_ok=True)
     with open(OUT / f"chain-{batch}.log", "a") as fh:
@@ -189,10 +189,11 @@ def start(batch: str) -> None:
                          env={**os.environ, "GRID2_T0": str(T0), "BUDGET_S": str(BUDGET_S), "PYTHONUNBUFFERED": "1"})
     print(f"chain {batch} started detached (budget {BUDGET_S:.0f}s); poll: bash scripts/gpu_poll.sh {OUT} "
           f"{OUT}/grid2-{batch}.done 560", flush=True)
-    steps, wait = OUT / "grid2-steps.log", float(os.environ.get("GRID2_START_WAIT_S", "240"))
-    while time.time() - T0 < wait and not (steps.exists() and "up rc=" in steps.read_text()):
+    steps, wait = OUT / "steps.log", float(os.environ.get("GRID2_START_WAIT_S", "240"))
+    done = OUT / f"grid2-{batch}.done"
+    while time.time() - T0 < wait and not done.exists() and not (steps.exists() and "up rc=" in steps.read_text()):
         time.sleep(3)  # the setup (site, models, flash-attn's GPU check, `up`) is seen in this call
-    print(steps.read_text() if steps.exists() else "no grid2-steps.log yet", end="")
+    print(steps.read_text() if steps.exists() else "no steps.log yet", end="")
 
 
 def chain(batch: str) -> None:
@@ -200,6 +201,11 @@ def chain(batch: str) -> None:
         log(f"chain {batch} (budget {BUDGET_S:.0f}s)")
         device_setup()
         run_batch(batch)
+    except SystemExit as e:  # gpu_multinode's setup says what is missing (no staged site)
+        log(f"chain {batch} stopped: {e}")
+    except Exception as e:  # noqa: BLE001 - said in steps.log, which comes back; the traceback is in chain-B.log
+        log(f"chain {batch} failed: {type(e).__name__}: {e}")
+        raise
     finally:
         log("end")
         (OUT / f"grid2-{batch}.done").touch()

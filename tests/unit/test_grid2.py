@@ -140,7 +140,7 @@ def test_report_holds_each_run_against_the_round_before_it_at_its_own_fill():
     assert rep["target"] == {"held_out_runs": 1, "held_out_families": 1, "held_out_families_on_2_gpus": 1,
                              "held_out_runs_meeting": 0, "met": False}
     md = grid2.markdown(rep)
-    assert "| **g2pad-m8** |" in md and "NOT met" in md and "+40.0%" in md
+    assert "| **g2pad-m8** |" in md and "NOT met" in md and "+40.0%" in md and "(bar ±35%)" in md
 
 
 def test_a_batch_skips_what_it_cannot_run_with_one_line_saying_why():
