@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ T0 = float(os.environ.get("GRID2_T0") or time.time())
 BUDGET_S = float(os.environ.get("BUDGET_S", "1320"))  # setup ~120 s + grid2.SESSION_RUNS_S
 FLASH_OFF = VC / "flash-off"  # flash-attn's files while a padded run runs (out of the site)
 UTC = "%Y-%m-%dT%H:%M:%SZ"
+SUBMITTED = re.compile(r"submitted (\S+) to ")  # submit's line on stderr: the job's submission id
 
 
 def gm():
@@ -145,6 +147,9 @@ def one(run: Run, batch: str, card: str, cluster: Path) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         sampler.kill()
     lines = (OUT / f"grid2-submit-{run.name}.log").read_text(errors="replace").splitlines()
+    sid = next((m.group(1) for m in map(SUBMITTED.search, lines) if m), None)
+    if r.returncode == 124 and sid:  # cut short: the job would go on beside the next run and skew its timings
+        sh(f"stop-{run.name}", vc("stop", sid, "-c", str(cluster)), 120)
     try:
         product = json.loads(r.stdout)
     except ValueError:
@@ -152,7 +157,7 @@ def one(run: Run, batch: str, card: str, cluster: Path) -> dict[str, Any]:
     shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
     return {"run": run.name, "batch": batch, "family": run.family, "card": card, "gpus": run.gpus,
             "flash_attn": have_flash, "started_utc": started, "wall_s": round(time.time() - t, 1),
-            "rc": r.returncode, "status": product.get("status"), "line": run.line(),
+            "rc": r.returncode, "status": product.get("status"), "submission_id": sid, "line": run.line(),
             "steps": grid2.parse_steps(lines), "product": product.get("verl")}
 
 
