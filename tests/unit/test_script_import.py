@@ -177,6 +177,17 @@ def test_a_program_that_is_not_verl_gets_its_own_words_as_given(tmp_path, capsys
     assert yaml.safe_load(text)["args"] == ["--epochs", "3"] and "the program's own, passed as given" in text
 
 
+def test_a_program_whose_words_are_all_overrides_is_read_as_hydra():
+    """A Hydra app (or the product's stand-in job) takes key=value words: submit and watch read them (the checkpoint
+    folder a watched run needs, the world it runs on); one word that is not key=value keeps them all as given."""
+    job, _ = load_job_input("python3", ["-m", "resumable_job", "trainer.default_local_dir=/ckpt", "trainer.nnodes=2"])
+    assert job.args == [] and job.get("trainer.default_local_dir") == "/ckpt" and job.get("trainer.nnodes") == 2
+    job = import_argv(["python", "train.py", "trainer.save_freq=2"]).job()
+    assert job.get("trainer.save_freq") == 2 and torchrun_program(job, job.overrides) == ["train.py", "trainer.save_freq=2"]
+    job, _ = load_job_input("python3", ["-m", "mymod", "a.b=1", "--lr", "1"])
+    assert job.args == ["a.b=1", "--lr", "1"] and job.overrides == {}
+
+
 def test_verl_command_lines_are_still_read_as_hydra_overrides():
     with pytest.raises(ConfigError, match="`--lr` is not a key=value override"):
         import_argv(["python3", "-m", "verl.trainer.main_ppo", "trainer.nnodes=2", "--lr", "1"])

@@ -85,8 +85,11 @@ def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[s
         return looks_secret(k) or k in derived or has_url_credentials(v)
     module, line, at = _program(argv, src)
     rest = argv[at:]
-    # only verl's programs take Hydra overrides; another program's words (argparse flags...) are its own, as given
-    hydra = is_verl_module(module)
+    # verl's programs take Hydra overrides; so does another program whose words are all key=value (a Hydra app, the
+    # product's stand-in job): they are read as overrides, which submit and watch read (checkpoint folder, world).
+    # Any other program's words (argparse flags, positionals) are its own, passed as given.
+    hydra = is_verl_module(module) or all(
+        f.text == ARGS or (f.text.partition("=")[1] and KEY.fullmatch(f.text.partition("=")[0])) for f in rest)
     args: list[str] = []
     overrides: dict[str, Any] = {}
     origins: dict[tuple, int] = {("entrypoint" if module else "command",): line}
