@@ -188,6 +188,18 @@ def test_a_program_whose_words_are_all_overrides_is_read_as_hydra():
     assert job.args == ["a.b=1", "--lr", "1"] and job.overrides == {}
 
 
+def test_verls_argparse_tools_get_their_words_as_given():
+    """verl.model_merger parses argparse flags (verl/model_merger/__main__.py): not read as Hydra overrides."""
+    from verl_cluster.config.job import takes_hydra_overrides
+
+    words = ["merge", "--backend", "fsdp", "--local_dir", "/ckpt/global_step_4/actor", "--target_dir", "/hf"]
+    job, _ = load_job_input("python3", ["-m", "verl.model_merger", *words])
+    assert job.entrypoint == "verl.model_merger" and job.args == words and job.overrides == {}
+    assert takes_hydra_overrides("verl.trainer.main_ppo") and takes_hydra_overrides("verl.trainer.main_generation")
+    assert not takes_hydra_overrides("verl.scripts.legacy_model_merger") and not takes_hydra_overrides("mymod")
+    assert not takes_hydra_overrides("verl.model_merger") and takes_hydra_overrides("verl.model_mergers_x")
+
+
 def test_verl_command_lines_are_still_read_as_hydra_overrides():
     with pytest.raises(ConfigError, match="`--lr` is not a key=value override"):
         import_argv(["python3", "-m", "verl.trainer.main_ppo", "trainer.nnodes=2", "--lr", "1"])

@@ -23,6 +23,17 @@ def is_verl_module(module: Optional[str]) -> bool:
     return (module or "").startswith("verl.")
 
 
+# verl's command-line tools that parse argparse flags, not Hydra overrides (verl/model_merger/__main__.py, scripts/)
+VERL_ARGPARSE_TOOLS = ("verl.model_merger", "verl.scripts.")
+
+
+def takes_hydra_overrides(module: Optional[str]) -> bool:
+    """verl's Hydra programs (its trainers, generation, eval): their words are key=value overrides of verl's config."""
+    m = module or ""
+    return is_verl_module(m) and not any(m == t or m.startswith(t if t.endswith(".") else t + ".")
+                                         for t in VERL_ARGPARSE_TOOLS)
+
+
 def is_verl_trainer(module: Optional[str]) -> bool:
     """verl's Ray trainers (verl.trainer.main_ppo, ...): Ray drivers only, planned by the placement planner."""
     return (module or "").startswith("verl.trainer.main_")

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job_shape import JobShape
-from verl_cluster.config.job import JobSpec, is_verl_module
+from verl_cluster.config.job import JobSpec, takes_hydra_overrides
 from verl_cluster.submit.data_check import check_schema, requirement_for
 from verl_cluster.submit.findings import Finding
 from verl_cluster.jobs.request import key_origin
@@ -278,7 +278,7 @@ def verl_check_where(job: JobSpec, overrides: Mapping[str, Any], spec: Optional[
 
 
 def check_verl(job: JobSpec, overrides: Mapping[str, Any], spec: Optional[ClusterSpec] = None) -> list[Finding]:
-    if not is_verl_module(job.entrypoint):
+    if not takes_hydra_overrides(job.entrypoint):  # verl's argparse tools (model_merger) have no config to compose
         return []
     res, where = verl_check_where(job, overrides, spec)
     out: list[Finding] = []

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from verl_cluster.config.job import JobSpec, is_verl_module, is_verl_trainer, job_from_data, load_job
+from verl_cluster.config.job import JobSpec, is_verl_trainer, job_from_data, load_job, takes_hydra_overrides
 from verl_cluster.config.names import MASK, has_url_credentials, mask_url_credentials
 from verl_cluster.config.loader import read_text_bounded, short
 from verl_cluster.errors import ConfigError
@@ -85,10 +85,10 @@ def build_import(argv: list[Field], src: str, env: Optional[Mapping[str, tuple[s
         return looks_secret(k) or k in derived or has_url_credentials(v)
     module, line, at = _program(argv, src)
     rest = argv[at:]
-    # verl's programs take Hydra overrides; so does another program whose words are all key=value (a Hydra app, the
+    # verl's Hydra programs take overrides (its argparse tools do not); so does another program whose words are all key=value (a Hydra app, the
     # product's stand-in job): they are read as overrides, which submit and watch read (checkpoint folder, world).
     # Any other program's words (argparse flags, positionals) are its own, passed as given.
-    hydra = is_verl_module(module) or all(
+    hydra = takes_hydra_overrides(module) or all(
         f.text == ARGS or (f.text.partition("=")[1] and KEY.fullmatch(f.text.partition("=")[0])) for f in rest)
     args: list[str] = []
     overrides: dict[str, Any] = {}
@@ -253,7 +253,7 @@ def render_yaml(imp: ImportedJob) -> str:
         if key in d:
             out.append(f"{key}: {_dump(d[key])}{tail((key,))}")
     if "args" in d:
-        what = "Hydra's own flags" if is_verl_module(d.get("entrypoint")) else "the program's own, passed as given"
+        what = "Hydra's own flags" if takes_hydra_overrides(d.get("entrypoint")) else "the program's own, passed as given"
         out.append(f"args: {_dump(d['args'])}{tail(('args',))}" + (f" ({what})" if tail(("args",)) else f"  # {what}"))
     for section in ("model", "data", "env"):
         if section in d:
