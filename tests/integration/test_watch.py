@@ -41,6 +41,22 @@ def popen_cli(lab3, *args):
                             env={**os.environ, "HOME": str(home)})
 
 
+def settle(lab3, timeout: float = 120.0) -> None:
+    """Every node up, and no old registration still listed alive (the GCS marks a dead one only after its health
+    check fails): what the watcher waits for before it resumes, so a first attempt does not land on a dead one."""
+    _, path, _, home = lab3
+    r = cli(lab3, "up", path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    probe = ("import sys; from verl_cluster.launchers import load_cluster; from verl_cluster.watch.detect import "
+             "NodeMonitor; print(','.join(NodeMonitor(load_cluster(sys.argv[1])).stale()))")
+
+    def clean() -> bool:
+        q = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "HOME": str(home)}, cwd=ROOT)
+        return q.returncode == 0 and not q.stdout.strip()
+    wait_for(clean, timeout, "no stale registration in the GCS", poll=2)
+
+
 def job(lab3, name, steps=10, save_freq=3, step_s=0.4, watch="", **knobs):
     lab = lab3[0]
     ckpt = lab.dir / f"ckpt-{name}"
@@ -321,6 +337,7 @@ def test_node_does_not_come_back_fewer_nodes(lab3):
     # the world as a user line states it: the resumed attempt must not ask for the node that is gone
     j.write_text(j.read_text().replace("overrides:\n", "overrides:\n  trainer.n_gpus_per_node: 1\n"
                                        "  trainer.nnodes: 3\n"))
+    settle(lab3)  # a test before this one may have left w2 down, or its old registration listed alive
     p = popen_cli(lab3, "submit", j, "-c", path, "--watch")
     try:
         wait_for(lambda: (ckpt / "steps.log").exists() and len((ckpt / "steps.log").read_text().split("\n")) > 3,
