@@ -56,7 +56,8 @@ class JobShape:
     @classmethod
     def of(cls, job) -> "JobShape":
         """From a JobSpec (its overrides, then placement.gpus)."""
-        return cls.of_overrides(_Overrides(job), job.launcher, job.is_ray_only, job.placement.gpus)
+        # JobSpec.get reads as a Mapping's .get
+        return cls.of_overrides(job, job.launcher, job.is_ray_only, job.placement.gpus)
 
     @property
     def pinned(self) -> bool:
@@ -97,12 +98,3 @@ class JobShape:
             out[GPUS_KEY] = self.gpus_per_node
         return out
 
-
-class _Overrides:
-    """job.get as a Mapping's .get (JobSpec lifts some keys out of its overrides and reads them back)."""
-
-    def __init__(self, job) -> None:
-        self.job = job
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.job.get(key, default)

@@ -1,7 +1,7 @@
 """How a job runs, chosen once per submission (submit/pipeline.decide_launcher), as the cluster launchers are chosen
 once per cluster: Ray's Jobs API on this cluster's Ray, or torchrun started on every node over the runners.
 
-Each kind builds its request from the same inputs, starts the job, and stops it. What differs is said by flags, not
+Each kind builds its request from the same inputs and starts the job. What differs is said by flags, not
 by comparing names: a job on the cluster's Ray gets the cluster's status, GPU fit and checkpoint checks before it
 starts, is detached from this process (its log is followed, it can be watched and resumed); a torchrun run lives as
 long as this process and streams rank 0 here.
@@ -61,11 +61,6 @@ class RayJobLauncher(JobLauncher):
         from verl_cluster.jobs import ray_jobs
 
         return ray_jobs.submit(api, req)
-
-    def stop(self, api, submission_id: str):
-        from verl_cluster.jobs import ray_jobs
-
-        return ray_jobs.stop(api, submission_id)
 
 
 class TorchrunLauncher(JobLauncher):

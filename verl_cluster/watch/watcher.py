@@ -485,8 +485,7 @@ class Watcher:
         # ranks its trainer.n_gpus_per_node states
         nodes = 1 + len(spec.workers)
         world = (JobShape.of_overrides(plan.overrides).world
-                 or JobShape.of_overrides({"trainer.n_gpus_per_node": self.job.get("trainer.n_gpus_per_node")})
-                 .at_nodes(nodes).world or 0)
+                 or JobShape.of_overrides(self.job).at_nodes(nodes).world or 0)
         folder = str(self.job.get("trainer.default_local_dir") or "")
         gone = [n.host for _, n in self.spec.nodes() if n.host not in {x.host for _, x in spec.nodes()}]
         if folder and gone:  # checked where the run goes on (the head), before anything is resharded or resubmitted
