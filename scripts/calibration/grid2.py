@@ -6,15 +6,17 @@ fitted on (docs in scripts/calibration/README.md).
 
     grid2.py predict [--batch B ...]   here: plan every run for H100 and H200 with the CLI, append a round
                                        (commit, date, per-phase predictions by fill, error bar) to PREDICTIONS
-    grid2.py start BATCH               device: copy the repo to /srv/vc/repo, run `chain BATCH` detached (setsid)
-    grid2.py chain BATCH               device: setup (site, models, data, flash-attn, `up`), then `run BATCH`
-    grid2.py run BATCH                 device: submit the batch's lines one after another -> /srv/vc/out/grid2-RUN.json
+    grid2.py start BATCH [BATCH]       device: copy the repo to /srv/vc/repo, run `chain BATCH..` detached (setsid)
+    grid2.py chain BATCH [BATCH]       device: setup (site, models, data, flash-attn, `up`), then `run BATCH..`
+    grid2.py run BATCH [BATCH]         device: submit the batches' lines, side by side as the GPUs allow
+                                       -> /srv/vc/out/grid2-RUN.json
     grid2.py report DIR [--json F] [--md F]   here: prediction vs measured per family, per run (DIR: grid2-*.json)
 """
 
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import re
 import subprocess
@@ -159,6 +161,35 @@ def batch_runs(batch: str) -> list[Run]:
     if batch not in BATCHES:
         raise SystemExit(f"no batch {batch!r}: the batches are {', '.join(BATCHES)}")
     return [r for r in RUNS if r.batch == batch]
+
+
+def phases(batches: list[str]) -> list[tuple[bool, list[Run]]]:
+    """The batches' runs for one session: the padded ones (flash-attn out of the site), then those that need it.
+    The site is shared, so flash-attn moves only between phases, with nothing running. Fit and held-out batches
+    never share a session: the held-out ones run after the refit, with its predictions committed first."""
+    roles = {FAMILY[r.family].role for b in batches for r in batch_runs(b)}
+    if len(roles) > 1:
+        raise SystemExit(f"batches {'+'.join(batches)} mix fit and held-out runs: run the held-out batches in a "
+                         "session of their own, after the refit and `predict --batch ...` are committed")
+    runs = [r for b in dict.fromkeys(batches) for r in batch_runs(b)]
+    return [(flash, got) for flash in (False, True) if (got := [r for r in runs if r.flash == flash])]
+
+
+def lane_plan(batches: list[str], gpus: int, need: dict[str, float]) -> tuple[float, dict[str, tuple[float, float]]]:
+    """Expected (seconds to the end, {run: (start, end)}) when each phase's runs start in order as soon as the GPUs
+    they need are free on a node of GPUS (the device chain's order; NEED: each run's expected seconds)."""
+    t, out = 0.0, {}
+    for _, runs in phases(batches):
+        ends: list[tuple[float, int]] = []  # (end, gpus) of the runs going
+        for r in (r for r in runs if r.gpus <= gpus):
+            start = t
+            while sum(g for e, g in ends if e > start) + r.gpus > gpus:
+                start = min(e for e, _ in ends if e > start)
+            ends.append((start + need[r.name], r.gpus))
+            out[r.name] = (start, start + need[r.name])
+            t = start  # later runs start no earlier (in order)
+        t = max((e for e, _ in ends), default=t)
+    return t, out
 
 
 # ---------------------------------------------------------------- the plan, through the CLI
@@ -336,8 +367,21 @@ def judge(result: dict, rounds: list[dict]) -> dict[str, Any]:
             "max_memory_reserved_gib": m.get("max_memory_reserved_gib"), "planned_peak_gib": p.get("peak_gib")}
 
 
+def _span(result: dict) -> tuple[float, float]:
+    t0 = calendar.timegm(time.strptime(result["started_utc"], "%Y-%m-%dT%H:%M:%SZ"))
+    return t0, t0 + float(result.get("wall_s") or 0)
+
+
+def beside(result: dict, results: list[dict]) -> list[str]:
+    """The runs that ran on the same machine's other GPUs while RESULT ran (side by side in one session)."""
+    a0, a1 = _span(result)
+    return [o["run"] for o in results if o is not result and o.get("started_utc") and o.get("card") ==
+            result.get("card") and _span(o)[0] < a1 and a0 < _span(o)[1]]
+
+
 def report(results: list[dict], rounds: list[dict]) -> dict[str, Any]:
-    runs = [judge(r, rounds) for r in results if r.get("run") in BY_NAME]
+    results = [r for r in results if r.get("run") in BY_NAME]
+    runs = [{**judge(r, rounds), "beside": beside(r, results)} for r in results]
     fams = []
     for f in FAMILIES:
         mine = [r for r in runs if r["family"] == f.name and r.get("blind")]
@@ -390,7 +434,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = sub.add_parser("predict")
     p.add_argument("--batch", action="append", choices=BATCHES, help="only these batches' runs (default: all)")
     for name in ("start", "chain", "run"):
-        sub.add_parser(name).add_argument("batch", choices=BATCHES)
+        sub.add_parser(name).add_argument("batch", nargs="+", choices=BATCHES,
+                                          help="one session's batches (several run side by side on the GPUs)")
     p = sub.add_parser("report")
     p.add_argument("dir", type=Path, help="a folder holding grid2-RUN.json files (searched below it)")
     p.add_argument("--json", type=Path)

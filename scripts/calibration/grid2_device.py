@@ -9,6 +9,7 @@ BUDGET_S (default 1320, from `start`) stops starting runs that would not finish 
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import importlib.util
 import json
 import os
@@ -18,13 +19,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import grid2
 from grid2 import OUT, REPO, VC, Run
 
 T0 = float(os.environ.get("GRID2_T0") or time.time())
 BUDGET_S = float(os.environ.get("BUDGET_S", "1320"))  # setup ~120 s + grid2.SESSION_RUNS_S
+STAGGER_S = 2.0  # submits a moment apart: each preflight sees the one before it placed
 FLASH_OFF = VC / "flash-off"  # flash-attn's files while a padded run runs (out of the site)
 UTC = "%Y-%m-%dT%H:%M:%SZ"
 SUBMITTED = re.compile(r"submitted (\S+) to ")  # submit's line on stderr: the job's submission id
@@ -106,7 +108,7 @@ def device_setup() -> None:
     log(f"flash-attn {'staged' if staged_flash() else 'NOT staged: the packed and PPO runs will be skipped'}")
     cluster = OUT / "grid2.yaml"
     cluster.write_text(f"cluster_name: grid2\nhead:\n  host: localhost\nray:\n  ray_executable: {g.BIN / 'ray'}\n"
-                       "  object_store_memory: 4294967296\n")
+                       "  object_store_memory: 8589934592\n")  # runs side by side share it
     try:
         comp.wait(600)
     except subprocess.TimeoutExpired:
@@ -114,8 +116,10 @@ def device_setup() -> None:
     sh("up", vc("up", "-c", str(cluster)), 300)
 
 
-def decide(run: Run, flash_ok: bool, left_s: float, need_s: float) -> str:
+def decide(run: Run, flash_ok: bool, left_s: float, need_s: float, gpus: int = 2) -> str:
     """'' to run it, else the one line that says why it is skipped."""
+    if run.gpus > gpus:
+        return f"SKIP {run.name}: needs {run.gpus} GPUs, this machine has {gpus}"
     if run.flash and not flash_ok:
         return (f"SKIP {run.name} ({run.family}): flash-attn is not staged on this machine; carry "
                 ".stage/flashattn-wheel in the start call (scripts/gpu_flash_attn_kit.sh --wheel-here builds it)")
@@ -131,9 +135,8 @@ def need_s(run: Run, path: Path = grid2.PREDICTIONS) -> float:
     return max(got) if got else grid2.STARTUP_S + 200
 
 
-def one(run: Run, batch: str, card: str, cluster: Path) -> dict[str, Any]:
+def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int) -> dict[str, Any]:
     shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
-    have_flash = set_flash(run.flash)
     stop = OUT / f"stop-{run.name}"
     sampler = subprocess.Popen([gm().PY, "scripts/gpu_mem_sampler.py", str(OUT / f"nvml-{run.name}.jsonl"),
                                 "--stop-file", str(stop)], cwd=REPO, env=gm().env(), stdout=subprocess.DEVNULL,
@@ -155,32 +158,96 @@ def one(run: Run, batch: str, card: str, cluster: Path) -> dict[str, Any]:
     except ValueError:
         product = {}
     shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
-    return {"run": run.name, "batch": batch, "family": run.family, "card": card, "gpus": run.gpus,
-            "flash_attn": have_flash, "started_utc": started, "wall_s": round(time.time() - t, 1),
+    return {"run": run.name, "batch": run.batch, "family": run.family, "card": card, "gpus": run.gpus,
+            "machine_gpus": machine_gpus, "flash_attn": have_flash, "started_utc": started,
+            "wall_s": round(time.time() - t, 1),
             "rc": r.returncode, "status": product.get("status"), "submission_id": sid, "line": run.line(),
             "steps": grid2.parse_steps(lines), "product": product.get("verl")}
 
 
-def run_batch(batch: str) -> None:
-    cluster, card = OUT / "grid2.yaml", card_name()
+def gpu_count() -> int:
+    r = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                       text=True, timeout=30)
+    return max(len(r.stdout.split()), 1)
+
+
+def free_gpus(cluster: Path) -> Optional[float]:
+    """The GPUs Ray lists free on the cluster's alive nodes (None when `status` cannot tell)."""
+    try:
+        r = subprocess.run(vc("status", "-c", str(cluster), "--json"), capture_output=True, text=True, timeout=60,
+                           env=gm().env(), cwd=REPO)
+        nodes = json.loads(r.stdout).get("nodes", [])
+    except (subprocess.TimeoutExpired, ValueError, AttributeError):
+        return None
+    got = [(n.get("available") or {}).get("GPU") for n in nodes if n.get("alive")]
+    return float(sum(g for g in got if g)) if got and all(g is not None for g in got) else None
+
+
+def wait_free(cluster: Path, need: int, limit_s: float = 120) -> None:
+    """Until Ray lists NEED GPUs free: a job that just ended may hold its GPUs a few seconds more, and submit's
+    preflight would refuse the next run on them."""
+    end = time.time() + limit_s
+    while time.time() < end:
+        got = free_gpus(cluster)
+        if got is None or got >= need:
+            return
+        time.sleep(3)
+    log(f"Ray still lists fewer than {need} GPUs free after {limit_s:.0f}s; starting anyway")
+
+
+def run_phase(runs: list[Run], card: str, cluster: Path, flash_ok: bool, have_flash: bool, total: int) -> None:
+    """RUNS side by side, each started in order once the GPUs it needs are free (our own count, then Ray's)."""
+    pending, active = list(runs), {}
+    with cf.ThreadPoolExecutor(max(total, 1)) as pool:
+        while pending or active:
+            for run in list(pending):
+                why = decide(run, flash_ok, BUDGET_S - (time.time() - T0), need_s(run), total)
+                if why:
+                    log(why)
+                    pending.remove(run)
+                    continue
+                busy = sum(r.gpus for r in active.values())
+                if run.gpus > total - busy:
+                    break  # in order, as grid2.lane_plan budgets them
+                wait_free(cluster, busy + run.gpus)
+                pending.remove(run)
+                log(f"{run.name} starts on {run.gpus} of {total} GPUs"
+                    + (f" beside {', '.join(r.name for r in active.values())}" if active else ""))
+                active[pool.submit(one, run, card, cluster, have_flash, total)] = run
+                time.sleep(STAGGER_S)
+            if not active:
+                continue
+            finished, _ = cf.wait(list(active), return_when=cf.FIRST_COMPLETED)
+            for fut in finished:
+                run = active.pop(fut)
+                try:
+                    doc = fut.result()
+                except Exception as e:  # noqa: BLE001 - one run's failure is a line; the others go on
+                    log(f"{run.name} failed: {type(e).__name__}: {e}")
+                    continue
+                (OUT / f"grid2-{run.name}.json").write_text(json.dumps(doc, indent=1))
+                m = grid2.measured(doc["steps"], run.sequences)
+                log(f"{run.name}: {doc['status']} rc={doc['rc']} in {doc['wall_s']}s; step {m.get('step_s', 0):.2f}s "
+                    f"over {m.get('steps', 0)} timed steps, fill {m.get('fill') or 0:.2f}")
+
+
+def run_batch(batches: list[str]) -> None:
+    """The batches' runs as grid2.phases orders them: padded runs (flash-attn out of the site), then the rest (in),
+    runs of a phase side by side on the machine's GPUs."""
+    cluster, card, total = OUT / "grid2.yaml", card_name(), gpu_count()
     flash_ok = set_flash(True)
     set_flash(False)
-    log(f"batch {batch} on {card}; flash-attn importable: {flash_ok}")
-    for run in grid2.batch_runs(batch):
-        why = decide(run, flash_ok, BUDGET_S - (time.time() - T0), need_s(run))
-        if why:
-            log(why)
-            continue
-        doc = one(run, batch, card, cluster)
-        (OUT / f"grid2-{run.name}.json").write_text(json.dumps(doc, indent=1))
-        m = grid2.measured(doc["steps"], run.sequences)
-        log(f"{run.name}: {doc['status']} rc={doc['rc']} in {doc['wall_s']}s; step {m.get('step_s', 0):.2f}s "
-            f"over {m.get('steps', 0)} timed steps, fill {m.get('fill') or 0:.2f}")
+    log(f"batches {'+'.join(batches)} on {total} x {card}; flash-attn importable: {flash_ok}")
+    for flash, runs in grid2.phases(batches):
+        have = set_flash(True) if flash else set_flash(False)
+        run_phase(runs, card, cluster, flash_ok, have, total)
 
 
-def start(batch: str) -> None:
+def start(batches: list[str]) -> None:
     """Copy the repo to /srv/vc/repo (a later call replaces the call's tree) and run `chain BATCH` detached."""
-    grid2.batch_runs(batch)
+    for b in batches:
+        grid2.batch_runs(b)
+    batch = "+".join(batches)
     dst = VC / "repo"
     OUT.mkdir(parents=True, exist_ok=True)
     if REPO != dst:
@@ -189,7 +256,7 @@ def start(batch: str) -> None:
         if (REPO / ".stage" / "flashattn-wheel").exists():
             shutil.copytree(REPO / ".stage" / "flashattn-wheel", VC / "flashattn-wheel", dirs_exist_ok=True)
     with open(OUT / f"chain-{batch}.log", "a") as fh:
-        subprocess.Popen([sys.executable, str(dst / "scripts/calibration/grid2.py"), "chain", batch], cwd=dst,
+        subprocess.Popen([sys.executable, str(dst / "scripts/calibration/grid2.py"), "chain", *batches], cwd=dst,
                          stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                          env={**os.environ, "GRID2_T0": str(T0), "BUDGET_S": str(BUDGET_S), "PYTHONUNBUFFERED": "1"})
     print(f"chain {batch} started detached (budget {BUDGET_S:.0f}s); poll: bash scripts/gpu_poll.sh {OUT} "
@@ -201,11 +268,12 @@ def start(batch: str) -> None:
     print(steps.read_text() if steps.exists() else "no steps.log yet", end="")
 
 
-def chain(batch: str) -> None:
+def chain(batches: list[str]) -> None:
+    batch = "+".join(batches)
     try:
         log(f"chain {batch} (budget {BUDGET_S:.0f}s)")
         device_setup()
-        run_batch(batch)
+        run_batch(batches)
     except SystemExit as e:  # gpu_multinode's setup says what is missing (no staged site)
         log(f"chain {batch} stopped: {e}")
     except Exception as e:  # noqa: BLE001 - said in steps.log, which comes back; the traceback is in chain-B.log

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -149,3 +150,63 @@ def test_a_batch_skips_what_it_cannot_run_with_one_line_saying_why():
     assert why.startswith("SKIP g2fa-m8") and "flash-attn is not staged" in why and "\n" not in why
     assert grid2_device.decide(padded, flash_ok=False, left_s=5000, need_s=300) == ""
     assert "needs ~300s, 200s left" in grid2_device.decide(padded, flash_ok=True, left_s=200, need_s=300)
+
+
+def test_a_session_runs_side_by_side_padded_first_and_never_mixes_fit_with_held_out(plans):
+    (flash0, first), (flash1, second) = grid2.phases(["A", "B"])
+    assert (flash0, flash1) == (False, True) and not any(r.flash for r in first) and all(r.flash for r in second)
+    assert sorted(r.name for r in first + second) == sorted(r.name for b in "AB" for r in grid2.batch_runs(b))
+    with pytest.raises(SystemExit, match="mix fit and held-out"):
+        grid2.phases(["B", "C"])
+    need = {r.name: max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"]) for c in grid2.CARDS)
+            for r in grid2.RUNS}
+    for batches in (["A", "B"], ["C", "D"]):  # one session each on a node of 4 GPUs
+        end, spans = grid2.lane_plan(batches, 4, need)
+        assert end <= grid2.SESSION_RUNS_S, batches
+        for t in range(0, int(end), 5):  # never more GPUs going than the node has
+            assert sum(grid2.BY_NAME[n].gpus for n, (a, b) in spans.items() if a <= t < b) <= 4
+    end2, _ = grid2.lane_plan(["A"], 2, need)  # on 2 GPUs batch A's two 1-GPU runs go together
+    solo = sum(need[r.name] for r in grid2.batch_runs("A"))
+    assert end2 == pytest.approx(solo - min(need["g1pad-m2"], need["g1pad-m8"]))
+    assert grid2_device.decide(grid2.BY_NAME["g2fa-m8"], True, 5000, 300, gpus=1).endswith("this machine has 1")
+
+
+def test_the_report_names_the_runs_that_ran_beside_each_other():
+    base = {"card": "NVIDIA H100 80GB HBM3", "steps": {}}
+    results = [{**base, "run": "g1pad-m2", "started_utc": "2026-12-01T01:00:00Z", "wall_s": 300},
+               {**base, "run": "g1pad-m8", "started_utc": "2026-12-01T01:04:00Z", "wall_s": 300},
+               {**base, "run": "g2pad-m32", "started_utc": "2026-12-01T01:08:00Z", "wall_s": 300}]
+    got = {r["run"]: r["beside"] for r in grid2.report(results, [])["runs"]}
+    assert got == {"g1pad-m2": ["g1pad-m8"], "g1pad-m8": ["g1pad-m2", "g2pad-m32"], "g2pad-m32": ["g1pad-m8"]}
+
+
+def test_run_phase_keeps_the_gpus_count_and_the_order(tmp_path, monkeypatch):
+    """The device loop with the submits replaced by sleeps: never more GPUs going than the node has, runs started
+    in order, each result written, a failing run a line while the others go on."""
+    import threading
+
+    going, seen, lock = [], [], threading.Lock()
+
+    def fake_one(run, card, cluster, have_flash, total):
+        with lock:
+            going.append(run)
+            seen.append((run.name, sum(r.gpus for r in going)))
+        time.sleep(0.3 if run.gpus == 2 else 0.5)
+        with lock:
+            going.remove(run)
+        if run.name == "g1pad-m8":
+            raise RuntimeError("submit died")
+        return {"run": run.name, "steps": {}, "status": "SUCCEEDED", "rc": 0, "wall_s": 0.3}
+
+    monkeypatch.setattr(grid2_device, "OUT", tmp_path)
+    monkeypatch.setattr(grid2_device, "one", fake_one)
+    monkeypatch.setattr(grid2_device, "wait_free", lambda cluster, need: None)
+    monkeypatch.setattr(grid2_device, "need_s", lambda run: 10.0)
+    monkeypatch.setattr(grid2_device, "STAGGER_S", 0.0)
+    (_, runs), = [p for p in grid2.phases(["A", "B"]) if not p[0]]
+    grid2_device.run_phase(runs, "H100", tmp_path / "c.yaml", True, False, 4)
+    assert [n for n, _ in seen] == [r.name for r in runs] and max(g for _, g in seen) <= 4
+    assert dict(seen)["g2pad-m16"] <= 4 and len(seen) == 4
+    assert sorted(p.name for p in tmp_path.glob("grid2-*.json")) == ["grid2-g1pad-m2.json", "grid2-g2pad-m16.json",
+                                                                      "grid2-g2pad-m32.json"]
+    assert "g1pad-m8 failed: RuntimeError: submit died" in (tmp_path / "steps.log").read_text()
