@@ -149,3 +149,45 @@ def test_preflight_bad_columns_missing_file_gpus_short(cluster):
     # without --dry-run the same problems stop the submit
     r2 = cli("submit", job, "trainer.n_gpus_per_node=1", "-c", path)
     assert r2.returncode == 2 and "nothing was submitted" in r2.stderr
+
+
+HOLDER = """import ray, time
+ray.init()
+
+@ray.remote(num_cpus=0)
+class TransferQueueController:  # stands in for verl 0.9's: same name, same fixed namespace
+    def ping(self):
+        return 1
+
+q = TransferQueueController.options(name="TransferQueueController", namespace="transfer_queue").remote()
+ray.get(q.ping.remote())
+print("queue up", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_second_verl_job_is_refused_while_another_holds_the_queue(cluster):
+    """verl 0.9's TransferQueue controller is one per Ray cluster: a job holding it (a stand-in made the way verl
+    makes it) turns a verl trainer's submit away naming that job; trainer.use_v1=false (no queue) is not."""
+    lab, path, _, _ = cluster
+    (lab.dir / "holder.py").write_text(HOLDER)
+    holder = job_file(lab, "holder", f"name: holder\nlauncher: ray\nworking_dir: {lab.dir}\n"
+                                     "command: [python, -u, holder.py]\n")
+    r = cli("submit", holder, "--no-follow", "--json", "-c", path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    sid = json.loads(r.stdout)["submission_id"]
+    try:
+        for _ in range(60):
+            if "queue up" in cli("logs", sid, path).stdout:
+                break
+        job = job_file(lab, "grpo", "name: grpo\nentrypoint: verl.trainer.main_ppo\n")
+        r = cli("submit", job, "--dry-run", "-c", path)
+        assert r.returncode in (1, 2), r.stderr[-3000:]
+        assert f"{sid} is running verl's TransferQueue on this cluster" in r.stderr, r.stderr[-3000:]
+        assert f"verl-cluster stop {sid}" in r.stderr
+        legacy = cli("submit", job, "trainer.use_v1=false", "--dry-run", "-c", path)
+        assert "TransferQueue on this cluster" not in legacy.stderr
+    finally:
+        assert cli("stop", sid, path).returncode == 0
+    after = cli("submit", job, "--dry-run", "-c", path)  # the holder's actors went with it
+    assert "TransferQueue on this cluster" not in after.stderr and "shared-queue" in after.stderr
