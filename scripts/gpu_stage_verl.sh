@@ -4,7 +4,7 @@
 #
 # Here, from the repo root (networked, any CPU):   scripts/gpu_stage_verl.sh [--list]
 #   1. downloads the wheels pinned in scripts/gpu_verl_wheels.txt into .stage-src/verl/ (kept: reruns are cheap)
-#   2. tars them and splits the tar into .stage/verl/s0, s1, ... (<= 56 MiB each); the last part has unpack.sh
+#   2. tars them and splits the tar into .stage/verl/s0, s1, ... (<= 50 MiB each: a call carries one beside the working tree, 64 MiB in all); the last part has unpack.sh
 #   3. prints the device calls to make, back to back (the machine must stay warm between them)
 # --list: after the download, print each wheel's size and the total, then stop (no packing).
 # There, unpack.sh joins the parts in /root/stage/verl, checks the sha256 and installs every wheel with
@@ -57,7 +57,7 @@ fi
 rm -rf "$dst"; mkdir -p "$dst"
 cp "$tmp/files.txt" "$src/wheels.txt"
 tar cf "$tmp/$name.tar" -C "$src" wheels.txt $(cat "$tmp/files.txt")   # wheels are zips already: no compression
-(cd "$tmp" && sha256sum "$name.tar" > "$name.tar.sha256" && split -b 56M -d -a 2 "$name.tar" "$name.tar.part-")
+(cd "$tmp" && sha256sum "$name.tar" > "$name.tar.sha256" && split -b 50M -d -a 2 "$name.tar" "$name.tar.part-")
 i=0
 for p in "$tmp/$name.tar.part-"*; do mkdir -p "$dst/s$i"; mv "$p" "$dst/s$i/"; i=$((i + 1)); done
 last=$((i - 1))

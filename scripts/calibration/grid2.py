@@ -175,20 +175,27 @@ def phases(batches: list[str]) -> list[tuple[bool, list[Run]]]:
     return [(flash, got) for flash in (False, True) if (got := [r for r in runs if r.flash == flash])]
 
 
+def gpu_sets(total: int) -> list[tuple[int, ...]]:
+    """The GPU sets runs go on, one Ray cluster each: every GPU alone, and aligned pairs (0-1, 2-3, ...)."""
+    return [(i,) for i in range(total)] + [(i, i + 1) for i in range(0, total - 1, 2)]
+
+
 def lane_plan(batches: list[str], gpus: int, need: dict[str, float]) -> tuple[float, dict[str, tuple[float, float]]]:
-    """Expected (seconds to the end, {run: (start, end)}) when each phase's runs start in order as soon as the GPUs
-    they need are free on a node of GPUS (the device chain's order; NEED: each run's expected seconds)."""
+    """Expected (seconds to the end, {run: (start, end)}) when each phase's runs start in order on the first free GPU
+    set of their size (`gpu_sets`) of a node of GPUS, as the device chain starts them (NEED: expected seconds)."""
     t, out = 0.0, {}
     for _, runs in phases(batches):
-        ends: list[tuple[float, int]] = []  # (end, gpus) of the runs going
+        going: list[tuple[float, tuple[int, ...]]] = []  # (end, GPU set) of the runs started
         for r in (r for r in runs if r.gpus <= gpus):
-            start = t
-            while sum(g for e, g in ends if e > start) + r.gpus > gpus:
-                start = min(e for e, _ in ends if e > start)
-            ends.append((start + need[r.name], r.gpus))
-            out[r.name] = (start, start + need[r.name])
-            t = start  # later runs start no earlier (in order)
-        t = max((e for e, _ in ends), default=t)
+            for at in [t] + sorted(e for e, _ in going if e > t):
+                busy = {g for e, gs in going if e > at for g in gs}
+                free = [gs for gs in gpu_sets(gpus) if len(gs) == r.gpus and not busy & set(gs)]
+                if free:
+                    break
+            going.append((at + need[r.name], free[0]))
+            out[r.name] = (at, at + need[r.name])
+            t = at  # later runs start no earlier (in order)
+        t = max((e for e, _ in going), default=t)
     return t, out
 
 
@@ -342,6 +349,9 @@ def judge(result: dict, rounds: list[dict]) -> dict[str, Any]:
     role = FAMILY[run.family].role
     out: dict[str, Any] = {"run": run.name, "family": run.family, "card": result["card"], "gpus": run.gpus}
     m = measured(result.get("steps") or {}, run.sequences)
+    if (result.get("machine_gpus") or 0) > run.gpus and not result.get("gpu_set"):
+        return {**out, "role": role, "blind": False, "why": "ran beside other runs on one Ray cluster, which has one "
+                "verl TransferQueue: they shared batches (not a measurement)"}
     if not before or not m:
         return {**out, "role": role, "blind": False, "why": "no steps measured" if not m else
                 "no prediction recorded before it ran"}

@@ -1,7 +1,9 @@
 """grid2.py's device phases (start, chain, run): on the GPU machine, as root, after scripts/gpu_stage_verl.sh's
 parts were unpacked (/root/stage/verl/site). scripts/gpu_multinode.py's `setup` makes the site, wrappers, the
 0.5B shape and synthetic GSM8K under /srv/vc; this module adds flash-attn (moved in and out of the site per run),
-a one-node cluster file and `up`, then submits the batch's lines one after another through `verl-cluster submit`.
+a one-node cluster per GPU set (each GPU, aligned pairs) and `up` for each, then submits the batches' lines through
+`verl-cluster submit`, side by side on free GPU sets (verl 0.9's TransferQueue is one per Ray cluster: runs side by
+side need clusters of their own).
 Everything goes to /srv/vc/out: steps.log (what ran, what was skipped and why), grid2-RUN.json (card, verl's
 per-step metrics, the product's own verl summary), grid2-submit-RUN.log (the job's log), nvml-RUN.jsonl.
 BUDGET_S (default 1320, from `start`) stops starting runs that would not finish inside it.
@@ -106,14 +108,38 @@ def device_setup() -> None:
         log(f"flash-attn installed, its GPU check rc={r.returncode} (grid2-flash-attn.log)")
     set_flash(False)
     log(f"flash-attn {'staged' if staged_flash() else 'NOT staged: the packed and PPO runs will be skipped'}")
-    cluster = OUT / "grid2.yaml"
-    cluster.write_text(f"cluster_name: grid2\nhead:\n  host: localhost\nray:\n  ray_executable: {g.BIN / 'ray'}\n"
-                       "  object_store_memory: 8589934592\n")  # runs side by side share it
+    total = gpu_count()
     try:
         comp.wait(600)
     except subprocess.TimeoutExpired:
         comp.kill()
-    sh("up", vc("up", "-c", str(cluster)), 300)
+    sets = grid2.gpu_sets(total)
+    with cf.ThreadPoolExecutor(8) as pool:  # one cluster per GPU set, started side by side
+        got = list(pool.map(lambda gs: sh(f"up-{set_name(gs)}", vc("up", "-c", str(write_cluster(gs))), 300), sets))
+    log("clusters up: " + ", ".join(f"{set_name(gs)} rc={r.returncode}" for gs, r in zip(sets, got)))
+
+
+def set_name(gpus: tuple[int, ...]) -> str:
+    return "g" + "".join(map(str, gpus))
+
+
+def write_cluster(gpus: tuple[int, ...]) -> Path:
+    """A one-node cluster of this machine's GPUS (CUDA_VISIBLE_DEVICES on the head), with its own ports and temp
+    dir: verl 0.9 keeps one TransferQueue per Ray cluster, so runs side by side need clusters of their own
+    (submit/shared_queue.py)."""
+    i = grid2.gpu_sets(gpu_count()).index(gpus)
+    path = OUT / f"grid2-{set_name(gpus)}.yaml"
+    p = 7000 + 20 * i
+    path.write_text(
+        f"cluster_name: grid2-{set_name(gpus)}\nhead:\n  host: localhost\n  gpus: {len(gpus)}\n"
+        f"  env: {{CUDA_VISIBLE_DEVICES: '{','.join(map(str, gpus))}'}}\n"
+        f"  gcs_port: {6400 + i}\n  dashboard_port: {8300 + i}\n  ray_client_port: {10010 + i}\n"
+        f"ray:\n  ray_executable: {gm().BIN / 'ray'}\n  object_store_memory: 4294967296\n"
+        f"  ports: {{node_manager: {p}, object_manager: {p + 1}, dashboard_agent_grpc: {p + 2}, "
+        f"dashboard_agent_listen: {52400 + i}, metrics_export: {p + 3}, runtime_env_agent: {p + 4}, "
+        f"dashboard_metrics: {p + 5}, autoscaler_metrics: {p + 6}, min_worker: {20000 + 1000 * i}, "
+        f"max_worker: {20999 + 1000 * i}}}\n")
+    return path
 
 
 def decide(run: Run, flash_ok: bool, left_s: float, need_s: float, gpus: int = 2) -> str:
@@ -135,7 +161,8 @@ def need_s(run: Run, path: Path = grid2.PREDICTIONS) -> float:
     return max(got) if got else grid2.STARTUP_S + 200
 
 
-def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int) -> dict[str, Any]:
+def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
+        gpus: tuple[int, ...] = ()) -> dict[str, Any]:
     shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
     stop = OUT / f"stop-{run.name}"
     sampler = subprocess.Popen([gm().PY, "scripts/gpu_mem_sampler.py", str(OUT / f"nvml-{run.name}.jsonl"),
@@ -159,7 +186,7 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int)
         product = {}
     shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
     return {"run": run.name, "batch": run.batch, "family": run.family, "card": card, "gpus": run.gpus,
-            "machine_gpus": machine_gpus, "flash_attn": have_flash, "started_utc": started,
+            "machine_gpus": machine_gpus, "gpu_set": list(gpus), "flash_attn": have_flash, "started_utc": started,
             "wall_s": round(time.time() - t, 1),
             "rc": r.returncode, "status": product.get("status"), "submission_id": sid, "line": run.line(),
             "steps": grid2.parse_steps(lines), "product": product.get("verl")}
@@ -195,8 +222,9 @@ def wait_free(cluster: Path, need: int, limit_s: float = 120) -> None:
     log(f"Ray still lists fewer than {need} GPUs free after {limit_s:.0f}s; starting anyway")
 
 
-def run_phase(runs: list[Run], card: str, cluster: Path, flash_ok: bool, have_flash: bool, total: int) -> None:
-    """RUNS side by side, each started in order once the GPUs it needs are free (our own count, then Ray's)."""
+def run_phase(runs: list[Run], card: str, flash_ok: bool, have_flash: bool, total: int) -> None:
+    """RUNS side by side, each started in order on the first free GPU set of its size (grid2.gpu_sets: a Ray
+    cluster each), once Ray on that cluster lists the GPUs free."""
     pending, active = list(runs), {}
     with cf.ThreadPoolExecutor(max(total, 1)) as pool:
         while pending or active:
@@ -206,20 +234,23 @@ def run_phase(runs: list[Run], card: str, cluster: Path, flash_ok: bool, have_fl
                     log(why)
                     pending.remove(run)
                     continue
-                busy = sum(r.gpus for r in active.values())
-                if run.gpus > total - busy:
+                busy = {g for gs in active.values() for g in gs[1]}
+                free = [gs for gs in grid2.gpu_sets(total) if len(gs) == run.gpus and not busy & set(gs)]
+                if not free:
                     break  # in order, as grid2.lane_plan budgets them
-                wait_free(cluster, busy + run.gpus)
+                gpus = free[0]
+                cluster = OUT / f"grid2-{set_name(gpus)}.yaml"
+                wait_free(cluster, run.gpus)
                 pending.remove(run)
-                log(f"{run.name} starts on {run.gpus} of {total} GPUs"
-                    + (f" beside {', '.join(r.name for r in active.values())}" if active else ""))
-                active[pool.submit(one, run, card, cluster, have_flash, total)] = run
+                log(f"{run.name} starts on GPU {','.join(map(str, gpus))} of {total}"
+                    + (f" beside {', '.join(r.name for r, _ in active.values())}" if active else ""))
+                active[pool.submit(one, run, card, cluster, have_flash, total, gpus)] = (run, gpus)
                 time.sleep(STAGGER_S)
             if not active:
                 continue
             finished, _ = cf.wait(list(active), return_when=cf.FIRST_COMPLETED)
             for fut in finished:
-                run = active.pop(fut)
+                run, _ = active.pop(fut)
                 try:
                     doc = fut.result()
                 except Exception as e:  # noqa: BLE001 - one run's failure is a line; the others go on
@@ -234,13 +265,13 @@ def run_phase(runs: list[Run], card: str, cluster: Path, flash_ok: bool, have_fl
 def run_batch(batches: list[str]) -> None:
     """The batches' runs as grid2.phases orders them: padded runs (flash-attn out of the site), then the rest (in),
     runs of a phase side by side on the machine's GPUs."""
-    cluster, card, total = OUT / "grid2.yaml", card_name(), gpu_count()
+    card, total = card_name(), gpu_count()
     flash_ok = set_flash(True)
     set_flash(False)
     log(f"batches {'+'.join(batches)} on {total} x {card}; flash-attn importable: {flash_ok}")
     for flash, runs in grid2.phases(batches):
         have = set_flash(True) if flash else set_flash(False)
-        run_phase(runs, card, cluster, flash_ok, have, total)
+        run_phase(runs, card, flash_ok, have, total)
 
 
 def start(batches: list[str]) -> None:
@@ -250,6 +281,7 @@ def start(batches: list[str]) -> None:
     batch = "+".join(batches)
     dst = VC / "repo"
     OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"grid2-{batch}.done").unlink(missing_ok=True)  # a chain that stopped before this one left it
     if REPO != dst:
         shutil.copytree(REPO, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
             ".git", ".stage", ".stage-src", ".venv*", "__pycache__", ".gpubundle", ".whl", ".hypothesis"))
@@ -263,7 +295,7 @@ def start(batches: list[str]) -> None:
           f"{OUT}/grid2-{batch}.done 560", flush=True)
     steps, wait = OUT / "steps.log", float(os.environ.get("GRID2_START_WAIT_S", "240"))
     done = OUT / f"grid2-{batch}.done"
-    while time.time() - T0 < wait and not done.exists() and not (steps.exists() and "up rc=" in steps.read_text()):
+    while time.time() - T0 < wait and not done.exists() and not (steps.exists() and "clusters up:" in steps.read_text()):
         time.sleep(3)  # the setup (site, models, flash-attn's GPU check, `up`) is seen in this call
     print(steps.read_text() if steps.exists() else "no steps.log yet", end="")
 
