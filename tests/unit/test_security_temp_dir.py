@@ -3,6 +3,7 @@ Ray started from inside it), the per-user default and the earlier shared one (/t
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -188,3 +189,45 @@ def test_too_long_default_names_cluster_name(tmp_path):
 def test_a_shared_folder_itself_is_refused_at_load(tmp_path, path):
     with pytest.raises(ConfigError, match="is a folder every user shares"):
         spec_of(tmp_path, f"cluster_name: c\nhead: {{host: localhost}}\nray: {{temp_dir: '{path}'}}\n")
+
+
+FORKS_ON_TERM = """import os, signal, subprocess, sys, time
+def term(*_):  # like a dying parent that starts one more child (its command line names no temp dir)
+    subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      "open('child-up', 'w').close(); time.sleep(120)"], start_new_session=True)
+    time.sleep(0.5)
+    os._exit(0)
+signal.signal(signal.SIGTERM, term)
+open("parent-up", "w").close()
+time.sleep(120)
+"""
+
+
+def test_kill_gets_a_child_forked_during_the_shutdown_and_orphaned(tmp_path):
+    """`down`'s node kill: a Ray process that forks as it dies leaves a child whose parent is gone and whose command
+    line names no temp dir; it still works in the temp dir, and goes too. Nothing outside the temp dir is touched."""
+    temp = tmp_path / "ray-temp"
+    temp.mkdir()
+    (temp / "parent.py").write_text(FORKS_ON_TERM)
+    outsider = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], cwd=tmp_path)
+    parent = subprocess.Popen([sys.executable, str(temp / "parent.py"), f"--temp-dir={temp}"], cwd=temp)
+    try:
+        for _ in range(100):
+            if (temp / "parent-up").exists():
+                break
+            time.sleep(0.05)
+        r = subprocess.run([sys.executable, "-c", SCRIPT, "kill", str(temp)], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert (temp / "child-up").exists()  # the parent did fork on SIGTERM
+        doc = json.loads(r.stdout.strip().splitlines()[-1].split(MARK, 1)[-1])
+        assert doc["left"] == [] and doc["stopped"] == 2, doc
+        procs = node_script.read_procs()
+        assert not [pid for pid, (_, cmd) in procs.items() if "child-up" in cmd], "the orphaned child is alive"
+        assert outsider.poll() is None  # not ours: its folder is not the temp dir
+    finally:
+        parent.kill()
+        outsider.kill()
+        for pid, (_, cmd) in node_script.read_procs().items():
+            if "child-up" in cmd:
+                os.kill(pid, signal.SIGKILL)

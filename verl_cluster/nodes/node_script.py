@@ -174,11 +174,45 @@ def cmd_start(temp_dir, sep, *argv):
         sys.exit(f"cannot run {argv[0]}: {e.strerror or e}")
 
 
+def in_dirs(folders, pid):
+    """Whether PID's working directory is one of FOLDERS or under it (`start` runs Ray from its temp dir)."""
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    return any(cwd == f.rstrip("/") or cwd.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def forked_since(found, procs, folders=()):
+    """Processes of ours that FOUND missed: children forked since it was read, and processes whose parent is gone but
+    who still work in one of FOLDERS (a dashboard module's forkserver child restarted during the shutdown, reparented
+    when its parent died: its command line names no temp dir). This script and its parents excluded."""
+    mine, pid = set(), os.getpid()
+    while pid in procs and pid not in mine:
+        mine.add(pid)
+        pid = procs[pid][0]
+    new = {pid: cmd for pid, (_, cmd) in procs.items()
+           if folders and pid not in found and pid not in mine and in_dirs(folders, pid)}
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, cmd) in procs.items():
+            if (ppid in found or ppid in new) and pid not in found and pid not in new and pid not in mine:
+                new[pid] = cmd
+                grew = True
+    return new
+
+
 def cmd_kill(temp_dir, gcs_address=None, old_temp_dir=None):
     found, old = ours_and_old(temp_dir, old_temp_dir, read_procs(), gcs_address)
     found.update(old)
-    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        for pid in found:
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0), (signal.SIGKILL, 5.0)):
+        procs = read_procs()
+        found.update(forked_since(found, procs, [d for d in (temp_dir, old_temp_dir) if d]))
+        targets = [p for p in found if p in procs and not zombie(p)]  # only what is still there
+        if not targets and sig == signal.SIGKILL:
+            break
+        for pid in targets:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
