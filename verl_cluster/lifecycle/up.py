@@ -42,6 +42,7 @@ class NodeAction(StrEnum):
 
 
 OK_ACTIONS = (NodeAction.KEPT, NodeAction.STARTED, NodeAction.RESTARTED)
+SETTLE_S = 60.0  # Ray's GCS fails a silent node after ~30 s of health checks by default
 
 
 @dataclass
@@ -275,6 +276,38 @@ class _Up:
             else:
                 self.say(n.host, f"[green]{o.action}[/]")
 
+    def settle(self, limit_s: float = SETTLE_S, poll_s: float = 1.0) -> None:
+        """After a worker was started again under a head that kept running: wait (bounded) until the GCS no longer
+        lists the node's old registration alive too. A host that died is marked dead only when the GCS health
+        check fails it (tens of seconds); a job submitted before that may place work on the dead registration.
+        Past the bound the node's outcome says so (the cluster is usable, a job may still land there once)."""
+        head = self.nodes[0]
+        if self.out[head.host].action != NodeAction.KEPT:
+            return  # a new head has a new GCS: no old registrations
+        ips = {o.ip for o in self.out.values() if o.action in (NodeAction.STARTED, NodeAction.RESTARTED)}
+        if not ips:
+            return
+        token = node_token_path(self.spec, self.probes[head.host].home) if self.token else None
+        deadline, said = time.monotonic() + limit_s, set()
+        while True:
+            try:
+                table = head.gcs(token_path=token).get("nodes", [])
+            except RunnerError:
+                return  # advisory: every node was just seen registered
+            twice = sorted(ip for ip in ips if sum(1 for x in table if x.get("alive") and x.get("ip") == ip) > 1)
+            if not twice:
+                return
+            by_ip = {o.ip: o for o in self.out.values()}
+            if time.monotonic() >= deadline:
+                for ip in twice:
+                    by_ip[ip].reason = (f"the GCS still lists its old registration alive after {limit_s:.0f}s "
+                                        "(its health check has not failed it yet): a job submitted now may land there")
+                return
+            for ip in set(twice) - said:
+                self.say(by_ip[ip].host, "waiting for the GCS to mark its old registration dead")
+                said.add(ip)
+            time.sleep(poll_s)
+
     def _raylet_log(self, n: Node) -> str:
         try:
             res = n.runner.run(["sh", "-c", 'tail -n 12 "$1"/session_latest/logs/raylet.out', "sh",
@@ -421,6 +454,7 @@ def up(spec: ClusterSpec, *, restart: bool = False, node_env: dict[str, dict[str
                 if o.action in (NodeAction.PENDING, NodeAction.STARTED, NodeAction.RESTARTED, NodeAction.KEPT_PENDING):
                     o.action, o.reason = NodeAction.FAILED, "the head did not come up"
         job.wait_registered()
+        job.settle()
     finally:
         job.close()
     return UpReport(spec.cluster_name, [job.out[n.host] for n in job.nodes], time.monotonic() - t0)
