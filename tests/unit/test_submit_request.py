@@ -117,6 +117,23 @@ def test_torchrun_plain_commands(tmp_path, cluster):
     assert build_torchrun_request(job, cluster, {}, {}, {}).nodes[0].argv[-2:] == ["--no-python", "./run.sh"]
 
 
+def test_torchrun_takes_pythons_own_flags_as_the_environment_of_its_ranks(tmp_path, cluster):
+    """`python -u train.py` under torchrun: -u is python's, not torchrun's; the ranks get PYTHONUNBUFFERED instead
+    (torchrun starts each with its own interpreter). A flag with no such form is an error naming the command."""
+    job = load_job(write_job(tmp_path, "name: t\ncommand: [python, -u, -W, ignore, -B, train.py, --lr, '1']\n"))
+    req = build_torchrun_request(job, cluster, {}, {}, {})
+    argv = req.nodes[0].argv
+    assert argv[argv.index("--rdzv-conf") + 2:] == ["train.py", "--lr", "1"] and "-u" not in argv
+    assert {k: req.nodes[1].env[k] for k in ("PYTHONUNBUFFERED", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE")} == \
+        {"PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore", "PYTHONDONTWRITEBYTECODE": "1"}
+    job = load_job(write_job(tmp_path, "name: t\ncommand: [python3, -u, -m, pkg.train]\n"))
+    assert build_torchrun_request(job, cluster, {}, {}, {}).nodes[0].argv[-2:] == ["-m", "pkg.train"]
+    job = load_job(write_job(tmp_path, "name: t\ncommand: [python, -c, 'print(1)']\n"))
+    with pytest.raises(ConfigError) as e:
+        build_torchrun_request(job, cluster, {}, {}, {})
+    assert "command: python -c cannot go through torchrun" in e.value.message and "launcher: ray" in e.value.hint
+
+
 def test_launcher_choice(tmp_path):
     ppo = load_job(write_job(tmp_path, "name: p\nentrypoint: verl.trainer.main_ppo\n"))
     sft = load_job(write_job(tmp_path, "name: s\nentrypoint: verl.trainer.sft_trainer\n"))

@@ -205,15 +205,47 @@ class TorchrunRequest:
                            "env": masked_env(n.env, self.secret_names)} for n in self.nodes]}
 
 
+# python's own flags before the script, as the environment torchrun's workers inherit (torchrun starts them with
+# its own interpreter: `python -u train.py` must not become `torchrun ... -u train.py`, a torchrun flag error)
+PYTHON_FLAG_ENV = {"-u": ("PYTHONUNBUFFERED", "1"), "-B": ("PYTHONDONTWRITEBYTECODE", "1"),
+                   "-O": ("PYTHONOPTIMIZE", "1"), "-OO": ("PYTHONOPTIMIZE", "2")}
+
+
+def python_flags(cmd: list[str], source: str = "the job") -> tuple[list[str], dict[str, str]]:
+    """(the command after `python` and its own flags, the environment those flags become); a flag torchrun's
+    workers cannot be given (-c, -X, -I, ...) is a ConfigError naming `command`."""
+    from verl_cluster.errors import ConfigError
+
+    rest, env = list(cmd[1:]), {}
+    while rest and rest[0].startswith("-") and rest[0] != "-m":
+        flag = rest.pop(0)
+        if flag in PYTHON_FLAG_ENV:
+            k, v = PYTHON_FLAG_ENV[flag]
+            env[k] = v
+        elif flag.startswith("-W"):
+            env["PYTHONWARNINGS"] = flag[2:] or (rest.pop(0) if rest else "")
+        else:
+            raise ConfigError(f"{source}: command: python {flag} cannot go through torchrun (it starts each rank "
+                              "with its own interpreter, running a script or -m MODULE)",
+                              "launcher: ray runs the command as written; or make it a script (-c) / drop the flag")
+    return rest, env
+
+
 def torchrun_program(job: JobSpec, overrides: Mapping[str, Any]) -> list[str]:
     """The part after torchrun's own flags: `-m MODULE ...`, `SCRIPT ...` or `--no-python CMD ...`."""
+    return torchrun_program_env(job, overrides)[0]
+
+
+def torchrun_program_env(job: JobSpec, overrides: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """torchrun_program and the environment the python flags before the script become (`python -u` ...)."""
     tail = list(job.args) + override_args(overrides)
     if job.entrypoint:
-        return ["-m", job.entrypoint] + tail
+        return ["-m", job.entrypoint] + tail, {}
     cmd = list(job.command)
     if cmd[0] in PYTHONS or cmd[0].endswith("/python") or cmd[0].endswith("/python3"):
-        return cmd[1:] + tail
-    return ["--no-python"] + cmd + tail
+        rest, env = python_flags(cmd, str(job.source or "the job"))
+        return rest + tail, env
+    return ["--no-python"] + cmd + tail, {}
 
 
 def build_torchrun_request(job: JobSpec, spec: ClusterSpec, overrides: Mapping[str, Any],
@@ -224,7 +256,7 @@ def build_torchrun_request(job: JobSpec, spec: ClusterSpec, overrides: Mapping[s
     run_id = submission_id(job.name, now)
     wd_local = resolve_working_dir(job)
     wd_remote = f"{spec.temp_dir}/jobs/{run_id}" if wd_local else None
-    program = torchrun_program(job, overrides)
+    program, flag_env = torchrun_program_env(job, overrides)
     launches = []
     for rank, (_, node) in enumerate(nodes):
         python = spec.python_executable(node)
@@ -233,6 +265,6 @@ def build_torchrun_request(job: JobSpec, spec: ClusterSpec, overrides: Mapping[s
                 "--rdzv-conf", f"timeout={int(job.torchrun.rdzv_timeout_s)}", *program]
         if wd_remote:
             argv = ["env", "-C", wd_remote] + argv
-        env = {**dict(backend_env.get(node.host, {})), **node.env, **job.env, **dict(secrets)}
+        env = {**dict(backend_env.get(node.host, {})), **node.env, **flag_env, **job.env, **dict(secrets)}
         launches.append(NodeLaunch(node.host, rank, argv, env, wd_remote))
     return TorchrunRequest(run_id, spec.head_ip, job.torchrun.master_port, nproc, launches, wd_local, tuple(secrets))
