@@ -46,6 +46,7 @@ CALIB = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(CALIB)
 LOGS = ROOT / "tests/fixtures/verl_logs"
 FIGURES_FILE = ROOT / "tests/fixtures/verl_runs/multi_gpu_runs.json"  # runs kept as figures (more than one GPU)
+GRID2_FILE = ROOT / "tests/fixtures/verl_runs/grid2_runs.json"  # issue 33's second grid (grid2.py fixture)
 ENVELOPE_FILE = ROOT / "verl_cluster/catalog/step_time_envelope.json"
 ENVELOPE_COMMENT = ("The step-time model's calibration envelope (placement/envelope.py): the recorded verl runs, each "
                     "with its axes, its role (fit: the constants were fitted on it; hold-out: not fitted on; seen: "
@@ -90,7 +91,7 @@ def replay_figures(entry: dict, tmp: Path) -> tuple:
     if not entry["flash_attn"]:
         facts = replace(facts, versions={k: v for k, v in facts.versions.items() if k != "flash_attn"})
     nodes = [replace(facts, host=f"node{i}") for i in range(entry["nodes"])]
-    args = list(entry["args"]) + ([f"model.catalog={entry['model']}"] if entry.get("model") else [])
+    args = list(entry.get("args", ())) + ([f"model.catalog={entry['model']}"] if entry.get("model") else [])
     if entry.get("tiny_model"):
         from verl_cluster.testdata.tiny_model import write_model
 
@@ -99,7 +100,13 @@ def replay_figures(entry: dict, tmp: Path) -> tuple:
     b = entry.get("bus")
     bus = (BusMeasure("recorded", b["backend"], b["nodes"], b["ranks"], b["gpus"], b["busbw_gbs"], b["size_bytes"],
                       time.time()),) if b else ()
-    plan = plan_job(load_job(ROOT / entry["job"], args), nodes, fill=entry["fill"], bus=bus)
+    if "line" in entry:  # the verl line as it ran, read as `plan -- LINE` reads it
+        from verl_cluster.submit.job_input import JobInput
+
+        job = JobInput.from_words(None, list(entry["line"])).job()
+    else:
+        job = load_job(ROOT / entry["job"], args)
+    plan = plan_job(job, nodes, fill=entry["fill"], bus=bus)
     if "steps" in entry:
         got = measured({int(k): v for k, v in entry["steps"].items()}, entry["first_steps"])
     else:
@@ -238,9 +245,15 @@ def write_envelope(doc: dict, path: Path) -> None:
     path.write_text("\n".join(lines + ["  ]", "}"]) + "\n")
 
 
-def fit(runs_file: Path, figures_file: Path | None = FIGURES_FILE) -> tuple[dict, list[dict], dict]:
+def default_figures() -> list[Path]:
+    return [FIGURES_FILE] + ([GRID2_FILE] if GRID2_FILE.exists() else [])
+
+
+def fit(runs_file: Path, figures_files: list[Path] | Path | None = None) -> tuple[dict, list[dict], dict]:
     runs = json.loads(runs_file.read_text())["runs"]
-    figures = json.loads(figures_file.read_text())["runs"] if figures_file else {}
+    files = default_figures() if figures_files is None else (
+        [figures_files] if isinstance(figures_files, Path) else list(figures_files))
+    figures = {k: v for f in files for k, v in json.loads(f.read_text())["runs"].items()}
     done = replays(runs, figures)
     per_gpu, n = per_gpu_pss(done)
     consts = constants(fit_time(done), fit_host(done, per_gpu), per_gpu)
@@ -250,7 +263,8 @@ def fit(runs_file: Path, figures_file: Path | None = FIGURES_FILE) -> tuple[dict
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs-file", type=Path, default=CALIB.RUNS_FILE)
-    ap.add_argument("--figures-file", type=Path, default=FIGURES_FILE, help="runs kept as figures (multi-GPU)")
+    ap.add_argument("--figures-file", type=Path, action="append",
+                    help="runs kept as figures (default: multi_gpu_runs.json and grid2_runs.json when it exists)")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when the modules' constants or the envelope differ from the fit")
     ap.add_argument("--json", action="store_true")

@@ -11,6 +11,7 @@ fitted on (docs in scripts/calibration/README.md).
     grid2.py run BATCH [BATCH]         device: submit the batches' lines, side by side as the GPUs allow
                                        -> /srv/vc/out/grid2-RUN.json
     grid2.py report DIR [--json F] [--md F]   here: prediction vs measured per family, per run (DIR: grid2-*.json)
+    grid2.py fixture DIR               here: the runs that are measurements -> FIXTURE (fit_plan_calibration's form)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parents[2]
 PREDICTIONS = REPO / "tests/fixtures/verl_runs/grid2_predictions.json"
 FACTS_TEMPLATE = REPO / "tests/fixtures/facts/h200x2_recorded.json"
+FIXTURE = REPO / "tests/fixtures/verl_runs/grid2_runs.json"  # the measured runs, as fit_plan_calibration reads them
 VC = Path("/srv/vc")
 OUT = VC / "out"
 CARDS = {"H100": ("NVIDIA H100 80GB HBM3", 81559), "H200": ("NVIDIA H200", 143771)}
@@ -203,6 +205,16 @@ def lane_plan(batches: list[str], gpus: int, need: dict[str, float]) -> tuple[fl
 def facts_file(card: str, flash: bool, folder: Path) -> Path:
     """A 2-GPU node of CARD (the recorded 2x H200 node's facts, GPUs renamed for H100) with or without flash-attn."""
     path = folder / f"{card}-{'fa' if flash else 'nofa'}.json"
+    return _write_facts(card, flash, path)
+
+
+def fixture_facts(card: str) -> Path:
+    """The facts a measured run is replayed on (committed beside the other facts; the flash-attn variant: the
+    replay drops flash_attn for a run that ran without it)."""
+    return _write_facts(card, True, REPO / "tests/fixtures/facts" / f"grid2_{card.lower()}x2.json")
+
+
+def _write_facts(card: str, flash: bool, path: Path) -> Path:
     if not path.exists():
         doc = json.loads(FACTS_TEMPLATE.read_text())
         nodes = doc if isinstance(doc, list) else [doc]
@@ -212,7 +224,7 @@ def facts_file(card: str, flash: bool, folder: Path) -> Path:
                 g.update(name=name, memory_total_mib=mib, memory_free_mib=mib - 600)
             versions = {k: v for k, v in nf["versions"].items() if k != "flash_attn"}
             nf["versions"] = {**versions, "verl": "0.9.1", **({"flash_attn": "2.8.3"} if flash else {})}
-        path.write_text(json.dumps(nodes))
+        path.write_text(json.dumps(nodes if isinstance(doc, list) else nodes[0]))
     return path
 
 
@@ -325,6 +337,43 @@ def measured(steps: dict[Any, dict[str, float]], sequences: int) -> dict[str, An
             "verl_step_s": sum(m["timing_s/step"] for m in timed) / len(timed),
             "fill": sum(toks) / len(toks) / (sequences * (512 + 384)) if toks else None,
             "max_memory_reserved_gib": max(reserved) if reserved else None}
+
+
+# ---------------------------------------------------------------- the measured runs as fixtures
+def to_entry(result: dict, results: list[dict]) -> Optional[tuple[str, dict]]:
+    """(run, entry) in scripts/fit_plan_calibration.py's figures form (the line as it ran, the facts of its card, its
+    fill and verl's timing_s/* per step), role fit or hold-out by its family; None for a run that is no measurement
+    (no timed steps, or it shared a Ray cluster: grid2_shared_queue)."""
+    run = BY_NAME.get(result.get("run", ""))
+    m = measured(result.get("steps") or {}, run.sequences) if run else {}
+    if not run or not m or ((result.get("machine_gpus") or 0) > run.gpus and not result.get("gpu_set")):
+        return None
+    card = card_key(result["card"])
+    keep = ("timing_s/", "perf/total_num_tokens", "response_length/mean", "prompt_length/mean")
+    steps = {str(k): {kk: v for kk, v in st.items() if kk.startswith(keep)} for k, st in result["steps"].items()}
+    return run.name, {
+        "recorded": f"{result['started_utc']}, {result['card']} (GPU {result.get('gpu_set')} of "
+                    f"{result.get('machine_gpus')}, a Ray cluster of its own), verl 0.9.1 + vLLM 0.24.0, "
+                    f"scripts/calibration/grid2.py batch {run.batch}",
+        "facts": str(fixture_facts(card).relative_to(REPO)), "nodes": 1, "line": run.line(),
+        "flash_attn": bool(result.get("flash_attn")), "fill": round(m["fill"], 3) if m.get("fill") else 1.0,
+        "fill_how": "verl's perf/total_num_tokens over 128 x (512 + 384), mean of the timed steps",
+        "first_steps": [1], "steps": steps, "gpu_reserved_gib": m.get("max_memory_reserved_gib"),
+        "family": run.family, "time": FAMILY[run.family].role, "card": card,
+        "beside": beside(result, results), "recorded_before_the_model": False}
+
+
+def write_fixture(results: list[dict], path: Path = FIXTURE) -> list[str]:
+    """Add the runs that are measurements to PATH (a run measured again replaces its entry); their names."""
+    doc = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    doc["_comment"] = ("issue 33's second grid, measured (scripts/calibration/grid2.py fixture): each entry is a verl "
+                       "run as it ran (its line, its card's facts, its fill, verl's timing_s/* per step), time fit "
+                       "(fitted on by scripts/fit_plan_calibration.py) or hold-out (never fitted on; its prediction "
+                       "was recorded before it ran: grid2_predictions.json).")
+    got = [e for e in (to_entry(r, results) for r in results) if e]
+    doc["runs"] = {**doc.get("runs", {}), **dict(got)}
+    path.write_text(json.dumps({"_comment": doc["_comment"], "runs": doc["runs"]}, indent=1) + "\n")
+    return [n for n, _ in got]
 
 
 # ---------------------------------------------------------------- report
@@ -446,6 +495,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name in ("start", "chain", "run"):
         sub.add_parser(name).add_argument("batch", nargs="+", choices=BATCHES,
                                           help="one session's batches (several run side by side on the GPUs)")
+    p = sub.add_parser("fixture")
+    p.add_argument("dir", type=Path, help="a folder holding grid2-RUN.json files (searched below it)")
     p = sub.add_parser("report")
     p.add_argument("dir", type=Path, help="a folder holding grid2-RUN.json files (searched below it)")
     p.add_argument("--json", type=Path)
@@ -469,6 +520,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         results = [r for r in results if isinstance(r, dict) and "run" in r]
         if not results:
             raise SystemExit(f"no grid2-RUN.json results under {a.dir}")
+        if a.phase == "fixture":
+            names = write_fixture(results)
+            print(f"{len(names)} of {len(results)} runs -> {FIXTURE}: {', '.join(names) or 'none'}")
+            return 0 if names else 1
         rep = report(results, json.loads(PREDICTIONS.read_text())["rounds"])
         if a.json:
             a.json.write_text(json.dumps(rep, indent=1) + "\n")

@@ -244,3 +244,30 @@ def test_the_first_side_by_side_session_is_not_counted(tmp_path):
     assert rep["families"] == [] and rep["target"]["held_out_runs"] == 0
     log = (folder / "steps.log").read_text()
     assert "g1pad-m2: None rc=124" in log and "g2pad-m32: SUCCEEDED" in log
+
+
+def _as_measured(name: str, gpu_set: list[int]) -> dict:
+    """A recorded run's document with the fields of a run on a cluster of its own (its timings are the shared
+    session's: this is the converter's input shape, not a measurement)."""
+    doc = json.loads((ROOT / f"tests/fixtures/verl_runs/grid2_shared_queue/grid2-{name}.json").read_text())
+    return {**doc, "gpu_set": gpu_set}
+
+
+def test_a_measured_run_becomes_a_fixture_entry_replayed_as_the_cli_planned_it(tmp_path):
+    """grid2.py fixture writes what fit_plan_calibration replays; the replay of the line at the run's fill is the
+    plan `verl-cluster plan --fill -- LINE` gave (the prediction recorded before the run): same phases."""
+    spec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/fit_plan_calibration.py")
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    results = [_as_measured("g2pad-m16", [2, 3]), _as_measured("g2pad-m32", [0, 1]),
+               json.loads((ROOT / "tests/fixtures/verl_runs/grid2_shared_queue/grid2-g1pad-m2.json").read_text())]
+    out = tmp_path / "grid2_runs.json"
+    assert grid2.write_fixture(results, out) == ["g2pad-m16", "g2pad-m32"]  # g1pad-m2 shared a cluster, no steps
+    entry = json.loads(out.read_text())["runs"]["g2pad-m16"]
+    assert entry["time"] == "fit" and entry["card"] == "H200" and entry["facts"].endswith("grid2_h200x2.json")
+    assert entry["line"] == grid2.BY_NAME["g2pad-m16"].line() and entry["flash_attn"] is False
+    assert entry["beside"] == ["g1pad-m2"]  # its time overlapped g1pad-m2's, not g2pad-m32's
+    plan, got = fit.replay_figures(entry, tmp_path)
+    cli = grid2.plan(grid2.BY_NAME["g2pad-m16"], "H200", tmp_path, entry["fill"])
+    assert plan.time["phases_s"] == cli["time"]["phases_s"] and plan.time["step_s"] == cli["time"]["step_s"]
+    assert got["step_s"] == pytest.approx(grid2.measured(results[0]["steps"], 128)["step_s"], rel=1e-6)
