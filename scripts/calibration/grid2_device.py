@@ -28,6 +28,7 @@ from grid2 import OUT, REPO, VC, Run
 
 T0 = float(os.environ.get("GRID2_T0") or time.time())
 BUDGET_S = float(os.environ.get("BUDGET_S", "1320"))  # setup ~120 s + grid2.SESSION_RUNS_S
+STARTUP_MARGIN_S = 60.0  # 4x H200, 3 runs side by side: submit to the first step ~270 s, not 210 (33 s preflight)
 STAGGER_S = 2.0  # submits a moment apart: each preflight sees the one before it placed
 FLASH_OFF = VC / "flash-off"  # flash-attn's files while a padded run runs (out of the site)
 UTC = "%Y-%m-%dT%H:%M:%SZ"
@@ -115,7 +116,7 @@ def device_setup() -> None:
         comp.kill()
     sets = grid2.gpu_sets(total)
     with cf.ThreadPoolExecutor(8) as pool:  # one cluster per GPU set, started side by side
-        got = list(pool.map(lambda gs: sh(f"up-{set_name(gs)}", vc("up", "-c", str(write_cluster(gs))), 300), sets))
+        got = list(pool.map(lambda gs: sh(f"up-{set_name(gs)}", vc("up", "--no-check", "-c", str(write_cluster(gs))), 300), sets))
     log("clusters up: " + ", ".join(f"{set_name(gs)} rc={r.returncode}" for gs, r in zip(sets, got)))
 
 
@@ -155,10 +156,11 @@ def decide(run: Run, flash_ok: bool, left_s: float, need_s: float, gpus: int = 2
 
 
 def need_s(run: Run, path: Path = grid2.PREDICTIONS) -> float:
-    """The latest recorded round's expected seconds for the run (the slower card), else a generous guess."""
+    """The latest recorded round's expected seconds for the run (the slower card), else a generous guess; plus
+    what start-up took beyond grid2.STARTUP_S when runs went side by side (STARTUP_MARGIN_S)."""
     rounds = json.loads(path.read_text())["rounds"] if path.exists() else []
     got = [p["expected_s"] for r in rounds[-1:] for p in r["runs"].get(run.name, {}).values()]
-    return max(got) if got else grid2.STARTUP_S + 200
+    return (max(got) if got else grid2.STARTUP_S + 200) + STARTUP_MARGIN_S
 
 
 def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
