@@ -178,17 +178,27 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock, monkeypatch):
             "ray.ports.dashboard_agent_listen=52465", "ray.ports.metrics_export=6803",
             "ray.ports.runtime_env_agent=6804", "ray.ports.min_worker=20002", "ray.ports.max_worker=20999",
             "ray.object_store_memory=209715200", f"security.token_file={tmp_path}/token"]
+    other = ["cluster_name=vctest2", "head.gcs_port=6489", "head.dashboard_port=8375", "head.ray_client_port=10111",
+             "ray.ports.node_manager=6810", "ray.ports.object_manager=6811", "ray.ports.dashboard_agent_grpc=6812",
+             "ray.ports.dashboard_agent_listen=52475", "ray.ports.metrics_export=6813",
+             "ray.ports.runtime_env_agent=6814", "ray.ports.dashboard_metrics=6815",
+             "ray.ports.autoscaler_metrics=6816", "ray.ports.min_worker=21002", "ray.ports.max_worker=21999",
+             "ray.object_store_memory=209715200", f"security.token_file={tmp_path}/token2"]
     cfg = str(root / "cluster_configs/local.yaml")
     temp_dir = load_cluster(cfg, over).temp_dir
     gone = tmp_path / "gone"
     gone.mkdir()
     monkeypatch.chdir(gone)
+    def ray_pids(folder: str) -> list[str]:  # this temp dir's, not a longer name's (vctest2 beside vctest)
+        return subprocess.run(["pgrep", "-f", f"temp.dir={folder}( |/|$)"], capture_output=True,
+                              text=True).stdout.split()
+
     try:
         rc, rep = cli_json(capsys, "up", cfg, *over)
         assert rc == 0, rep
         monkeypatch.chdir(tmp_path)
         gone.rmdir()
-        pids = subprocess.run(["pgrep", "-f", f"temp.dir={temp_dir}"], capture_output=True, text=True).stdout.split()
+        pids = ray_pids(temp_dir)
         cwds = {p: os.readlink(f"/proc/{p}/cwd") for p in pids if os.path.exists(f"/proc/{p}")}
         assert pids and set(cwds.values()) == {temp_dir}, cwds
         assert oct(os.stat(os.path.dirname(temp_dir)).st_mode & 0o777) == "0o700"
@@ -204,8 +214,18 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock, monkeypatch):
         assert r.returncode == 0 and doc["problems"] == [], (doc.get("problems"), r.stdout[-3000:], r.stderr[-3000:])
         assert doc["stuck"].startswith(f"127.0.0.1 pid {doc['actor_pid']} (worker, stopped) ray::Holder")
         assert doc["frames"][0].startswith("Thread ") and "Holder.hold_here" in doc["frames"][1], doc["frames"]
+        # a second cluster of ours on this machine (as on one box's two GPU halves: verl runs one job a cluster):
+        # its own name, ports and temp dir; up beside the first, and the first's down leaves it running
+        rc, rep = cli_json(capsys, "up", cfg, *other)
+        assert rc == 0, rep
     finally:
-        rc, rep = cli_json(capsys, "down", cfg, *over)
-    assert rc == 0 and rep["nodes"][0]["stopped"] > 0
-    left = subprocess.run(["pgrep", "-f", f"temp.dir={temp_dir}"], capture_output=True, text=True).stdout
-    assert left.strip() == ""
+        try:
+            rc, rep = cli_json(capsys, "down", cfg, *over)
+            assert rc == 0 and rep["nodes"][0]["stopped"] > 0
+            assert ray_pids(temp_dir) == []
+            rc, st = cli_json(capsys, "status", cfg, *other)
+            assert rc == 0 and st["healthy"], st
+        finally:
+            rc2, rep2 = cli_json(capsys, "down", cfg, *other)
+    assert rc2 == 0 and rep2["nodes"][0]["stopped"] > 0
+    assert ray_pids(load_cluster(cfg, other).temp_dir) == []
