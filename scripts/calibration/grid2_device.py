@@ -117,7 +117,37 @@ def device_setup() -> None:
     sets = grid2.gpu_sets(total)
     with cf.ThreadPoolExecutor(8) as pool:  # one cluster per GPU set, started side by side
         got = list(pool.map(lambda gs: sh(f"up-{set_name(gs)}", vc("up", "--no-check", "-c", str(write_cluster(gs))), 300), sets))
-    log("clusters up: " + ", ".join(f"{set_name(gs)} rc={r.returncode}" for gs, r in zip(sets, got)))
+    with cf.ThreadPoolExecutor(8) as pool:  # each cluster's job ids apart from the others' (verl's /tmp sockets)
+        burnt = list(pool.map(lambda ig: burn_job_ids(OUT / f"grid2-{set_name(ig[1])}.yaml", ig[0] * JOB_ID_STRIDE),
+                              list(enumerate(sets))[1:]))
+    log("clusters up: " + ", ".join(f"{set_name(gs)} rc={r.returncode}" for gs, r in zip(sets, got))
+        + "; job ids apart: " + ", ".join(f"{set_name(gs)} {(b.stdout.split() or ['?'])[-1]} (rc={b.returncode})"
+                                          for gs, b in zip(sets[1:], burnt)))
+
+
+JOB_ID_STRIDE = 50  # the i-th GPU set's cluster hands out Ray job ids from 1 + i x STRIDE (burn_job_ids)
+BURN = """import os, sys
+from verl_cluster.launchers import load_cluster
+from verl_cluster.nodes.auth import ray_auth_env
+spec = load_cluster(sys.argv[1])
+os.environ.update(ray_auth_env(spec))
+import ray
+import ray._private.state as state
+ray.init(address=spec.gcs_address, logging_level="ERROR", log_to_driver=False)
+for _ in range(int(sys.argv[2])):
+    state.next_job_id()
+print("next job id", state.next_job_id().hex())
+ray.shutdown()
+"""
+
+
+def burn_job_ids(cluster: Path, n: int, python: str = "") -> subprocess.CompletedProcess:
+    """Advance the cluster's Ray job id counter by N. verl names its weight-sync sockets
+    /tmp/rl-colocate-zmq-<Ray job id>-replica-R-rank-K.sock, and job ids count from 1 in every GCS: the first job of
+    each cluster on this machine would get the same id, hence the same sockets in the shared /tmp. (GCS's
+    next_job_id is Ray's private API, used here by the grid, not by the product.)"""
+    return subprocess.run([python or str(gm().BIN / "python3"), "-c", BURN, str(cluster), str(n)],
+                          capture_output=True, text=True, timeout=300, env=gm().env(), cwd=REPO)
 
 
 def set_name(gpus: tuple[int, ...]) -> str:
