@@ -39,4 +39,4 @@ def test_the_finding_names_the_owner_the_hang_and_three_ways_out():
     f = finding(["grpo-a1"])
     assert f.level == "error" and f.check == "shared-queue"
     assert "grpo-a1" in f.message and "one per Ray cluster" in f.message and "hang when that job ends" in f.message
-    assert "verl-cluster stop grpo-a1" in f.hint and "another cluster" in f.hint and "trainer.use_v1=false" in f.hint
+    assert "verl-cluster stop grpo-a1" in f.hint and "a cluster of other machines" in f.hint and "trainer.use_v1=false" in f.hint

@@ -49,8 +49,9 @@ def finding(owners: list[str]) -> Optional[Finding]:
                    f"{NAMESPACE}: one per Ray cluster). This job would attach to that queue, share its batches "
                    "and hang when that job ends",
                    f"wait for it (`verl-cluster logs {owners[0]} --follow`), stop it (`verl-cluster stop "
-                   f"{owners[0]}`), or submit to another cluster; trainer.use_v1=false runs verl's legacy trainer, "
-                   "which has no queue")
+                   f"{owners[0]}`), or submit to a cluster of other machines (one on this machine's other GPUs "
+                   "shares /tmp, where verl's weight-sync sockets are named by Ray job ids every cluster counts from "
+                   "1); trainer.use_v1=false runs verl's legacy trainer, which has no queue")
 
 
 def check_shared_queue(spec: Any, job: JobSpec, overrides: Mapping[str, Any]) -> list[Finding]:
