@@ -214,8 +214,8 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock, monkeypatch):
         assert r.returncode == 0 and doc["problems"] == [], (doc.get("problems"), r.stdout[-3000:], r.stderr[-3000:])
         assert doc["stuck"].startswith(f"127.0.0.1 pid {doc['actor_pid']} (worker, stopped) ray::Holder")
         assert doc["frames"][0].startswith("Thread ") and "Holder.hold_here" in doc["frames"][1], doc["frames"]
-        # a second cluster of ours on this machine (its own name, ports and temp dir; the grid runs one per GPU set):
-        # its own name, ports and temp dir; up beside the first, and the first's down leaves it running
+        # a second cluster of ours on this machine (the grid runs one per GPU set): its own name, ports and temp
+        # dir; up beside the first, and the first's down leaves it running
         rc, rep = cli_json(capsys, "up", cfg, *other)
         assert rc == 0, rep
     finally:
