@@ -218,13 +218,15 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock, monkeypatch):
         # dir; up beside the first, and the first's down leaves it running
         rc, rep = cli_json(capsys, "up", cfg, *other)
         assert rc == 0, rep
+        rc, st = cli_json(capsys, "status", cfg, *other)  # each names the other (verl jobs would share /tmp)
+        assert rc == 0 and "vctest" in st["nodes"][0]["other_clusters"], st["nodes"][0]
     finally:
         try:
             rc, rep = cli_json(capsys, "down", cfg, *over)
             assert rc == 0 and rep["nodes"][0]["stopped"] > 0
             assert ray_pids(temp_dir) == []
             rc, st = cli_json(capsys, "status", cfg, *other)
-            assert rc == 0 and st["healthy"], st
+            assert rc == 0 and st["healthy"] and "vctest" not in st["nodes"][0]["other_clusters"], st
         finally:
             rc2, rep2 = cli_json(capsys, "down", cfg, *other)
     assert rc2 == 0 and rep2["nodes"][0]["stopped"] > 0

@@ -40,3 +40,30 @@ def test_the_finding_names_the_owner_the_hang_and_three_ways_out():
     assert f.level == "error" and f.check == "shared-queue"
     assert "grpo-a1" in f.message and "one per Ray cluster" in f.message and "hang when that job ends" in f.message
     assert "verl-cluster stop grpo-a1" in f.hint and "a cluster of other machines" in f.hint and "trainer.use_v1=false" in f.hint
+
+
+def test_the_probe_names_other_clusters_of_ours_running_ray_on_the_machine():
+    """node_script.siblings: raylets and GCSs whose temp dir sits beside ours in this user's folder; our own, other
+    kinds of process, and a temp dir of the user's choosing (its neighbours are not ours) are left out."""
+    from verl_cluster.nodes.node_script import siblings
+
+    procs = {1: (0, "/usr/bin/raylet --temp_dir=/tmp/vc-0/b --session_dir=/tmp/vc-0/b/session_1 --node_id=ab"),
+             2: (0, "/usr/bin/gcs_server --session-dir=/tmp/vc-0/c/session_2"),
+             3: (0, "/usr/bin/raylet --temp_dir=/tmp/vc-0/a --session_dir=/tmp/vc-0/a/session_3"),
+             4: (0, "python /srv/tool.py --out=/tmp/vc-0/d/x"),
+             5: (0, "/usr/bin/raylet --temp_dir=/tmp/vc-01/e")}
+    assert siblings("/tmp/vc-0/a", procs) == ["b", "c"]
+    assert siblings("/scratch/mine/a", {9: (0, "/usr/bin/raylet --temp_dir=/scratch/mine/z")}) == []
+
+
+def test_a_verl_job_is_warned_when_its_machine_runs_another_cluster_of_ours():
+    from verl_cluster.submit.shared_queue import check_shared_host
+
+    status = SimpleNamespace(nodes=[SimpleNamespace(host="box1", other_clusters=["lab-b"]),
+                                    SimpleNamespace(host="box2", other_clusters=[])])
+    f, = check_shared_host(verl_job(), status)
+    assert f.level == "warning" and f.check == "shared-host" and "box1: lab-b" in f.message
+    assert "take each other's sockets" in f.message and "verl-cluster down -c lab-b" in f.hint
+    alone = SimpleNamespace(nodes=[SimpleNamespace(host="box1", other_clusters=[])])
+    assert check_shared_host(verl_job(), alone) == [] and check_shared_host(verl_job(), None) == []
+    assert check_shared_host(JobSpec(name="x", entrypoint="train.py"), status) == []

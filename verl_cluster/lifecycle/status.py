@@ -43,6 +43,7 @@ class NodeStatus:
     resources: dict = field(default_factory=dict)
     available: Optional[dict] = None  # free resources (GPU, CPU, ...) when the GCS reports them
     node_id: str = ""
+    other_clusters: list[str] = field(default_factory=list)  # other clusters of ours whose Ray runs on that machine
 
     @property
     def alive(self) -> bool:
@@ -204,6 +205,7 @@ def _node_status(n, probe_result, info: dict | None, gcs_ok: bool, launcher: Lau
     else:
         p: Probe = probe_result.value
         s.ray_version, s.python_version = p.ray_version, p.python
+        s.other_clusters = list(p.siblings or [])
         s.gpu_models = [g["name"] for g in p.gpus or []]
         s.gpu_memory_mib = [g["memory_total_mib"] for g in p.gpus or []]
         if not p.raylet:

@@ -33,6 +33,7 @@ class Probe:
     state: dict | None = None  # what `up` saved when it started this node
     old_kinds: list[str] = field(default_factory=list)  # our Ray running under the earlier default temp dir
     temp_dir_problem: list[str] | None = None  # [what, fix]: the temp dir is not safe here (temp_dir_node.py)
+    siblings: list[str] = field(default_factory=list)  # other clusters of ours whose Ray runs on this machine
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Probe":

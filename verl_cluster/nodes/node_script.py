@@ -136,10 +136,25 @@ def version(dist):
         return None
 
 
+def siblings(temp_dir, procs):
+    """Other clusters of ours whose Ray (raylet or GCS) runs on this machine: their temp dirs sit beside ours in
+    this user's folder (/tmp/vc-UID/NAME). verl's jobs on two clusters of one machine share /tmp."""
+    folder, me = os.path.split(temp_dir.rstrip("/"))
+    if not os.path.basename(folder).startswith("vc-"):  # a temp dir of the user's choosing: its neighbours are not ours
+        return []
+    pat = re.compile(r"(?:^|[=\s])" + re.escape(folder) + r"/([^/\s]+)")
+    names = set()
+    for _, cmd in procs.values():
+        if kind(cmd) in ("raylet", "gcs_server"):
+            names.update(n for n in pat.findall(cmd) if n != me and not n.startswith("session_"))
+    return sorted(names)
+
+
 def cmd_probe(temp_dir, gcs_address=None, old_temp_dir=None):
     """A cluster that runs under its OLD temp dir only is reported as running (its kinds, pids, state), with
     old_kinds saying so."""
-    found, old = ours_and_old(temp_dir, old_temp_dir, read_procs(), gcs_address)
+    procs = read_procs()
+    found, old = ours_and_old(temp_dir, old_temp_dir, procs, gcs_address)
     where = temp_dir if found or not old else old_temp_dir
     found = found or old
     kinds = sorted({kind(c) for c in found.values()})
@@ -154,7 +169,8 @@ def cmd_probe(temp_dir, gcs_address=None, old_temp_dir=None):
           "python": sys.version.split()[0], "ray_version": version("ray"),
           "gpus": g, "nvml_error": nvml_error, "kinds": kinds, "pids": sorted(found),
           "raylet": "raylet" in kinds, "gcs": "gcs_server" in kinds, "state": state,
-          "old_kinds": sorted({kind(c) for c in old.values()}), "temp_dir_problem": temp_dir_problem(temp_dir)})
+          "old_kinds": sorted({kind(c) for c in old.values()}), "temp_dir_problem": temp_dir_problem(temp_dir),
+          "siblings": siblings(temp_dir, procs)})
 
 
 def cmd_start(temp_dir, sep, *argv):

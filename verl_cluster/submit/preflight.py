@@ -529,7 +529,7 @@ def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any],
                   extra: Sequence[Finding] = ()) -> PreflightReport:
     """Every check; the report carries the paths to send verl as the nodes expand them."""
     from verl_cluster.submit.hygiene import checkpoint_dir_findings
-    from verl_cluster.submit.shared_queue import check_shared_queue
+    from verl_cluster.submit.shared_queue import check_shared_host, check_shared_queue
 
     findings = list(extra)
     paths: dict[str, Any] = {}
@@ -540,7 +540,7 @@ def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any],
         return found
 
     def queue() -> list[Finding]:  # only where the job goes to the cluster's Ray (status came back)
-        return check_shared_queue(spec, job, overrides) if status is not None else []
+        return check_shared_queue(spec, job, overrides) + check_shared_host(job, status) if status is not None else []
 
     for check in (nodes, lambda: check_verl(job, overrides, spec), lambda: checkpoint_dir_findings(job, overrides),
                   lambda: check_resources(job, overrides, status), lambda: check_placement_strategy(spec, job),

@@ -5,6 +5,11 @@ unless set false) moves its batches through TransferQueue, whose controller is a
 one's queue (its batches come back short, padded with synthetic samples) and hangs when the first job ends and
 `transfer_queue.close` kills the controller. Seen on 4x H200 (2026-11-28): every run going when another ended
 stopped at that step. Submit checks for a live controller before it sends a verl job that would use one.
+
+Clusters on one machine share its /tmp, where verl's colocated rollout names the sockets it hands weights to vLLM
+through by the Ray job id (`/tmp/rl-colocate-zmq-<job id>-replica-R-rank-K.sock`, bound afresh at each update);
+job ids count from 1 in every GCS, so verl jobs of two clusters on one machine can take each other's sockets in
+the middle of an update. Submit warns when another cluster of ours runs Ray on a node of the job's.
 """
 
 from __future__ import annotations
@@ -69,3 +74,20 @@ def check_shared_queue(spec: Any, job: JobSpec, overrides: Mapping[str, Any]) ->
         return [Finding("skipped", "shared-queue", f"could not ask Ray for a running TransferQueue: {e.message}")]
     found = finding(queue_owners(actors, jobs))
     return [found] if found else [Finding("ok", "shared-queue", "no other verl job's TransferQueue on the cluster")]
+
+
+def check_shared_host(job: JobSpec, status: Any) -> list[Finding]:
+    """A warning when a node of the cluster also runs another cluster of ours (status' other_clusters)."""
+    if not (job.entrypoint or "").startswith("verl.trainer.main_ppo") or status is None:
+        return []
+    shared = [(n.host, n.other_clusters) for n in status.nodes if getattr(n, "other_clusters", None)]
+    if not shared:
+        return []
+    where = "; ".join(f"{h}: {', '.join(names)}" for h, names in shared)
+    first = shared[0][1][0]
+    return [Finding("warning", "shared-host",
+                    f"another cluster of ours runs Ray on this job's machines ({where}): verl names the sockets it "
+                    "hands weights to vLLM through /tmp/rl-colocate-zmq-<Ray job id>-..., and every cluster counts "
+                    "job ids from 1, so verl jobs of both clusters can take each other's sockets mid-update",
+                    f"one cluster per machine for verl jobs: `verl-cluster down -c {first}` when it has no job, or "
+                    "give the clusters machines of their own")]
