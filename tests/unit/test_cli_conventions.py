@@ -242,3 +242,25 @@ def test_a_refused_connection_on_a_port_with_403_in_it_is_not_a_refused_token():
     assert _explain(RuntimeError("Request failed with status code 403: Forbidden"), where).message == \
         f"the Jobs API at {where} refused our token"
     assert "refused our token" in _explain(RuntimeError("HTTP 401"), where).message
+
+
+def test_submit_shows_preflight_running_on_a_terminal_only(monkeypatch):
+    """Preflight takes seconds (half a minute on a GPU box): a transient line on a terminal's stderr says what runs;
+    piped or --json, nothing is added to the output."""
+    import io
+
+    from rich.console import Console
+
+    import verl_cluster.cli.submit_cmd as submit_cmd
+
+    tty = Console(file=io.StringIO(), force_terminal=True, width=120)
+    monkeypatch.setattr(submit_cmd, "err", tty)
+    with submit_cmd.preflight_progress(enabled=True):
+        pass
+    shown = tty.file.getvalue()
+    assert "preflight: probing the nodes, planning the placement" in shown
+    piped = Console(file=io.StringIO(), force_terminal=False)
+    monkeypatch.setattr(submit_cmd, "err", piped)
+    with submit_cmd.preflight_progress(enabled=False):
+        pass
+    assert piped.file.getvalue() == ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -61,6 +62,14 @@ def print_preflight(report: PreflightReport) -> None:
             err.print(f"{'':>7} {'':<11} [yellow]hint:[/] {escape(f.hint)}")
 
 
+def preflight_progress(enabled: bool):
+    """A transient line on stderr while preflight runs (a terminal only; it prints nothing else)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return err.status("preflight: probing the nodes, planning the placement, checking verl's config ...",
+                      spinner="dots")
+
+
 def job_input_of(args) -> JobInput:
     """The job as typed: the key=value words before `--` and the flags that set job fields are kept in its record."""
     before = list(getattr(args, "before", None) or []) + model_config_word(args) + working_dir_word(args.working_dir)
@@ -93,8 +102,9 @@ def run_submit(args) -> int:
     check_job_fits(job, cluster_file)  # inside an allocation: enough nodes, GPUs requested
     # secrets a script sets itself reach the job's env as the shell's would (never printed)
     environ = {**os.environ, **imported.secret_values} if imported else None
-    sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight,
-                          refresh_backend=args.refresh_backend, environ=environ, spec=spec)
+    with preflight_progress(enabled=not args.json and err.is_terminal):  # probes, the plan, verl's config: seconds
+        sub = plan_submission(job, cluster_file, launcher=args.launcher, run_checks=not args.skip_preflight,
+                              refresh_backend=args.refresh_backend, environ=environ, spec=spec)
     if args.watch and sub.job_launcher.detached and not args.skip_preflight:
         from verl_cluster.watch.shared_dir import check_shared_dir
 
