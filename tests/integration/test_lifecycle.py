@@ -220,6 +220,8 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock, monkeypatch):
         assert rc == 0, rep
         rc, st = cli_json(capsys, "status", cfg, *other)  # each names the other (verl jobs would share /tmp)
         assert rc == 0 and "vctest" in st["nodes"][0]["other_clusters"], st["nodes"][0]
+        rc, shown, _ = cli(capsys, "status", cfg, *other)
+        assert rc == 0 and "localhost also runs Ray of cluster(s)" in shown and "vctest" in shown, shown[-1500:]
     finally:
         try:
             rc, rep = cli_json(capsys, "down", cfg, *over)

@@ -300,6 +300,11 @@ def render_status(st, dashboard_command: str) -> None:
         out.print("no running jobs")
     for x in st.extra_nodes:
         out.print(f"[yellow]note:[/] node {x['ip']} is in the cluster but not in the config")
+    for n in st.nodes:
+        if n.other_clusters:  # verl's weight-sync sockets in /tmp are named by Ray job ids each cluster counts from 1
+            out.print(f"[yellow]note:[/] {escape(n.host)} also runs Ray of cluster(s) "
+                      f"{escape(', '.join(n.other_clusters))}: verl jobs of both would share its /tmp (submit warns)",
+                      soft_wrap=True)
     if st.other_ray:
         alive = sum(1 for n in st.nodes if n.state == NodeState.OTHER_RAY) + len(st.extra_nodes)
         out.print(f"[cyan]note:[/] a Ray not started by verl-cluster holds {st.head_address} ({alive} node(s) alive "
