@@ -54,14 +54,32 @@ def read_procs():
     return procs
 
 
+def this_and_parents(procs):
+    """This script's pid and its parents' (timeout, env, sshd): they carry the temp dir's path too."""
+    mine, pid = set(), os.getpid()
+    while pid in procs and pid not in mine:
+        mine.add(pid)
+        pid = procs[pid][0]
+    return mine
+
+
+def with_descendants(roots, procs, mine):
+    """ROOTS (a set of pids) and every descendant of theirs, MINE left out."""
+    found, grew = set(roots), True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in procs.items():
+            if ppid in found and pid not in found and pid not in mine:
+                found.add(pid)
+                grew = True
+    return found
+
+
 def ours(temp_dir, procs=None, gcs_address=None):
     """Processes of the Ray started with --temp-dir TEMP_DIR, and all their descendants. Ray's client
     server names no temp dir: it is recognised by the node id of our raylet/GCS, or the GCS address."""
     procs = procs if procs is not None else read_procs()
-    mine, pid = set(), os.getpid()
-    while pid in procs and pid not in mine:  # this script and its parents (timeout, env, sshd) carry the path too
-        mine.add(pid)
-        pid = procs[pid][0]
+    mine = this_and_parents(procs)
     pat = re.compile(r"(^|[=\s])" + re.escape(temp_dir.rstrip("/")) + r"(/|\s|$)")
     # srun clients name the temp dir too (verl-cluster running on a node of its own Slurm allocation): they
     # are how we reach nodes, not Ray; ending Ray's step ends its srun
@@ -72,13 +90,7 @@ def ours(temp_dir, procs=None, gcs_address=None):
         marks.add(f"--address={gcs_address}")
     found |= {pid for pid, (_, cmd) in procs.items()
               if pid not in mine and "ray.util.client.server" in cmd and marks & set(cmd.split())}
-    grew = True
-    while grew:  # add children (ray::IDLE workers rename themselves and lose the path)
-        grew = False
-        for pid, (ppid, _) in procs.items():
-            if ppid in found and pid not in found and pid not in mine:
-                found.add(pid)
-                grew = True
+    found = with_descendants(found, procs, mine)  # ray::IDLE workers rename themselves and lose the path
     return {pid: procs[pid][1] for pid in found}
 
 
@@ -203,20 +215,10 @@ def forked_since(found, procs, folders=()):
     """Processes of ours that FOUND missed: children forked since it was read, and processes whose parent is gone but
     who still work in one of FOLDERS (a dashboard module's forkserver child restarted during the shutdown, reparented
     when its parent died: its command line names no temp dir). This script and its parents excluded."""
-    mine, pid = set(), os.getpid()
-    while pid in procs and pid not in mine:
-        mine.add(pid)
-        pid = procs[pid][0]
-    new = {pid: cmd for pid, (_, cmd) in procs.items()
-           if folders and pid not in found and pid not in mine and in_dirs(folders, pid)}
-    grew = True
-    while grew:
-        grew = False
-        for pid, (ppid, cmd) in procs.items():
-            if (ppid in found or ppid in new) and pid not in found and pid not in new and pid not in mine:
-                new[pid] = cmd
-                grew = True
-    return new
+    mine = this_and_parents(procs)
+    orphans = {pid for pid in procs if folders and pid not in found and pid not in mine and in_dirs(folders, pid)}
+    new = with_descendants(set(found) | orphans, procs, mine) - set(found)
+    return {pid: procs[pid][1] for pid in new}
 
 
 def cmd_kill(temp_dir, gcs_address=None, old_temp_dir=None):
