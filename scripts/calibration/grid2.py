@@ -182,6 +182,11 @@ def gpu_sets(total: int) -> list[tuple[int, ...]]:
     return [(i,) for i in range(total)] + [(i, i + 1) for i in range(0, total - 1, 2)]
 
 
+def first_free_set(size: int, total: int, busy: set[int]) -> Optional[tuple[int, ...]]:
+    """The first GPU set of SIZE on a node of TOTAL GPUs that holds none of BUSY, else None."""
+    return next((gs for gs in gpu_sets(total) if len(gs) == size and not busy & set(gs)), None)
+
+
 def lane_plan(batches: list[str], gpus: int, need: dict[str, float]) -> tuple[float, dict[str, tuple[float, float]]]:
     """Expected (seconds to the end, {run: (start, end)}) when each phase's runs start in order on the first free GPU
     set of their size (`gpu_sets`) of a node of GPUS, as the device chain starts them (NEED: expected seconds)."""
@@ -190,11 +195,10 @@ def lane_plan(batches: list[str], gpus: int, need: dict[str, float]) -> tuple[fl
         going: list[tuple[float, tuple[int, ...]]] = []  # (end, GPU set) of the runs started
         for r in (r for r in runs if r.gpus <= gpus):
             for at in [t] + sorted(e for e, _ in going if e > t):
-                busy = {g for e, gs in going if e > at for g in gs}
-                free = [gs for gs in gpu_sets(gpus) if len(gs) == r.gpus and not busy & set(gs)]
+                free = first_free_set(r.gpus, gpus, {g for e, gs in going if e > at for g in gs})
                 if free:
                     break
-            going.append((at + need[r.name], free[0]))
+            going.append((at + need[r.name], free))
             out[r.name] = (at, at + need[r.name])
             t = at  # later runs start no earlier (in order)
         t = max((e for e, _ in going), default=t)
@@ -340,13 +344,19 @@ def measured(steps: dict[Any, dict[str, float]], sequences: int) -> dict[str, An
 
 
 # ---------------------------------------------------------------- the measured runs as fixtures
+def shared_cluster(result: dict, run: Run) -> bool:
+    """A run recorded beside others on one Ray cluster (before grid2_device gave each GPU set its own): it shared
+    verl's TransferQueue with them, so its steps are no measurement."""
+    return (result.get("machine_gpus") or 0) > run.gpus and not result.get("gpu_set")
+
+
 def to_entry(result: dict, results: list[dict]) -> Optional[tuple[str, dict]]:
     """(run, entry) in scripts/fit_plan_calibration.py's figures form (the line as it ran, the facts of its card, its
     fill and verl's timing_s/* per step), role fit or hold-out by its family; None for a run that is no measurement
     (no timed steps, or it shared a Ray cluster: grid2_shared_queue)."""
     run = BY_NAME.get(result.get("run", ""))
     m = measured(result.get("steps") or {}, run.sequences) if run else {}
-    if not run or not m or ((result.get("machine_gpus") or 0) > run.gpus and not result.get("gpu_set")):
+    if not run or not m or shared_cluster(result, run):
         return None
     card = card_key(result["card"])
     keep = ("timing_s/", "perf/total_num_tokens", "response_length/mean", "prompt_length/mean")
@@ -398,7 +408,7 @@ def judge(result: dict, rounds: list[dict]) -> dict[str, Any]:
     role = FAMILY[run.family].role
     out: dict[str, Any] = {"run": run.name, "family": run.family, "card": result["card"], "gpus": run.gpus}
     m = measured(result.get("steps") or {}, run.sequences)
-    if (result.get("machine_gpus") or 0) > run.gpus and not result.get("gpu_set"):
+    if shared_cluster(result, run):
         return {**out, "role": role, "blind": False, "why": "ran beside other runs on one Ray cluster, which has one "
                 "verl TransferQueue: they shared batches (not a measurement)"}
     if not before or not m:

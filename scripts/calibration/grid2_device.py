@@ -116,9 +116,10 @@ def device_setup() -> None:
         comp.kill()
     sets = grid2.gpu_sets(total)
     with cf.ThreadPoolExecutor(8) as pool:  # one cluster per GPU set, started side by side
-        got = list(pool.map(lambda gs: sh(f"up-{set_name(gs)}", vc("up", "--no-check", "-c", str(write_cluster(gs))), 300), sets))
+        got = list(pool.map(lambda gs: sh(f"up-{set_name(gs)}", vc("up", "--no-check", "-c",
+                                                                   str(write_cluster(gs, total))), 300), sets))
     with cf.ThreadPoolExecutor(8) as pool:  # each cluster's job ids apart from the others' (verl's /tmp sockets)
-        burnt = list(pool.map(lambda ig: burn_job_ids(OUT / f"grid2-{set_name(ig[1])}.yaml", ig[0] * JOB_ID_STRIDE),
+        burnt = list(pool.map(lambda ig: burn_job_ids(cluster_path(ig[1]), ig[0] * JOB_ID_STRIDE),
                               list(enumerate(sets))[1:]))
     log("clusters up: " + ", ".join(f"{set_name(gs)} rc={r.returncode}" for gs, r in zip(sets, got))
         + "; job ids apart: " + ", ".join(f"{set_name(gs)} {(b.stdout.split() or ['?'])[-1]} (rc={b.returncode})"
@@ -154,12 +155,16 @@ def set_name(gpus: tuple[int, ...]) -> str:
     return "g" + "".join(map(str, gpus))
 
 
-def write_cluster(gpus: tuple[int, ...]) -> Path:
-    """A one-node cluster of this machine's GPUS (CUDA_VISIBLE_DEVICES on the head), with its own ports and temp
-    dir: verl 0.9 keeps one TransferQueue per Ray cluster, so runs side by side need clusters of their own
+def cluster_path(gpus: tuple[int, ...]) -> Path:
+    return OUT / f"grid2-{set_name(gpus)}.yaml"
+
+
+def write_cluster(gpus: tuple[int, ...], total: int) -> Path:
+    """A one-node cluster of GPUS of this machine's TOTAL (CUDA_VISIBLE_DEVICES on the head), with its own ports and
+    temp dir: verl 0.9 keeps one TransferQueue per Ray cluster, so runs side by side need clusters of their own
     (submit/shared_queue.py)."""
-    i = grid2.gpu_sets(gpu_count()).index(gpus)
-    path = OUT / f"grid2-{set_name(gpus)}.yaml"
+    i = grid2.gpu_sets(total).index(gpus)
+    path = cluster_path(gpus)
     p = 7000 + 20 * i
     path.write_text(
         f"cluster_name: grid2-{set_name(gpus)}\nhead:\n  host: localhost\n  gpus: {len(gpus)}\n"
@@ -266,12 +271,10 @@ def run_phase(runs: list[Run], card: str, flash_ok: bool, have_flash: bool, tota
                     log(why)
                     pending.remove(run)
                     continue
-                busy = {g for gs in active.values() for g in gs[1]}
-                free = [gs for gs in grid2.gpu_sets(total) if len(gs) == run.gpus and not busy & set(gs)]
-                if not free:
+                gpus = grid2.first_free_set(run.gpus, total, {g for _, gs in active.values() for g in gs})
+                if gpus is None:
                     break  # in order, as grid2.lane_plan budgets them
-                gpus = free[0]
-                cluster = OUT / f"grid2-{set_name(gpus)}.yaml"
+                cluster = cluster_path(gpus)
                 wait_free(cluster, run.gpus)
                 pending.remove(run)
                 log(f"{run.name} starts on GPU {','.join(map(str, gpus))} of {total}"

@@ -219,10 +219,9 @@ def test_run_phase_keeps_the_gpus_count_and_the_order(tmp_path, monkeypatch):
 def test_each_gpu_set_gets_a_cluster_of_its_own(tmp_path, monkeypatch):
     """verl's TransferQueue is one per Ray cluster: the sets' clusters differ in name, ports and GPUs."""
     monkeypatch.setattr(grid2_device, "OUT", tmp_path)
-    monkeypatch.setattr(grid2_device, "gpu_count", lambda: 4)
     from verl_cluster.config.cluster import load_cluster
 
-    specs = [load_cluster(str(grid2_device.write_cluster(gs))) for gs in grid2.gpu_sets(4)]
+    specs = [load_cluster(str(grid2_device.write_cluster(gs, 4))) for gs in grid2.gpu_sets(4)]
     assert grid2.gpu_sets(4) == [(0,), (1,), (2,), (3,), (0, 1), (2, 3)]
     assert len({s.cluster_name for s in specs}) == 6
     assert [s.head.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0", "1", "2", "3", "0,1", "2,3"]

@@ -289,6 +289,7 @@ class _Up:
             return
         token = node_token_path(self.spec, self.probes[head.host].home) if self.token else None
         deadline, said = time.monotonic() + limit_s, set()
+        by_ip = {o.ip: o for o in self.out.values()}
         while True:
             try:
                 table = head.gcs(token_path=token).get("nodes", [])
@@ -297,7 +298,6 @@ class _Up:
             twice = sorted(ip for ip in ips if sum(1 for x in table if x.get("alive") and x.get("ip") == ip) > 1)
             if not twice:
                 return
-            by_ip = {o.ip: o for o in self.out.values()}
             if time.monotonic() >= deadline:
                 for ip in twice:
                     by_ip[ip].reason = (f"the GCS still lists its old registration alive after {limit_s:.0f}s "

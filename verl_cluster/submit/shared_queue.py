@@ -24,9 +24,14 @@ NAMESPACE = "transfer_queue"
 FALSE = ("false", "0", "no", "off")
 
 
+def runs_main_ppo(job: JobSpec) -> bool:
+    """verl's PPO/GRPO trainer: a colocated vLLM rollout, and TransferQueue unless the legacy trainer is chosen."""
+    return (job.entrypoint or "").startswith("verl.trainer.main_ppo")
+
+
 def uses_transfer_queue(job: JobSpec, overrides: Mapping[str, Any]) -> bool:
     """verl's PPO/GRPO trainer with the V1 trainer (verl 0.9's default) runs TransferQueue."""
-    if not (job.entrypoint or "").startswith("verl.trainer.main_ppo"):
+    if not runs_main_ppo(job):
         return False
     return str(overrides.get("trainer.use_v1", "true")).strip().lower() not in FALSE
 
@@ -78,7 +83,7 @@ def check_shared_queue(spec: Any, job: JobSpec, overrides: Mapping[str, Any]) ->
 
 def check_shared_host(job: JobSpec, status: Any) -> list[Finding]:
     """A warning when a node of the cluster also runs another cluster of ours (status' other_clusters)."""
-    if not (job.entrypoint or "").startswith("verl.trainer.main_ppo") or status is None:
+    if not runs_main_ppo(job) or status is None:
         return []
     shared = [(n.host, n.other_clusters) for n in status.nodes if getattr(n, "other_clusters", None)]
     if not shared:
