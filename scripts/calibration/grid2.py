@@ -165,15 +165,18 @@ def batch_runs(batch: str) -> list[Run]:
     return [r for r in RUNS if r.batch == batch]
 
 
-def phases(batches: list[str]) -> list[tuple[bool, list[Run]]]:
-    """The batches' runs for one session: the padded ones (flash-attn out of the site), then those that need it.
-    The site is shared, so flash-attn moves only between phases, with nothing running. Fit and held-out batches
-    never share a session: the held-out ones run after the refit, with its predictions committed first."""
+def phases(batches: list[str], skip: tuple[str, ...] = ()) -> list[tuple[bool, list[Run]]]:
+    """The batches' runs for one session, less SKIP: the padded ones (flash-attn out of the site), then those that
+    need it. The site is shared, so flash-attn moves only between phases, with nothing running. Fit and held-out
+    batches never share a session: the held-out ones run after the refit, with its predictions committed first."""
+    unknown = [n for n in skip if n not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"--skip {', '.join(unknown)}: no such run (the runs: {', '.join(BY_NAME)})")
     roles = {FAMILY[r.family].role for b in batches for r in batch_runs(b)}
     if len(roles) > 1:
         raise SystemExit(f"batches {'+'.join(batches)} mix fit and held-out runs: run the held-out batches in a "
                          "session of their own, after the refit and `predict --batch ...` are committed")
-    runs = [r for b in dict.fromkeys(batches) for r in batch_runs(b)]
+    runs = [r for b in dict.fromkeys(batches) for r in batch_runs(b) if r.name not in skip]
     return [(flash, got) for flash in (False, True) if (got := [r for r in runs if r.flash == flash])]
 
 
@@ -187,11 +190,12 @@ def first_free_set(size: int, total: int, busy: set[int]) -> Optional[tuple[int,
     return next((gs for gs in gpu_sets(total) if len(gs) == size and not busy & set(gs)), None)
 
 
-def lane_plan(batches: list[str], gpus: int, need: dict[str, float]) -> tuple[float, dict[str, tuple[float, float]]]:
+def lane_plan(batches: list[str], gpus: int, need: dict[str, float],
+              skip: tuple[str, ...] = ()) -> tuple[float, dict[str, tuple[float, float]]]:
     """Expected (seconds to the end, {run: (start, end)}) when each phase's runs start in order on the first free GPU
     set of their size (`gpu_sets`) of a node of GPUS, as the device chain starts them (NEED: expected seconds)."""
     t, out = 0.0, {}
-    for _, runs in phases(batches):
+    for _, runs in phases(batches, skip):
         going: list[tuple[float, tuple[int, ...]]] = []  # (end, GPU set) of the runs started
         for r in (r for r in runs if r.gpus <= gpus):
             for at in [t] + sorted(e for e, _ in going if e > t):
@@ -503,8 +507,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = sub.add_parser("predict")
     p.add_argument("--batch", action="append", choices=BATCHES, help="only these batches' runs (default: all)")
     for name in ("start", "chain", "run"):
-        sub.add_parser(name).add_argument("batch", nargs="+", choices=BATCHES,
-                                          help="one session's batches (several run side by side on the GPUs)")
+        p = sub.add_parser(name)
+        p.add_argument("batch", nargs="+", choices=BATCHES,
+                       help="one session's batches (several run side by side on the GPUs)")
+        p.add_argument("--skip", action="append", default=[], metavar="RUN",
+                       help="leave this run out (a later session runs it): on 2 GPUs a fit session holds ~5 runs")
     p = sub.add_parser("fixture")
     p.add_argument("dir", type=Path, help="a folder holding grid2-RUN.json files (searched below it)")
     p = sub.add_parser("report")
@@ -523,7 +530,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.modules.setdefault("grid2", sys.modules[__name__])  # one module, run as a script or imported
         import grid2_device as dev
 
-        {"start": dev.start, "chain": dev.chain, "run": dev.run_batch}[a.phase](a.batch)
+        {"start": dev.start, "chain": dev.chain, "run": dev.run_batch}[a.phase](a.batch, tuple(a.skip))
     else:
         files = sorted(a.dir.rglob("grid2-*.json"))
         results = [json.loads(f.read_text()) for f in files]

@@ -297,22 +297,21 @@ def run_phase(runs: list[Run], card: str, flash_ok: bool, have_flash: bool, tota
                     f"over {m.get('steps', 0)} timed steps, fill {m.get('fill') or 0:.2f}")
 
 
-def run_batch(batches: list[str]) -> None:
+def run_batch(batches: list[str], skip: tuple[str, ...] = ()) -> None:
     """The batches' runs as grid2.phases orders them: padded runs (flash-attn out of the site), then the rest (in),
     runs of a phase side by side on the machine's GPUs."""
     card, total = card_name(), gpu_count()
     flash_ok = set_flash(True)
     set_flash(False)
     log(f"batches {'+'.join(batches)} on {total} x {card}; flash-attn importable: {flash_ok}")
-    for flash, runs in grid2.phases(batches):
+    for flash, runs in grid2.phases(batches, skip):
         have = set_flash(True) if flash else set_flash(False)
         run_phase(runs, card, flash_ok, have, total)
 
 
-def start(batches: list[str]) -> None:
+def start(batches: list[str], skip: tuple[str, ...] = ()) -> None:
     """Copy the repo to /srv/vc/repo (a later call replaces the call's tree) and run `chain BATCH` detached."""
-    for b in batches:
-        grid2.batch_runs(b)
+    grid2.phases(batches, skip)  # unknown batches, runs or a fit/held-out mix: said here, not in the detached chain
     batch = "+".join(batches)
     dst = VC / "repo"
     OUT.mkdir(parents=True, exist_ok=True)
@@ -323,7 +322,8 @@ def start(batches: list[str]) -> None:
         if (REPO / ".stage" / "flashattn-wheel").exists():
             shutil.copytree(REPO / ".stage" / "flashattn-wheel", VC / "flashattn-wheel", dirs_exist_ok=True)
     with open(OUT / f"chain-{batch}.log", "a") as fh:
-        subprocess.Popen([sys.executable, str(dst / "scripts/calibration/grid2.py"), "chain", *batches], cwd=dst,
+        subprocess.Popen([sys.executable, str(dst / "scripts/calibration/grid2.py"), "chain", *batches,
+                          *(f"--skip={n}" for n in skip)], cwd=dst,
                          stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                          env={**os.environ, "GRID2_T0": str(T0), "BUDGET_S": str(BUDGET_S), "PYTHONUNBUFFERED": "1"})
     print(f"chain {batch} started detached (budget {BUDGET_S:.0f}s); poll: bash scripts/gpu_poll.sh {OUT} "
@@ -335,12 +335,12 @@ def start(batches: list[str]) -> None:
     print(steps.read_text() if steps.exists() else "no steps.log yet", end="")
 
 
-def chain(batches: list[str]) -> None:
+def chain(batches: list[str], skip: tuple[str, ...] = ()) -> None:
     batch = "+".join(batches)
     try:
         log(f"chain {batch} (budget {BUDGET_S:.0f}s)")
         device_setup()
-        run_batch(batches)
+        run_batch(batches, skip)
     except SystemExit as e:  # gpu_multinode's setup says what is missing (no staged site)
         log(f"chain {batch} stopped: {e}")
     except Exception as e:  # noqa: BLE001 - said in steps.log, which comes back; the traceback is in chain-B.log

@@ -169,6 +169,14 @@ def test_a_session_runs_side_by_side_padded_first_and_never_mixes_fit_with_held_
     solo = sum(need[r.name] for r in grid2.batch_runs("A"))
     assert end2 == pytest.approx(solo - min(need["g1pad-m2"], need["g1pad-m8"]))
     assert grid2_device.decide(grid2.BY_NAME["g2fa-m8"], True, 5000, 300, gpus=1).endswith("this machine has 1")
+    # on 2 GPUs A+B is over a session; leaving the second 2-GPU padded run out keeps every fit family in one
+    skip = ("g2pad-m16", "g1fa-m2")
+    kept = [r for _, rs in grid2.phases(["A", "B"], skip) for r in rs]
+    assert {r.family for r in kept} == {f.name for f in grid2.FAMILIES if f.role == "fit"}
+    assert not {r.name for r in kept} & set(skip)
+    assert grid2.lane_plan(["A", "B"], 2, need, skip)[0] < grid2.lane_plan(["A", "B"], 2, need)[0]
+    with pytest.raises(SystemExit, match="no such run"):
+        grid2.phases(["A"], ("g9-nope",))
 
 
 def test_the_report_names_the_runs_that_ran_beside_each_other():
