@@ -53,7 +53,7 @@ ENVELOPE_COMMENT = ("The step-time model's calibration envelope (placement/envel
                     "looked at while the terms were written, not fitted on, not blind) and the model's step error "
                     "on it. Written by scripts/fit_plan_calibration.py --write-envelope; --check fails when it "
                     "differs from the fit.")
-HELD = ("COMPUTE_SHARE",)  # priors the runs cannot tell (step_time.py says why): kept at the module's value
+HELD = ("COMPUTE_SHARE", "COMM_S")  # priors the runs cannot tell (step_time.py says why): kept at the module's value
 GPU_ROLES = ("worker_dict", "vllm_worker", "vllm_engine", "vllm_server")  # the sampler's roles of one GPU's processes
 
 
@@ -125,6 +125,82 @@ def replays(runs: dict, figures: dict | None = None) -> dict:
             plan, got = replay_figures(entry, Path(tmp) / name)
             out[name] = (entry, plan, got)
     return out
+
+
+UPDATE_CONSTS = ("UPDATE_FIXED_S",) + tuple(k for k in step_time.HOST_TERMS + step_time.GPU_TERMS
+                                            if k and not k.lstrip("1/") in HELD)
+
+
+def fit_bound(runs: dict, figures: dict) -> tuple[dict, dict[str, float]]:
+    """Replays with each update phase's host and GPU terms both kept, and the time fit: the other phases by least
+    squares; the updates, whose micro batches take the longer of the host's and the GPU's work (step_time.bound),
+    by minimizing the same relative errors with that max (Nelder-Mead from the least-squares fit that adds the two
+    sides: the same start whatever the modules hold, so --check is stable). Returns the replays as the plan makes
+    them at the fitted constants."""
+    plain, step_time.bound = step_time.bound, (lambda t, ranks=1: t)
+    try:
+        raw = replays(runs, figures)
+    finally:
+        step_time.bound = plain
+    fit_rows = [(terms, got["phases_s"][ph], plan.time["error_bar"]["axes"]["ranks"])
+                for entry, plan, got in raw.values() if entry["time"] == "fit"
+                for ph, terms in plan.terms["time"].items() if ph.startswith("update_") and got["phases_s"].get(ph)]
+    x0 = fit_time(raw)
+    start = np.array([x0.get(k, 0.0) for k in UPDATE_CONSTS])
+    scale = np.where(start > 0, start, 1e-3)
+
+    def predicted(x: np.ndarray, terms: dict, ranks: int) -> float:
+        c = dict(zip(UPDATE_CONSTS, np.abs(x) * scale))
+        val = (lambda k: c[k] if k in c else step_time.const(k))
+        side = (lambda keys: sum(terms.get(k, 0.0) * val(k) for k in keys))
+        host = step_time.overlapped(ranks)
+        rest = sum(v * val(k) for k, v in terms.items() if k not in host + step_time.GPU_TERMS)
+        return rest + max(side(host), side(step_time.GPU_TERMS))
+
+    def loss(x: np.ndarray) -> float:
+        return sum((predicted(x, t, n) / m - 1.0) ** 2 for t, m, n in fit_rows)
+
+    best = nelder_mead(loss, np.ones(len(UPDATE_CONSTS)))
+    time_x = {**x0, **{k: float(v) for k, v in zip(UPDATE_CONSTS, np.abs(best) * scale)}}
+    saved = {k: getattr(step_time, k) for k in UPDATE_CONSTS}
+    try:  # the plans as the modules will make them: bound() at the fitted constants
+        for k in UPDATE_CONSTS:
+            setattr(step_time, k, time_x[k])
+        done = replays(runs, figures)
+    finally:
+        for k, v in saved.items():
+            setattr(step_time, k, v)
+    return done, time_x
+
+
+def nelder_mead(f, x0: np.ndarray, rounds: int = 4000, tol: float = 1e-12) -> np.ndarray:
+    """Minimize F from X0 (the simplex method: no gradient, so the max's kinks do not matter); deterministic."""
+    n = len(x0)
+    pts = [x0.astype(float)] + [x0 + np.eye(n)[i] * 0.25 for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(rounds):
+        order = np.argsort(vals)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        if vals[-1] - vals[0] < tol:
+            break
+        mid = np.mean(pts[:-1], axis=0)
+        refl = mid + (mid - pts[-1])
+        fr = f(refl)
+        if fr < vals[0]:
+            exp = mid + 2.0 * (mid - pts[-1])
+            fe = f(exp)
+            pts[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = refl, fr
+        else:
+            con = mid + 0.5 * (pts[-1] - mid)
+            fc = f(con)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = con, fc
+            else:  # shrink toward the best
+                pts = [pts[0]] + [pts[0] + 0.5 * (p - pts[0]) for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    return pts[int(np.argmin(vals))]
 
 
 def fit_time(done: dict) -> dict[str, float]:
@@ -254,9 +330,9 @@ def fit(runs_file: Path, figures_files: list[Path] | Path | None = None) -> tupl
     files = default_figures() if figures_files is None else (
         [figures_files] if isinstance(figures_files, Path) else list(figures_files))
     figures = {k: v for f in files for k, v in json.loads(f.read_text())["runs"].items()}
-    done = replays(runs, figures)
+    done, time_x = fit_bound(runs, figures)
     per_gpu, n = per_gpu_pss(done)
-    consts = constants(fit_time(done), fit_host(done, per_gpu), per_gpu)
+    consts = constants(time_x, fit_host(done, per_gpu), per_gpu)
     return consts, table(done, consts), {"per_gpu_pss_samples": n}
 
 

@@ -37,9 +37,10 @@ VC = Path("/srv/vc")
 OUT = VC / "out"
 CARDS = {"H100": ("NVIDIA H100 80GB HBM3", 81559), "H200": ("NVIDIA H200", 143771)}
 STEPS = 5  # verl steps a run; step 1 (start-up, compilation) is left out of timing
-STARTUP_S = 210  # submit -> end less the steps (preflight, Ray actors, vLLM, FSDP load, exit): 205-220 s at 0.5B
+STARTUP_S = 300  # submit -> end less the steps (preflight, Ray actors, vLLM, FSDP load, exit): 250-335 s at 0.5B on
+# the 2026-11-28 H200 runs (205-220 s on the first H100 grid)
 EXPECTED_FILL = 0.45  # the lengths a run is budgeted at: this data and model filled 0.38 on 2026-11-28
-SESSION_RUNS_S = 1200  # a session's seconds for runs: ~25 usable min less staging (~3) and setup + up (~2)
+SESSION_RUNS_S = 1350  # a session's seconds for runs: ~28 usable min less staging (95 s) and setup + up (56 s)
 FILLS = (0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.75, 1.0)  # the fills each run is predicted at (read at its own)
 STEP_BOUND, PHASE_BOUND, PHASE_MIN_S = 0.20, 0.30, 0.5  # the target on held-out runs
 PADDED, PACKED = "padded, no flash-attn", "packed (flash-attn)"  # envelope.py's attention values
@@ -145,16 +146,17 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g1fa-m8", "1gpu-packed", "B", 1, "grpo", PACKED, 8, 16),
     Run("g1ppo-m8", "1gpu-ppo", "B", 1, "gae", PACKED, 8, 16),
     Run("g1fa-m2", "1gpu-packed", "B", 1, "grpo", PACKED, 2, 4),
+    # held out: three 2-GPU runs a session (one after another on a node of 2), each session one of every family
     Run("g2pad-m8", "2gpu-padded-small-micro", "C", 2, "grpo", PADDED, 8, 16),  # the 2-GPU line
     Run("g2fa-m8", "2gpu-packed", "C", 2, "grpo", PACKED, 8, 16),
-    Run("g2pad-m2", "2gpu-padded-small-micro", "C", 2, "grpo", PADDED, 2, 4),
-    Run("g2fa-m2", "2gpu-packed", "C", 2, "grpo", PACKED, 2, 4),
-    Run("g2ppo-m8", "2gpu-ppo", "D", 2, "gae", PACKED, 8, 16),
-    Run("g2fa-m32", "2gpu-packed", "D", 2, "grpo", PACKED, 32, 32),
+    Run("g2ppo-m8", "2gpu-ppo", "C", 2, "gae", PACKED, 8, 16),
+    Run("g2pad-m2", "2gpu-padded-small-micro", "D", 2, "grpo", PADDED, 2, 4),
+    Run("g2fa-m2", "2gpu-packed", "D", 2, "grpo", PACKED, 2, 4),
     Run("g2ppo-m32", "2gpu-ppo", "D", 2, "gae", PACKED, 32, 32),
-    Run("g2ppo-m2", "2gpu-ppo", "D", 2, "gae", PACKED, 2, 4),
+    Run("g2fa-m32", "2gpu-packed", "E", 2, "grpo", PACKED, 32, 32),
+    Run("g2ppo-m2", "2gpu-ppo", "E", 2, "gae", PACKED, 2, 4),
 )
-BATCHES = ("A", "B", "C", "D")
+BATCHES = ("A", "B", "C", "D", "E")
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 

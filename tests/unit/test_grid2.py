@@ -62,10 +62,14 @@ def test_batches_cover_every_run_once_and_fit_a_session(plans):
     assert all(len(r) == 1 for r in roles)  # a batch is all fit or all held out ...
     order = [r.pop() for r in roles]
     assert order == sorted(order, key=lambda x: x == "hold-out")  # ... and the held-out ones come last
-    for b in grid2.BATCHES:
-        need = sum(max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"]) for c in grid2.CARDS)
-                   for r in grid2.batch_runs(b))
-        assert grid2.STARTUP_S * len(grid2.batch_runs(b)) < need <= grid2.SESSION_RUNS_S, b
+    need = {r.name: max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"]) for c in grid2.CARDS)
+            for r in grid2.RUNS}
+    for b in grid2.BATCHES:  # each batch one session on a node of 2 GPUs (what the device lends most)
+        end, _ = grid2.lane_plan([b], 2, need)
+        assert grid2.STARTUP_S < end <= grid2.SESSION_RUNS_S, (b, end)
+    for b in ("C", "D"):  # the first two held-out sessions already make the target's floor
+        runs = grid2.batch_runs(b)
+        assert {r.family for r in runs} == {f.name for f in grid2.FAMILIES if f.role == "hold-out"}, b
 
 
 def test_every_line_composes_in_verls_config():

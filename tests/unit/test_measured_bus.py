@@ -113,10 +113,10 @@ def test_a_measured_inter_node_figure_charges_fsdp_traffic_at_it():
     got = plan_job(job, nodes, bus=(nccl(2, 2.4),))
     for p in (assumed, got):
         assert p.offload == "none" and [ph.micro_batch for ph in p.roles[0].phases][0] == 20
-    assert assumed.terms["time"]["update_actor"][""] == pytest.approx(
+    assert assumed.terms["time"]["update_actor"]["COMM_S"] == pytest.approx(
         exposed(assumed, actor_comm_s(job, 4, st.INTER_NODE_GBS)))
-    assert got.terms["time"]["update_actor"][""] == pytest.approx(exposed(got, actor_comm_s(job, 4, 2.4)))
-    assert got.terms["time"]["update_actor"][""] > 0
+    assert got.terms["time"]["update_actor"]["COMM_S"] == pytest.approx(exposed(got, actor_comm_s(job, 4, 2.4)))
+    assert got.terms["time"]["update_actor"]["COMM_S"] > 0
     assert got.time["phases_s"]["update_actor"] > assumed.time["phases_s"]["update_actor"]
     assert "FSDP traffic over 2.4 GB/s, measured by check " in got.time["notes"][0]
     assert "2 nodes, 4 GPUs" in got.time["notes"][0]
@@ -129,14 +129,14 @@ def test_a_measurement_on_one_node_sets_the_link_within_a_node_only():
     one = [h200_node("gpu1")]
     catalog = plan_job(job, one)
     got = plan_job(job, one, bus=(nccl(1, 180.0, gpus=2),))
-    assert catalog.terms["time"]["update_actor"][""] == pytest.approx(exposed(catalog, actor_comm_s(job, 2, 330)))
-    assert got.terms["time"]["update_actor"][""] == pytest.approx(exposed(got, actor_comm_s(job, 2, 180.0)))
+    assert catalog.terms["time"]["update_actor"]["COMM_S"] == pytest.approx(exposed(catalog, actor_comm_s(job, 2, 330)))
+    assert got.terms["time"]["update_actor"]["COMM_S"] == pytest.approx(exposed(got, actor_comm_s(job, 2, 180.0)))
     assert catalog.time["notes"] == ["FSDP traffic over 330 GB/s within a node, the GPU catalog's figure for "
                                      "NVIDIA H200"]
     assert got.time["notes"][0].startswith("FSDP traffic over 180.0 GB/s, measured by check ")
     # across nodes a one-node figure says nothing: the network stays assumed
     two = plan_job(job, [h200_node("gpu1"), h200_node("gpu2")], bus=(nccl(1, 180.0, gpus=2),))
-    assert two.terms["time"]["update_actor"][""] == pytest.approx(exposed(two, actor_comm_s(job, 4, st.INTER_NODE_GBS)))
+    assert two.terms["time"]["update_actor"]["COMM_S"] == pytest.approx(exposed(two, actor_comm_s(job, 4, st.INTER_NODE_GBS)))
 
 
 def test_gloo_and_old_measurements_are_not_used():
@@ -145,15 +145,15 @@ def test_gloo_and_old_measurements_are_not_used():
     gloo = BusMeasure("gpu-lab", "gloo", 2, 2, 0, 0.9, 16 << 20, NOW - 60)
     p = plan_job(job, nodes, bus=(gloo,))
     assumed = exposed(p, actor_comm_s(job, 4, st.INTER_NODE_GBS))
-    assert p.terms["time"]["update_actor"][""] == pytest.approx(assumed)
+    assert p.terms["time"]["update_actor"]["COMM_S"] == pytest.approx(assumed)
     assert any(r.startswith("check measured gloo (CPU) all-reduce only: not used") for r in p.reasons)
     old = plan_job(job, nodes, bus=(nccl(2, 11.8, age_s=8 * 86400), gloo))
-    assert old.terms["time"]["update_actor"][""] == pytest.approx(assumed)
+    assert old.terms["time"]["update_actor"]["COMM_S"] == pytest.approx(assumed)
     assert any("is 8 days old: not used; run `verl-cluster check` again" in r for r in old.reasons)
     assert "assumed 12.5 GB/s" in old.time["notes"][0]
     # the newest NCCL record counts, a gloo one beside it changes nothing
     fresh = plan_job(job, nodes, bus=(gloo, nccl(2, 2.4)))
-    assert fresh.terms["time"]["update_actor"][""] == pytest.approx(exposed(fresh, actor_comm_s(job, 4, 2.4)))
+    assert fresh.terms["time"]["update_actor"]["COMM_S"] == pytest.approx(exposed(fresh, actor_comm_s(job, 4, 2.4)))
 
 
 def test_the_note_is_in_the_plan_plan_prints_and_its_json(capsys):

@@ -75,44 +75,46 @@ INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures t
 
 # Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
 # calibration_runs.json (one H100) and multi_gpu_runs.json (docs/BENCHMARKS.md, "Step time").
-FORWARD_FIXED_S = 0.0842  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
-UPDATE_FIXED_S = 0.675  # per update phase: its mini batches' token-count gathers, clip and optimizer steps
-FORWARD_PASS_S = 0.00211  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
-UPDATE_PASS_S = 0.00237  # per micro batch per layer in an update (forward, recompute, backward)
+FORWARD_FIXED_S = 0.0867  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
+UPDATE_FIXED_S = 0.793  # per update phase: its mini batches' token-count gathers, clip and optimizer steps
+FORWARD_PASS_S = 0.00271  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
+UPDATE_PASS_S = 0.00112  # per micro batch per layer in an update (forward, recompute, backward)
+UPDATE_LM_MICRO_S = 0.284  # per micro batch of an update through the LM head (the actor's): the host's part
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
 # trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
 # with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
 # per real token per vocab entry, at HBM speed: the log-probs' logits (and what else goes with the real tokens)
-LOGIT_FORWARD_BYTES = 156
+LOGIT_FORWARD_BYTES = 149
 # per token per vocab entry computed: the entropy, in the actor's log-prob only; packed verl calls it compiled
 # (torch.compile), padded the plain function (softmax, logsumexp, product, sum: a pass over the logits each)
-ENTROPY_BYTES = 15.9
-ENTROPY_EAGER_BYTES = 37.2
-LOGIT_UPDATE_BYTES = 93.4  # per token computed per vocab entry: the logits and their backward in an update
+ENTROPY_BYTES = 17.1
+ENTROPY_EAGER_BYTES = 38.5
+LOGIT_UPDATE_BYTES = 0.00218  # per token per vocab entry in an update: fitted to ~0 since updates take max(host, GPU)
 # without flash-attn verl's log-probs loop over the real tokens in Python (logprobs_from_logits_v2: a log_softmax
 # and a gather a row): per token, the host's launches, whatever the vocab or the GPU
-LOOP_FORWARD_TOKEN_S = 5.53e-05
-LOOP_UPDATE_TOKEN_S = 0.000185  # the same loop and its backward (a node a row), in an update
-GENERATE_FIXED_S = 0.597  # per generate: request fan-out, vLLM wake-up and sleep
+LOOP_FORWARD_TOKEN_S = 5.7e-05
+LOOP_UPDATE_TOKEN_S = 0.000167  # the same loop and its backward (a node a row), in an update
+GENERATE_FIXED_S = 0.874  # per generate: request fan-out, vLLM wake-up and sleep
 # with enforce_eager (no CUDA graphs) each decode step launches its kernels from Python: a part per step (sampling,
 # the step's inputs) and a part per layer; with graphs a step costs its reads only
-EAGER_STEP_S = 0.0025
-EAGER_LAYER_STEP_S = 0.000742
-DECODE_TOKEN_S = 6.74e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
-SYNC_FIXED_S = 0.308  # update_weights: resharding and handing the weights to vLLM
-SYNC_RANKS_S = 0.385  # with more than one rank: the ranks' exports and the barrier before the KV cache (measured)
-ADV_S = 0.0272  # advantages, rewards (rule-based)
-ADV_SEQ_S = 0.000623  # per sequence of the batch
-GAE_STEP_S = 0.000133  # per response position: GAE's loop (PPO)
+EAGER_STEP_S = 0.00228
+EAGER_LAYER_STEP_S = 0.000723
+DECODE_TOKEN_S = 6.57e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
+SYNC_FIXED_S = 0.297  # update_weights: resharding and handing the weights to vLLM
+SYNC_RANKS_S = 0.396  # with more than one rank: the ranks' exports and the barrier before the KV cache (measured)
+ADV_S = 0.0271  # advantages, rewards (rule-based)
+ADV_SEQ_S = 0.000644  # per sequence of the batch
+GAE_STEP_S = 0.00012  # per response position: GAE's loop (PPO)
 # per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same few us a token
-VALUE_TOKEN_S = 5.4e-06
+VALUE_TOKEN_S = 3.43e-06
 # not fitted
 GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
 HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not separable on the small runs)
 REF_PARAM_BYTES = 4  # verl's ref model_dtype (fp32 by default), what its forced CPUOffload keeps on the host
 SAVE_GBS = 0.55  # checkpoint write rate (fp32 params + Adam per GPU, torch.save to local disk)
+COMM_S = 1.0  # a unit: an update's exposed collectives in seconds, on the GPU's side of bound() ("" is serial)
 Terms = dict[str, float]  # constant name (NAME, "1/NAME" for a share) -> coefficient; "" -> seconds
 
 
@@ -181,10 +183,37 @@ def forward_terms(params: float, tokens: float, tflops: float, logit_reads: floa
 
 
 def update_terms(params: float, tokens: float, tflops: float, recompute: bool, epochs: int = 1,
-                 logit_reads: float = 0.0, passes: float = 0.0, loop_tokens: float = 0.0) -> Terms:
+                 logit_reads: float = 0.0, passes: float = 0.0, loop_tokens: float = 0.0,
+                 lm_micros: float = 0.0) -> Terms:
     flops = (6.0 + (2.0 if recompute else 0.0)) * params * tokens * epochs
     return {"UPDATE_FIXED_S": 1.0, "UPDATE_PASS_S": passes * epochs, "1/COMPUTE_SHARE": flops / (tflops * 1e12),
-            "LOGIT_UPDATE_BYTES": logit_reads * epochs, "LOOP_UPDATE_TOKEN_S": loop_tokens * epochs}
+            "LOGIT_UPDATE_BYTES": logit_reads * epochs, "LOOP_UPDATE_TOKEN_S": loop_tokens * epochs,
+            "UPDATE_LM_MICRO_S": lm_micros * epochs}
+
+
+HOST_TERMS = ("UPDATE_PASS_S", "LOOP_UPDATE_TOKEN_S", "UPDATE_LM_MICRO_S")  # the host's work in an update's micro batches
+GPU_TERMS = ("1/COMPUTE_SHARE", "LOGIT_UPDATE_BYTES", "COMM_S")  # the GPU's: FLOPs, logits over HBM, collectives
+
+
+def overlapped(ranks: int) -> tuple[str, ...]:
+    """The host terms that run beside the GPU's work. On one rank torch's FSDP1 runs NO_SHARD (no all-gathers), so
+    the host launches a whole micro batch ahead of the GPU: all of them. On more ranks FSDP1's rate limiter
+    (limit_all_gathers, on by default; verl does not set it) holds the host within two layer units of the GPU, so
+    only the layers' launches overlap; the LM head's host work (its per-micro-batch cost, the no-flash-attn loop)
+    starts with the GPU's queue drained."""
+    return HOST_TERMS if ranks <= 1 else ("UPDATE_PASS_S",)
+
+
+def bound(t: Terms, ranks: int = 1) -> Terms:
+    """An update's micro batches take the longer of the host's and the GPU's work where they overlap, not their sum:
+    the host runs ahead of the GPU until verl's per-micro-batch syncs (`loss.detach().item()` in forward_step, the
+    policy loss's metric `.item()`s) make it wait. The terms of the longer side are kept (with the fixed and the
+    serial ones), the other side's zeroed: the fit stays linear."""
+    host_keys = overlapped(ranks)
+    host = sum(t.get(k, 0.0) * const(k) for k in host_keys)
+    gpu = sum(t.get(k, 0.0) * const(k) for k in GPU_TERMS)
+    drop = GPU_TERMS if host >= gpu else host_keys
+    return {k: (0.0 if k in drop else v) for k, v in t.items()}
 
 
 def flops_s(terms: Terms) -> float:
@@ -344,13 +373,13 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         return out
 
     def update(params: float, root: float, phase: Phase, vocab: int, recompute: bool) -> Terms:
-        t = tokens(phase)
+        t, m = tokens(phase), micros(phase)
         out = update_terms(params, t, sp.tflops, recompute,
                            logit_reads=t * vocab / (sp.hbm_gbs * 1e9) if vocab > 1 else 0.0,
-                           passes=micros(phase) * shape.layers,
-                           loop_tokens=real_gpu if vocab > 1 and not flash else 0.0)
-        out[""] = exposed(fsdp_comm_s(params, root, cb, n, micros(phase), bus), out)
-        return out
+                           passes=m * shape.layers, loop_tokens=real_gpu if vocab > 1 and not flash else 0.0,
+                           lm_micros=m if vocab > 1 else 0)
+        out["COMM_S"] = exposed(fsdp_comm_s(params, root, cb, n, m, bus), out)
+        return bound(out, n)
 
     actor_p, root = shape.params, shape.root_params
     m_a = s.master_dtype_bytes_actor
@@ -370,14 +399,14 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         values[""] += offload_s(cp, m_c, False)
         terms["values"] = values
         uc = update(cp, shape.value_root_params, Phase.CRITIC_UPDATE, 1, s.grad_ckpt_critic)
-        uc[""] += offload_s(cp, m_c, True)
+        uc[""] = offload_s(cp, m_c, True)
         terms["update_critic"] = uc
     # on the driver, for the whole batch: GAE loops over the response positions (compute_gae_advantage_return),
     # GRPO's grouping and the batch's bookkeeping over the sequences, in Python
     terms["adv"] = {"ADV_S": 1.0, "ADV_SEQ_S": s.sequences,
                     "GAE_STEP_S": s.response_len if s.adv_estimator == "gae" else 0.0}
     ua = update(actor_p, root, Phase.ACTOR_UPDATE, shape.vocab, s.grad_ckpt_actor)
-    ua[""] += offload_s(actor_p, m_a, True)
+    ua[""] = offload_s(actor_p, m_a, True)  # serial: the params and states moved before and after the micro batches
     terms["update_actor"] = ua
     # with param offload verl loads the params to the GPU to hand them over, and offloads them again; across ranks
     # each tensor is gathered (DTensor full_tensor(), one call a tensor: per layer)
