@@ -57,6 +57,7 @@ class Run:
     attention: str  # PADDED | PACKED
     micro: int  # actor (and critic) update micro batch per GPU
     log_prob: int  # log-prob (old, ref, critic values) micro batch per GPU
+    profile: bool = False  # torch profiler on step 3's updates (PROFILE_WORDS): a diagnosis, never a measurement
 
     @property
     def flash(self) -> bool:
@@ -101,7 +102,19 @@ class Run:
                     "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "trainer.logger=[console]",
                     "trainer.nnodes=1", f"trainer.n_gpus_per_node={self.gpus}",
                     f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1", "trainer.test_freq=-1",
-                    "trainer.val_before_train=false", f"trainer.default_local_dir={VC / 'ckpt' / self.name}"]
+                    "trainer.val_before_train=false", f"trainer.default_local_dir={VC / 'ckpt' / self.name}"] + (
+            list(PROFILE_WORDS) + (list(CRITIC_PROFILE_WORDS) if self.algo == "gae" else []) if self.profile else [])
+
+
+PROFILE_DIR = VC / "profile"  # the traces stay on the device (tens of MB); profile_summary.py's summary comes back
+# verl 0.9.1's torch profiler on the actor's update of step 3, one trace per stage (discrete), the first mini batch
+PROFILE_WORDS = ("global_profiler.tool=torch", "global_profiler.steps=[3]", f"global_profiler.save_path={PROFILE_DIR}",
+                 "actor_rollout_ref.actor.profiler.enable=true",
+                 "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true",
+                 "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda]",
+                 "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=1")
+CRITIC_PROFILE_WORDS = ("critic.profiler.enable=true", "critic.profiler.tool_config.torch.discrete=true",
+                        "critic.profiler.tool_config.torch.contents=[cuda]")  # the same micro batch, no LM head
 
 
 @dataclass(frozen=True)
@@ -155,8 +168,11 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g2ppo-m32", "2gpu-ppo", "D", 2, "gae", PACKED, 32, 32),
     Run("g2fa-m32", "2gpu-packed", "E", 2, "grpo", PACKED, 32, 32),
     Run("g2ppo-m2", "2gpu-ppo", "E", 2, "gae", PACKED, 2, 4),
+    # P: diagnoses, not measurements (the report and the fixture leave them out): where the actor's micro batches
+    # spend the ~0.28 s of host work the critic's do not (step_time.UPDATE_LM_MICRO_S), actor and critic profiled
+    Run("g1ppo-m8-prof", "1gpu-ppo", "P", 1, "gae", PACKED, 8, 16, profile=True),
 )
-BATCHES = ("A", "B", "C", "D", "E")
+BATCHES = ("A", "B", "C", "D", "E", "P")
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 
@@ -174,7 +190,7 @@ def phases(batches: list[str], skip: tuple[str, ...] = ()) -> list[tuple[bool, l
     unknown = [n for n in skip if n not in BY_NAME]
     if unknown:
         raise SystemExit(f"--skip {', '.join(unknown)}: no such run (the runs: {', '.join(BY_NAME)})")
-    roles = {FAMILY[r.family].role for b in batches for r in batch_runs(b)}
+    roles = {FAMILY[r.family].role for b in batches for r in batch_runs(b) if not r.profile}
     if len(roles) > 1:
         raise SystemExit(f"batches {'+'.join(batches)} mix fit and held-out runs: run the held-out batches in a "
                          "session of their own, after the refit and `predict --batch ...` are committed")
@@ -362,7 +378,7 @@ def to_entry(result: dict, results: list[dict]) -> Optional[tuple[str, dict]]:
     (no timed steps, or it shared a Ray cluster: grid2_shared_queue)."""
     run = BY_NAME.get(result.get("run", ""))
     m = measured(result.get("steps") or {}, run.sequences) if run else {}
-    if not run or not m or shared_cluster(result, run):
+    if not run or run.profile or not m or shared_cluster(result, run):
         return None
     card = card_key(result["card"])
     keep = ("timing_s/", "perf/total_num_tokens", "response_length/mean", "prompt_length/mean")
@@ -455,7 +471,7 @@ def beside(result: dict, results: list[dict]) -> list[str]:
 
 
 def report(results: list[dict], rounds: list[dict]) -> dict[str, Any]:
-    results = [r for r in results if r.get("run") in BY_NAME]
+    results = [r for r in results if r.get("run") in BY_NAME and not BY_NAME[r["run"]].profile]
     runs = [{**judge(r, rounds), "beside": beside(r, results)} for r in results]
     fams = []
     for f in FAMILIES:

@@ -222,6 +222,10 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
     except ValueError:
         product = {}
     shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
+    if run.profile:  # the traces stay here; their summary comes back
+        got = sh(f"profile-{run.name}", [gm().PY, "scripts/calibration/profile_summary.py", str(grid2.PROFILE_DIR),
+                                         "--json", str(OUT / f"profile-{run.name}.json")], 300)
+        (OUT / f"profile-{run.name}.md").write_text(got.stdout)
     return {"run": run.name, "batch": run.batch, "family": run.family, "card": card, "gpus": run.gpus,
             "machine_gpus": machine_gpus, "gpu_set": list(gpus), "flash_attn": have_flash, "started_utc": started,
             "wall_s": round(time.time() - t, 1),

@@ -58,7 +58,9 @@ def test_held_out_families_are_held_out_by_axis():
 def test_batches_cover_every_run_once_and_fit_a_session(plans):
     names = [r.name for b in grid2.BATCHES for r in grid2.batch_runs(b)]
     assert sorted(names) == sorted(grid2.BY_NAME) and len(names) == len(set(names))
-    roles = [{grid2.FAMILY[r.family].role for r in grid2.batch_runs(b)} for b in grid2.BATCHES]
+    measured = [b for b in grid2.BATCHES if not all(r.profile for r in grid2.batch_runs(b))]
+    assert [b for b in grid2.BATCHES if b not in measured] == ["P"]  # diagnoses: neither fit nor held out
+    roles = [{grid2.FAMILY[r.family].role for r in grid2.batch_runs(b)} for b in measured]
     assert all(len(r) == 1 for r in roles)  # a batch is all fit or all held out ...
     order = [r.pop() for r in roles]
     assert order == sorted(order, key=lambda x: x == "hold-out")  # ... and the held-out ones come last
@@ -94,7 +96,7 @@ def test_the_recorded_predictions_cover_the_grid_on_both_cards():
     rounds = json.loads(grid2.PREDICTIONS.read_text())["rounds"]
     assert rounds and all(len(r["commit"]) == 40 for r in rounds)
     seen = {(n, c) for r in rounds for n, cards in r["runs"].items() for c in cards}
-    assert seen >= {(r.name, c) for r in grid2.RUNS for c in grid2.CARDS}
+    assert seen >= {(r.name, c) for r in grid2.RUNS if not r.profile for c in grid2.CARDS}
     for p in rounds[0]["runs"]["g2pad-m8"].values():
         assert [f for f, _ in p["by_fill"]] == list(grid2.FILLS) and p["error_bar"]["pct"] > 0
 
@@ -282,3 +284,22 @@ def test_a_measured_run_becomes_a_fixture_entry_replayed_as_the_cli_planned_it(t
     cli = grid2.plan(grid2.BY_NAME["g2pad-m16"], "H200", tmp_path, entry["fill"])
     assert plan.time["phases_s"] == cli["time"]["phases_s"] and plan.time["step_s"] == cli["time"]["step_s"]
     assert got["step_s"] == pytest.approx(grid2.measured(results[0]["steps"], 128)["step_s"], rel=1e-6)
+
+
+def test_a_profiled_run_is_a_diagnosis_not_a_measurement():
+    """g1ppo-m8-prof: the PPO line with verl's torch profiler on step 3's actor and critic updates; its timings carry
+    the profiler's cost, so neither the report nor the fixture takes it, and it may share a session with any batch."""
+    run = grid2.BY_NAME["g1ppo-m8-prof"]
+    base = grid2.BY_NAME["g1ppo-m8"]
+    extra = run.line()[len(base.line()):]
+    assert run.line()[:len(base.line()) - 1] == [w.replace("g1ppo-m8", "g1ppo-m8-prof") for w in base.line()[:-1]]
+    assert "global_profiler.tool=torch" in extra and "global_profiler.steps=[3]" in extra
+    assert "actor_rollout_ref.actor.profiler.enable=true" in extra and "critic.profiler.enable=true" in extra
+    assert f"global_profiler.save_path={grid2.PROFILE_DIR}" in extra and not str(grid2.PROFILE_DIR).startswith(
+        str(grid2.OUT))  # the traces stay on the device; only their summary comes back with OUT
+    assert [r.name for _, rs in grid2.phases(["C", "P"]) for r in rs][-1] == "g1ppo-m8-prof"
+    doc = {"run": run.name, "card": "NVIDIA H200", "started_utc": "2026-12-01T01:00:00Z", "wall_s": 300,
+           "machine_gpus": 1, "gpu_set": [0], "flash_attn": True,
+           "steps": {str(k): {"timing_s/step": 12.0, "timing_s/gen": 4.0, "perf/total_num_tokens": 43000.0}
+                     for k in range(1, 6)}}
+    assert grid2.to_entry(doc, [doc]) is None and grid2.report([doc], [])["runs"] == []
