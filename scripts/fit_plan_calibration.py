@@ -127,44 +127,53 @@ def replays(runs: dict, figures: dict | None = None) -> dict:
     return out
 
 
-UPDATE_CONSTS = ("UPDATE_FIXED_S",) + tuple(k for k in step_time.HOST_TERMS + step_time.GPU_TERMS
-                                            if k and not k.lstrip("1/") in HELD)
+def bound_consts(fixed: str) -> tuple[str, ...]:
+    """The fitted constants of a micro-batched phase kind (step_time.SIDES): its fixed cost and both sides' terms."""
+    host, gpu = step_time.SIDES[fixed]
+    return (fixed,) + tuple(k for k in host + gpu if k.lstrip("1/") not in HELD)
 
 
 def fit_bound(runs: dict, figures: dict) -> tuple[dict, dict[str, float]]:
-    """Replays with each update phase's host and GPU terms both kept, and the time fit: the other phases by least
-    squares; the updates, whose micro batches take the longer of the host's and the GPU's work (step_time.bound),
-    by minimizing the same relative errors with that max (Nelder-Mead from the least-squares fit that adds the two
-    sides: the same start whatever the modules hold, so --check is stable). Returns the replays as the plan makes
-    them at the fitted constants."""
+    """Replays with each micro-batched phase's host and GPU terms both kept, and the time fit: the other phases by
+    least squares; the forward and update phases, whose micro batches take the longer of the host's and the GPU's
+    work (step_time.bound), by minimizing the same relative errors with that max (Nelder-Mead from the least-squares
+    fit that adds the two sides: the same start whatever the modules hold, so --check is stable). Returns the replays
+    as the plan makes them at the fitted constants."""
     plain, step_time.bound = step_time.bound, (lambda t, ranks=1: t)
     try:
         raw = replays(runs, figures)
     finally:
         step_time.bound = plain
-    fit_rows = [(terms, got["phases_s"][ph], plan.time["error_bar"]["axes"]["ranks"])
-                for entry, plan, got in raw.values() if entry["time"] == "fit"
-                for ph, terms in plan.terms["time"].items() if ph.startswith("update_") and got["phases_s"].get(ph)]
     x0 = fit_time(raw)
-    start = np.array([x0.get(k, 0.0) for k in UPDATE_CONSTS])
-    scale = np.where(start > 0, start, 1e-3)
+    time_x = dict(x0)
+    for fixed in step_time.SIDES:
+        names = bound_consts(fixed)
+        rows = [(terms, got["phases_s"][ph], plan.time["error_bar"]["axes"]["ranks"])
+                for entry, plan, got in raw.values() if entry["time"] == "fit"
+                for ph, terms in plan.terms["time"].items() if fixed in terms and got["phases_s"].get(ph)]
+        start = np.array([x0.get(k, 0.0) for k in names])
+        scale = np.where(start > 0, start, 1e-3)
 
-    def predicted(x: np.ndarray, terms: dict, ranks: int) -> float:
-        c = dict(zip(UPDATE_CONSTS, np.abs(x) * scale))
-        val = (lambda k: c[k] if k in c else step_time.const(k))
-        side = (lambda keys: sum(terms.get(k, 0.0) * val(k) for k in keys))
-        host = step_time.overlapped(ranks)
-        rest = sum(v * val(k) for k, v in terms.items() if k not in host + step_time.GPU_TERMS)
-        return rest + max(side(host), side(step_time.GPU_TERMS))
+        def predicted(x: np.ndarray, terms: dict, ranks: int, names=names, scale=scale) -> float:
+            c = dict(zip(names, np.abs(x) * scale))
+            val = (lambda k: c[k] if k in c else step_time.const(k))
+            host_all, gpu = step_time.sides(terms)
+            host = step_time.overlapped(ranks, host_all)
+            side = (lambda keys: sum(terms.get(k, 0.0) * val(k) for k in keys))
+            rest = sum(v * val(k) for k, v in terms.items() if k not in host + gpu)
+            return rest + max(side(host), side(gpu))
 
-    def loss(x: np.ndarray) -> float:
-        return sum((predicted(x, t, n) / m - 1.0) ** 2 for t, m, n in fit_rows)
+        def loss(x: np.ndarray, rows=rows, predicted=predicted) -> float:
+            return sum((predicted(x, t, n) / m - 1.0) ** 2 for t, m, n in rows)
 
-    best = nelder_mead(loss, np.ones(len(UPDATE_CONSTS)))
-    time_x = {**x0, **{k: float(v) for k, v in zip(UPDATE_CONSTS, np.abs(best) * scale)}}
-    saved = {k: getattr(step_time, k) for k in UPDATE_CONSTS}
+        best = np.ones(len(names))
+        for _ in range(3):  # restarted from its best: a simplex that collapsed early starts whole again
+            best = nelder_mead(loss, best)
+        time_x.update({k: float(v) for k, v in zip(names, np.abs(best) * scale)})
+    fitted = [k for f in step_time.SIDES for k in bound_consts(f)]
+    saved = {k: getattr(step_time, k) for k in fitted}
     try:  # the plans as the modules will make them: bound() at the fitted constants
-        for k in UPDATE_CONSTS:
+        for k in fitted:
             setattr(step_time, k, time_x[k])
         done = replays(runs, figures)
     finally:

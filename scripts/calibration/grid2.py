@@ -169,7 +169,7 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g2fa-m32", "2gpu-packed", "E", 2, "grpo", PACKED, 32, 32),
     Run("g2ppo-m2", "2gpu-ppo", "E", 2, "gae", PACKED, 2, 4),
     # P: diagnoses, not measurements (the report and the fixture leave them out): where the actor's micro batches
-    # spend the ~0.28 s of host work the critic's do not (step_time.UPDATE_LM_MICRO_S), actor and critic profiled
+    # spend the ~0.29 s of host work the critic's do not (step_time.UPDATE_LM_MICRO_S), actor and critic profiled
     Run("g1ppo-m8-prof", "1gpu-ppo", "P", 1, "gae", PACKED, 8, 16, profile=True),
 )
 BATCHES = ("A", "B", "C", "D", "E", "P")

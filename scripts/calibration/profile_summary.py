@@ -7,7 +7,7 @@
   (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, a device-to-host cudaMemcpy);
 - the host's operators by self time (time in the op less its child ops), summed over the micro batches.
 
-Issue 33: an actor's micro batch costs ~0.28 s of host work that a critic's does not; this names which part.
+Issue 33: an actor's micro batch costs ~0.29 s of host work that a critic's does not; this names which part.
 
     profile_summary.py DIR_OR_FILE... [--json F] [--top N]
 """

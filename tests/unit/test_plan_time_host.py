@@ -108,11 +108,10 @@ def test_step_time_hold_outs(name, tmp_path):
     """Not fitted on (the goal: step ±20%, phase ±30%); since issue 33's terms (per-pass floors, padding to the micro
     batch's longest, verl's per-token loop without flash-attn, an update's micro batches bound by the longer of the
     host's and the GPU's work) they were seen while those terms took their form, not blind. GRPO 0.5B with SDPA and
-    no remove-padding: step +1.5% (ref +26.0%). PPO 1.5B with actor and critic offloaded +0.9% (update_actor
-    +24.6%, update_weights -22.5%), GRPO 3B n=8 with 1024-token responses +14.6%, GRPO 0.5B with 256 sequences of 256
-    tokens +0.8%, GRPO 1.5B with 512 sequences +13.3% (old_log_prob +28.5%, ref +34.2%: over the goal, held within
-    35%). Phases under half a second by their seconds: within 0.15 s (worst: old_log_prob of hold-grpo3n8, 0.53 vs
-    0.38 s)."""
+    no remove-padding: step +4.7% (old_log_prob +20.9%). PPO 1.5B with actor and critic offloaded -0.6%
+    (update_actor +22.0%, update_weights -22.5%), GRPO 3B n=8 with 1024-token responses +13.4%, GRPO 0.5B with 256
+    sequences of 256 tokens -3.0%, GRPO 1.5B with 512 sequences +14.5% (gen +25.2%, ref +27.2%). Phases under half a
+    second by their seconds: within 0.15 s (worst: old_log_prob of hold-grpo3n8, 0.48 vs 0.38 s)."""
     assert TIME_HOLD == sorted(HOLD_PHASES)
     rows = rows_of(name, tmp_path)
     assert abs(step_row(rows)["error"]) <= 0.20, rows
@@ -148,12 +147,11 @@ def test_the_fit_uses_only_the_fit_runs(tmp_path):
 
 
 def test_the_compute_phases_of_the_largest_run_within_ten_percent(tmp_path):
-    """The GRPO 0.5B run is the one where FLOPs, not fixed costs, set the time: its forward and update phases (ref
-    +11%: the second grid's small micro batches raised the forward's per-pass floor)."""
+    """The GRPO 0.5B run is the one where FLOPs, not fixed costs, set the time: its forward and update phases."""
     plan, got = replay("grpo_0.5b", tmp_path)
     rows = {r["what"]: r["error"] for r in pairs(plan.predictions(), got)}
     for phase in ("gen", "old_log_prob", "ref", "update_actor"):
-        assert abs(rows[f"time {phase} (s)"]) <= (0.12 if phase == "ref" else 0.10), rows
+        assert abs(rows[f"time {phase} (s)"]) <= 0.10, rows
 
 
 # ---- the parts, by hand ----
@@ -305,9 +303,9 @@ def test_the_two_node_run_by_hand(tmp_path):
     assert t["update_actor"]["COMM_S"] == pytest.approx(update - st.flops_s(t["update_actor"]))  # GPU-bound
     # GPU-bound: the layers' launches (8 x 24 passes) hide behind the gathers; the LM head's host work does not
     assert t["update_actor"]["UPDATE_PASS_S"] == 0.0 and t["update_actor"]["UPDATE_LM_MICRO_S"] == 8
-    assert t["old_log_prob"]["FORWARD_PASS_S"] == 4 * 24
     fwd = st.fsdp_forward_comm_s(shape.params, root, 2, n, 4, bus)
-    assert t["old_log_prob"][""] == pytest.approx(fwd - st.flops_s(t["old_log_prob"]))
+    assert t["old_log_prob"]["COMM_S"] == pytest.approx(fwd - st.flops_s(t["old_log_prob"]))  # GPU-bound too
+    assert t["old_log_prob"]["FORWARD_PASS_S"] == 0.0 and t["old_log_prob"]["FORWARD_LM_MICRO_S"] == 4
     assert t["update_weights"]["SYNC_RANKS_S"] == 1.0
     assert t["update_weights"][""] == pytest.approx(st.sync_comm_s(shape.params, n, bus, False)
                                                     + 2 * shape.params / (4800e9 * st.HBM_SHARE))

@@ -75,26 +75,28 @@ INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures t
 
 # Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
 # calibration_runs.json (one H100) and multi_gpu_runs.json (docs/BENCHMARKS.md, "Step time").
-FORWARD_FIXED_S = 0.0867  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
-UPDATE_FIXED_S = 0.793  # per update phase: its mini batches' token-count gathers, clip and optimizer steps
-FORWARD_PASS_S = 0.00271  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
+FORWARD_FIXED_S = 0.117  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
+UPDATE_FIXED_S = 0.734  # per update phase: its mini batches' token-count gathers, clip and optimizer steps
+FORWARD_PASS_S = 0.00284  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
 UPDATE_PASS_S = 0.00112  # per micro batch per layer in an update (forward, recompute, backward)
-UPDATE_LM_MICRO_S = 0.284  # per micro batch of an update through the LM head (the actor's): the host's part
+UPDATE_LM_MICRO_S = 0.292  # per micro batch of an update through the LM head (the actor's): the host's part
+FORWARD_LM_MICRO_S = 0.0767  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
 # trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
 # with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
 # per real token per vocab entry, at HBM speed: the log-probs' logits (and what else goes with the real tokens)
-LOGIT_FORWARD_BYTES = 149
+LOGIT_FORWARD_BYTES = 184
 # per token per vocab entry computed: the entropy, in the actor's log-prob only; packed verl calls it compiled
-# (torch.compile), padded the plain function (softmax, logsumexp, product, sum: a pass over the logits each)
-ENTROPY_BYTES = 17.1
-ENTROPY_EAGER_BYTES = 38.5
-LOGIT_UPDATE_BYTES = 0.00218  # per token per vocab entry in an update: fitted to ~0 since updates take max(host, GPU)
+# (torch.compile), padded the plain function (softmax, logsumexp, product, sum: a pass over the logits each). The
+# padded figure is high: on the padded runs (one step kept on two of them) it carries what their GPU side leaves
+ENTROPY_BYTES = 3.47
+ENTROPY_EAGER_BYTES = 205
+LOGIT_UPDATE_BYTES = 92.7  # per token computed per vocab entry: the logits and their backward in an update
 # without flash-attn verl's log-probs loop over the real tokens in Python (logprobs_from_logits_v2: a log_softmax
 # and a gather a row): per token, the host's launches, whatever the vocab or the GPU
-LOOP_FORWARD_TOKEN_S = 5.7e-05
+LOOP_FORWARD_TOKEN_S = 5.27e-05
 LOOP_UPDATE_TOKEN_S = 0.000167  # the same loop and its backward (a node a row), in an update
 GENERATE_FIXED_S = 0.874  # per generate: request fan-out, vLLM wake-up and sleep
 # with enforce_eager (no CUDA graphs) each decode step launches its kernels from Python: a part per step (sampling,
@@ -108,7 +110,7 @@ ADV_S = 0.0271  # advantages, rewards (rule-based)
 ADV_SEQ_S = 0.000644  # per sequence of the batch
 GAE_STEP_S = 0.00012  # per response position: GAE's loop (PPO)
 # per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same few us a token
-VALUE_TOKEN_S = 3.43e-06
+VALUE_TOKEN_S = 6.41e-06
 # not fitted
 GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
 HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not separable on the small runs)
@@ -174,12 +176,13 @@ class StepTime:
 
 
 def forward_terms(params: float, tokens: float, tflops: float, logit_reads: float = 0.0, passes: float = 0.0,
-                  loop_tokens: float = 0.0) -> Terms:
+                  loop_tokens: float = 0.0, lm_micros: float = 0.0) -> Terms:
     """A forward phase. tokens: computed per GPU; logit_reads: real tokens x vocab over the HBM bandwidth; passes:
-    micro batches x layers; loop_tokens: real tokens verl's log-prob loop runs over (no flash-attn)."""
+    micro batches x layers; loop_tokens: real tokens verl's log-prob loop runs over (no flash-attn); lm_micros: micro
+    batches through the LM head (a log-prob pass, not the critic's values)."""
     return {"FORWARD_FIXED_S": 1.0, "FORWARD_PASS_S": passes,
             "1/COMPUTE_SHARE": 2.0 * params * tokens / (tflops * 1e12), "LOGIT_FORWARD_BYTES": logit_reads,
-            "LOOP_FORWARD_TOKEN_S": loop_tokens}
+            "LOOP_FORWARD_TOKEN_S": loop_tokens, "FORWARD_LM_MICRO_S": lm_micros}
 
 
 def update_terms(params: float, tokens: float, tflops: float, recompute: bool, epochs: int = 1,
@@ -191,28 +194,38 @@ def update_terms(params: float, tokens: float, tflops: float, recompute: bool, e
             "UPDATE_LM_MICRO_S": lm_micros * epochs}
 
 
-HOST_TERMS = ("UPDATE_PASS_S", "LOOP_UPDATE_TOKEN_S", "UPDATE_LM_MICRO_S")  # the host's work in an update's micro batches
-GPU_TERMS = ("1/COMPUTE_SHARE", "LOGIT_UPDATE_BYTES", "COMM_S")  # the GPU's: FLOPs, logits over HBM, collectives
+# Each micro-batched phase's terms by side: the host's work (the layers' launches, then the LM head's: its cost per
+# micro batch and verl's per-token loop without flash-attn) and the GPU's (FLOPs, bytes over HBM, exposed collectives)
+SIDES = {"UPDATE_FIXED_S": (("UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "LOOP_UPDATE_TOKEN_S"),
+                            ("1/COMPUTE_SHARE", "LOGIT_UPDATE_BYTES", "COMM_S")),
+         "FORWARD_FIXED_S": (("FORWARD_PASS_S", "FORWARD_LM_MICRO_S", "LOOP_FORWARD_TOKEN_S"),
+                             ("1/COMPUTE_SHARE", "LOGIT_FORWARD_BYTES", "ENTROPY_BYTES", "ENTROPY_EAGER_BYTES",
+                              "VALUE_TOKEN_S", "COMM_S"))}
 
 
-def overlapped(ranks: int) -> tuple[str, ...]:
+def sides(t: Terms) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(host terms, GPU terms) of a micro-batched phase's terms; ((), ()) for another phase."""
+    return next((v for k, v in SIDES.items() if k in t), ((), ()))
+
+
+def overlapped(ranks: int, host: tuple[str, ...]) -> tuple[str, ...]:
     """The host terms that run beside the GPU's work. On one rank torch's FSDP1 runs NO_SHARD (no all-gathers), so
     the host launches a whole micro batch ahead of the GPU: all of them. On more ranks FSDP1's rate limiter
     (limit_all_gathers, on by default; verl does not set it) holds the host within two layer units of the GPU, so
-    only the layers' launches overlap; the LM head's host work (its per-micro-batch cost, the no-flash-attn loop)
-    starts with the GPU's queue drained."""
-    return HOST_TERMS if ranks <= 1 else ("UPDATE_PASS_S",)
+    only the layers' launches overlap; the LM head's host work starts with the GPU's queue drained."""
+    return host if ranks <= 1 else host[:1]
 
 
 def bound(t: Terms, ranks: int = 1) -> Terms:
-    """An update's micro batches take the longer of the host's and the GPU's work where they overlap, not their sum:
-    the host runs ahead of the GPU until verl's per-micro-batch syncs (`loss.detach().item()` in forward_step, the
-    policy loss's metric `.item()`s) make it wait. The terms of the longer side are kept (with the fixed and the
-    serial ones), the other side's zeroed: the fit stays linear."""
-    host_keys = overlapped(ranks)
+    """A micro-batched phase takes the longer of the host's and the GPU's work where they overlap, not their sum: the
+    host runs ahead of the GPU until verl's per-micro-batch syncs (`loss.detach().item()` in forward_step, forward-only
+    passes included; the policy loss's metric `.item()`s) make it wait. The terms of the longer side are kept (with
+    the fixed and the serial ones), the other side's zeroed: the fit stays linear."""
+    host_all, gpu_keys = sides(t)
+    host_keys = overlapped(ranks, host_all)
     host = sum(t.get(k, 0.0) * const(k) for k in host_keys)
-    gpu = sum(t.get(k, 0.0) * const(k) for k in GPU_TERMS)
-    drop = GPU_TERMS if host >= gpu else host_keys
+    gpu = sum(t.get(k, 0.0) * const(k) for k in gpu_keys)
+    drop = gpu_keys if host >= gpu else host_keys
     return {k: (0.0 if k in drop else v) for k, v in t.items()}
 
 
@@ -364,12 +377,13 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         t = tokens(phase)
         reads = real_gpu * vocab / (sp.hbm_gbs * 1e9) if vocab > 1 else 0.0
         out = forward_terms(params, t, sp.tflops, reads, micros(phase) * shape.layers,
-                            real_gpu if vocab > 1 and not flash else 0.0)
+                            real_gpu if vocab > 1 and not flash else 0.0, micros(phase) if vocab > 1 else 0)
         # the entropy over every logit computed (verl asks it of the actor's log-prob only): packed, a compiled (fused)
         # function; padded, the plain one (softmax, logsumexp, product and sum, each a pass over the logits)
         if entropy:
             out["ENTROPY_BYTES" if packed else "ENTROPY_EAGER_BYTES"] = t * vocab / (sp.hbm_gbs * 1e9)
-        out[""] = exposed(fsdp_forward_comm_s(params, root, cb, n, micros(phase), bus), out)
+        out["COMM_S"] = exposed(fsdp_forward_comm_s(params, root, cb, n, micros(phase), bus), out)
+        out[""] = 0.0  # serial seconds: offload, the ref's uploads
         return out
 
     def update(params: float, root: float, phase: Phase, vocab: int, recompute: bool) -> Terms:
@@ -379,7 +393,7 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
                            passes=m * shape.layers, loop_tokens=real_gpu if vocab > 1 and not flash else 0.0,
                            lm_micros=m if vocab > 1 else 0)
         out["COMM_S"] = exposed(fsdp_comm_s(params, root, cb, n, m, bus), out)
-        return bound(out, n)
+        return out
 
     actor_p, root = shape.params, shape.root_params
     m_a = s.master_dtype_bytes_actor
@@ -413,6 +427,7 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     terms["update_weights"] = {"SYNC_FIXED_S": 1.0, "SYNC_RANKS_S": 1.0 if n > 1 else 0.0,
                                "": cb * actor_p / (sp.hbm_gbs * 1e9 * HBM_SHARE)
                                + sync_comm_s(actor_p, n, bus, s.fsdp2) + offload_s(actor_p, m_a, False)}
+    terms = {k: bound(v, n) for k, v in terms.items()}  # micro-batched phases: the longer of host and GPU
     phases = {k: seconds(v) for k, v in terms.items()}
     trained = actor_p + (shape.value_model_params if s.critic else 0)
     save = 12.0 * trained / n / (SAVE_GBS * 1e9) if s.save_freq > 0 else 0.0
