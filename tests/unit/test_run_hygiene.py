@@ -94,6 +94,30 @@ def test_run_preflight_carries_both_warnings(tmp_path, monkeypatch):
     assert sorted(f.check for f in report.findings if f.level == "warning") == ["checkpoint", "env"]
 
 
+def test_run_preflight_runs_its_checks_side_by_side(tmp_path, monkeypatch):
+    """verl's config probe (a child Python importing verl: ~30 s on a GPU box) does not wait for the other checks:
+    two checks that each wait for the other at a barrier both pass, and the findings keep the checks' order."""
+    import threading
+
+    from verl_cluster.submit.findings import Finding
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    barrier = threading.Barrier(2, timeout=20)
+
+    def meet(name):
+        def check(*args, **kwargs):
+            barrier.wait()
+            return [Finding("ok", name, "met the other check")]
+        return check
+
+    monkeypatch.setattr(preflight, "check_verl", meet("verl-config"))
+    monkeypatch.setattr(preflight, "check_resources", meet("resources"))
+    report = preflight.run_preflight(_cluster(tmp_path), PPO, {}, None)
+    assert not [f for f in report.findings if f.check == "preflight"], report.findings
+    names = [f.check for f in report.findings]
+    assert names.index("verl-config") < names.index("resources")
+
+
 # ---- the resume line ----
 def test_resume_line_for_a_job_file_replaces_the_users_resume_mode(tmp_path):
     cluster = tmp_path / "c.yaml"

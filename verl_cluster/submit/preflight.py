@@ -6,6 +6,7 @@ Each check returns Findings; `run_preflight` runs them all (one failure never hi
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -542,11 +543,17 @@ def run_preflight(spec: ClusterSpec, job: JobSpec, overrides: Mapping[str, Any],
     def queue() -> list[Finding]:  # only where the job goes to the cluster's Ray (status came back)
         return check_shared_queue(spec, job, overrides) + check_shared_host(job, status) if status is not None else []
 
-    for check in (nodes, lambda: check_verl(job, overrides, spec), lambda: checkpoint_dir_findings(job, overrides),
-                  lambda: check_resources(job, overrides, status), lambda: check_placement_strategy(spec, job),
-                  queue):
+    def guarded(check) -> list[Finding]:
         try:
-            findings += check()
+            return check()
         except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
-            findings.append(Finding("error", "preflight", f"check failed: {type(e).__name__}: {e}"))
+            return [Finding("error", "preflight", f"check failed: {type(e).__name__}: {e}")]
+
+    checks = (nodes, lambda: check_verl(job, overrides, spec), lambda: checkpoint_dir_findings(job, overrides),
+              lambda: check_resources(job, overrides, status), lambda: check_placement_strategy(spec, job), queue)
+    # side by side: verl's config probe (a child Python importing verl: ~30 s on a GPU box) need not wait for the
+    # nodes' SSH probes; each check reads only its inputs (the nodes' path rewrites are used after, by the submit)
+    with ThreadPoolExecutor(len(checks)) as pool:
+        for got in pool.map(guarded, checks):
+            findings += got
     return PreflightReport(findings, paths)
