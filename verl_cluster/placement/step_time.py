@@ -13,7 +13,9 @@ Every phase is a fixed cost plus work over a rate:
   token computed forward and 6·N (+2·N recompute with gradient checkpointing) in an update; tokens computed are
   the real ones with use_remove_padding, else each micro batch padded to its longest sequence; the log-probs' logits
   over HBM; without flash-attn verl's log-probs loop over the real tokens in Python; the actor's log-prob computes
-  the entropy over every logit computed (compiled when packed, the plain function when padded);
+  the entropy over every logit computed (compiled when packed, the plain function when padded); a micro batch
+  takes the longer of the host's work (the layers' launches, the LM head's per-micro-batch cost and loop) and the
+  GPU's (FLOPs, bytes, exposed collectives), on 2+ ranks with the LM head's host work serial (bound, overlapped);
 - the ref (verl's forward-only engine forces CPUOffload): each micro batch copies the fp32 shard to the GPU beside
   the compute: only what the copy takes beyond the layers' FLOPs shows;
 - FSDP1 (more than one GPU): per micro batch each layer's params gathered for the forward and again for the
@@ -29,7 +31,7 @@ The GPU enters through the catalog's FLOPs, HBM and link figures only: fixed, pe
 host's (Python, kernel launches) and carry over from the H100 host they were fitted on.
 Each phase is built as terms (constant name -> coefficient, "" for seconds from bytes and links), so the fixed
 costs and the per-step/token/pass costs are fitted by scripts/fit_plan_calibration.py (least squares on the runs
-tagged fit): a calibration, not a law.
+tagged fit; the micro-batched phases by their relative errors under the max): a calibration, not a law.
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ def bound(t: Terms, ranks: int = 1) -> Terms:
     """A micro-batched phase takes the longer of the host's and the GPU's work where they overlap, not their sum: the
     host runs ahead of the GPU until verl's per-micro-batch syncs (`loss.detach().item()` in forward_step, forward-only
     passes included; the policy loss's metric `.item()`s) make it wait. The terms of the longer side are kept (with
-    the fixed and the serial ones), the other side's zeroed: the fit stays linear."""
+    the fixed and the serial ones), the other side's zeroed, so Plan.terms shows which side binds."""
     host_all, gpu_keys = sides(t)
     host_keys = overlapped(ranks, host_all)
     host = sum(t.get(k, 0.0) * const(k) for k in host_keys)
