@@ -28,7 +28,7 @@ from grid2 import OUT, REPO, VC, Run
 
 T0 = float(os.environ.get("GRID2_T0") or time.time())
 BUDGET_S = float(os.environ.get("BUDGET_S", "1320"))  # setup ~120 s + grid2.SESSION_RUNS_S
-STARTUP_MARGIN_S = 60.0  # 4x H200, 3 runs side by side: submit to the first step ~270 s, not 210 (33 s preflight)
+STARTUP_MARGIN_S = 60.0  # over grid2.STARTUP_S (300): start-up took 250-335 s a run on the 2026-11-28 H200 runs
 STAGGER_S = 2.0  # submits a moment apart: each preflight sees the one before it placed
 FLASH_OFF = VC / "flash-off"  # flash-attn's files while a padded run runs (out of the site)
 UTC = "%Y-%m-%dT%H:%M:%SZ"

@@ -218,15 +218,22 @@ def overlapped(ranks: int, host: tuple[str, ...]) -> tuple[str, ...]:
     return host if ranks <= 1 else host[:1]
 
 
+def side_seconds(t: Terms, ranks: int, value=None) -> tuple[tuple[str, ...], tuple[str, ...], float, float]:
+    """(the host terms that overlap the GPU's, the GPU terms, their seconds, theirs) of a phase's terms, each term at
+    VALUE(name) (the module's constants by default; the fit passes its own)."""
+    value = value or const
+    host_all, gpu_keys = sides(t)
+    host_keys = overlapped(ranks, host_all)
+    return (host_keys, gpu_keys, sum(t.get(k, 0.0) * value(k) for k in host_keys),
+            sum(t.get(k, 0.0) * value(k) for k in gpu_keys))
+
+
 def bound(t: Terms, ranks: int = 1) -> Terms:
     """A micro-batched phase takes the longer of the host's and the GPU's work where they overlap, not their sum: the
     host runs ahead of the GPU until verl's per-micro-batch syncs (`loss.detach().item()` in forward_step, forward-only
     passes included; the policy loss's metric `.item()`s) make it wait. The terms of the longer side are kept (with
     the fixed and the serial ones), the other side's zeroed, so Plan.terms shows which side binds."""
-    host_all, gpu_keys = sides(t)
-    host_keys = overlapped(ranks, host_all)
-    host = sum(t.get(k, 0.0) * const(k) for k in host_keys)
-    gpu = sum(t.get(k, 0.0) * const(k) for k in gpu_keys)
+    host_keys, gpu_keys, host, gpu = side_seconds(t, ranks)
     drop = gpu_keys if host >= gpu else host_keys
     return {k: (0.0 if k in drop else v) for k, v in t.items()}
 
@@ -395,6 +402,7 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
                            passes=m * shape.layers, loop_tokens=real_gpu if vocab > 1 and not flash else 0.0,
                            lm_micros=m if vocab > 1 else 0)
         out["COMM_S"] = exposed(fsdp_comm_s(params, root, cb, n, m, bus), out)
+        out[""] = 0.0  # serial seconds: offload
         return out
 
     actor_p, root = shape.params, shape.root_params
@@ -415,14 +423,14 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         values[""] += offload_s(cp, m_c, False)
         terms["values"] = values
         uc = update(cp, shape.value_root_params, Phase.CRITIC_UPDATE, 1, s.grad_ckpt_critic)
-        uc[""] = offload_s(cp, m_c, True)
+        uc[""] += offload_s(cp, m_c, True)
         terms["update_critic"] = uc
     # on the driver, for the whole batch: GAE loops over the response positions (compute_gae_advantage_return),
     # GRPO's grouping and the batch's bookkeeping over the sequences, in Python
     terms["adv"] = {"ADV_S": 1.0, "ADV_SEQ_S": s.sequences,
                     "GAE_STEP_S": s.response_len if s.adv_estimator == "gae" else 0.0}
     ua = update(actor_p, root, Phase.ACTOR_UPDATE, shape.vocab, s.grad_ckpt_actor)
-    ua[""] = offload_s(actor_p, m_a, True)  # serial: the params and states moved before and after the micro batches
+    ua[""] += offload_s(actor_p, m_a, True)  # serial: the params and states moved before and after the micro batches
     terms["update_actor"] = ua
     # with param offload verl loads the params to the GPU to hand them over, and offloads them again; across ranks
     # each tensor is gathered (DTensor full_tensor(), one call a tensor: per layer)
