@@ -103,12 +103,18 @@ class Run:
                     "trainer.nnodes=1", f"trainer.n_gpus_per_node={self.gpus}",
                     f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1", "trainer.test_freq=-1",
                     "trainer.val_before_train=false", f"trainer.default_local_dir={VC / 'ckpt' / self.name}"] + (
-            list(PROFILE_WORDS) + (list(CRITIC_PROFILE_WORDS) if self.algo == "gae" else []) if self.profile else [])
+            [f"global_profiler.save_path={self.profile_dir}"] + list(PROFILE_WORDS)
+            + (list(CRITIC_PROFILE_WORDS) if self.algo == "gae" else []) if self.profile else [])
+
+    @property
+    def profile_dir(self) -> Path:
+        """Where a profiled run's traces go: a folder of its own, so its summary reads only its traces."""
+        return PROFILE_DIR / self.name
 
 
 PROFILE_DIR = VC / "profile"  # the traces stay on the device (tens of MB); profile_summary.py's summary comes back
 # verl 0.9.1's torch profiler on the actor's update of step 3, one trace per stage (discrete), the first mini batch
-PROFILE_WORDS = ("global_profiler.tool=torch", "global_profiler.steps=[3]", f"global_profiler.save_path={PROFILE_DIR}",
+PROFILE_WORDS = ("global_profiler.tool=torch", "global_profiler.steps=[3]",
                  "actor_rollout_ref.actor.profiler.enable=true",
                  "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true",
                  "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda]",
@@ -169,7 +175,11 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g2fa-m32", "2gpu-packed", "E", 2, "grpo", PACKED, 32, 32),
     Run("g2ppo-m2", "2gpu-ppo", "E", 2, "gae", PACKED, 2, 4),
     # P: diagnoses, not measurements (the report and the fixture leave them out): where the actor's micro batches
-    # spend the ~0.29 s of host work the critic's do not (step_time.UPDATE_LM_MICRO_S), actor and critic profiled
+    # spend the ~0.3-0.45 s of host work the critic's do not (step_time.UPDATE_LM_MICRO_S), actor and critic profiled;
+    # at micro 8 a rank's mini batch is 4 (2 GPUs) or 8 (1 GPU) micro batches, so the trace also says whether the
+    # cost falls on every micro batch or only on those that accumulate into gradients already there (g2fa-m32, one
+    # micro batch a mini batch, took 0.83 s where 8 a rank took 3.46 s)
+    Run("g2ppo-m8-prof", "2gpu-ppo", "P", 2, "gae", PACKED, 8, 16, profile=True),
     Run("g1ppo-m8-prof", "1gpu-ppo", "P", 1, "gae", PACKED, 8, 16, profile=True),
 )
 BATCHES = ("A", "B", "C", "D", "E", "P")

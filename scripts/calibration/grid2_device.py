@@ -223,7 +223,7 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
         product = {}
     shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
     if run.profile:  # the traces stay here; their summary comes back
-        got = sh(f"profile-{run.name}", [gm().PY, "scripts/calibration/profile_summary.py", str(grid2.PROFILE_DIR),
+        got = sh(f"profile-{run.name}", [gm().PY, "scripts/calibration/profile_summary.py", str(run.profile_dir),
                                          "--json", str(OUT / f"profile-{run.name}.json")], 300)
         (OUT / f"profile-{run.name}.md").write_text(got.stdout)
     return {"run": run.name, "batch": run.batch, "family": run.family, "card": card, "gpus": run.gpus,

@@ -5,9 +5,11 @@
 
 - the span's wall time, the GPU's kernel time launched inside it, and the host's time blocked in syncs
   (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, a device-to-host cudaMemcpy);
-- the host's operators by self time (time in the op less its child ops), summed over the micro batches.
+- the host's operators by self time (time in the op less its child ops), summed over the micro batches;
+- each micro batch on its own, in order, with the `mini_batch<j>` span it ran in (when the trace has them): whether
+  the cost falls on every micro batch or only on those after a mini batch's first (gradient accumulation).
 
-Issue 33: an actor's micro batch costs ~0.29 s of host work that a critic's does not; this names which part.
+Issue 33: an actor's micro batch costs ~0.3-0.45 s of host work that a critic's does not; this names which part.
 
     profile_summary.py DIR_OR_FILE... [--json F] [--top N]
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 MICRO = re.compile(r"^micro_batch(\d+)$")
+MINI = re.compile(r"^mini_batch(\d+)$")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 HOST_CATS = ("cpu_op", "user_annotation", "python_function")
 
@@ -82,26 +85,34 @@ def summarize(events: list[dict], top: int = 15) -> Optional[dict[str, Any]]:
     host = [e for e in events if e.get("cat") in HOST_CATS + ("cuda_runtime", "cuda_driver")]
     ops: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    wall = gpu_us = sync_us = 0.0
-    for span in spans:
-        wall += span["dur"]
+    minis = sorted((e for e in events if e.get("cat") == "user_annotation" and MINI.match(str(e.get("name")))),
+                   key=lambda e: e["ts"])
+    each = []
+    for span in sorted(spans, key=lambda e: e["ts"]):
+        g = w = 0.0
         for e in host:
             if e is span or not inside(span, e):
                 continue
             if e.get("cat") in ("cuda_runtime", "cuda_driver"):
-                gpu_us += gpu.get((e.get("args") or {}).get("correlation"), 0.0)
+                g += gpu.get((e.get("args") or {}).get("correlation"), 0.0)
                 if str(e.get("name")).startswith(SYNCS):
-                    sync_us += e["dur"]
+                    w += e["dur"]
                 continue
             if not MICRO.match(str(e.get("name"))):
                 ops[e["name"]] += selfs.get(id(e), 0.0)
                 calls[e["name"]] += 1
+        mini = next((m for m in minis if inside(m, span)), None)
+        each.append({"micro_batch": int(MICRO.match(span["name"]).group(1)),
+                     "mini_batch": int(MINI.match(mini["name"]).group(1)) if mini else None,
+                     "wall_ms": round(span["dur"] / 1e3, 3), "gpu_ms": round(g / 1e3, 3), "sync_ms": round(w / 1e3, 3)})
     n = len(spans)
     ranked = sorted(ops.items(), key=lambda kv: -kv[1])[:top]
-    return {"micro_batches": n, "wall_ms": round(wall / n / 1e3, 3), "gpu_ms": round(gpu_us / n / 1e3, 3),
-            "sync_ms": round(sync_us / n / 1e3, 3),
+    return {"micro_batches": n, "wall_ms": round(sum(r["wall_ms"] for r in each) / n, 3),
+            "gpu_ms": round(sum(r["gpu_ms"] for r in each) / n, 3),
+            "sync_ms": round(sum(r["sync_ms"] for r in each) / n, 3),
             "host_ops": [{"op": k, "self_ms": round(v / n / 1e3, 3), "calls": round(calls[k] / n, 1)}
-                         for k, v in ranked]}
+                         for k, v in ranked],
+            "each": each}
 
 
 def traces(paths: Iterable[Path]) -> list[Path]:
@@ -118,6 +129,9 @@ def markdown(rows: dict[str, dict]) -> str:
                 f"GPU work launched, {r['sync_ms']:.1f} ms blocked in syncs", "",
                 "| host op | self ms / micro batch | calls |", "|---|---|---|"]
         out += [f"| {o['op']} | {o['self_ms']:.2f} | {o['calls']:g} |" for o in r["host_ops"]]
+        out += ["", "| mini batch | micro batch | wall ms | GPU ms | sync ms |", "|---|---|---|---|---|"]
+        out += [f"| {'-' if m['mini_batch'] is None else m['mini_batch']} | {m['micro_batch']} | {m['wall_ms']:.1f} | "
+                f"{m['gpu_ms']:.1f} | {m['sync_ms']:.1f} |" for m in r.get("each", ())]
         out.append("")
     return "\n".join(out)
 

@@ -68,6 +68,25 @@ def test_gpu_time_and_syncs_by_correlation():
     assert ops["MmBackward0"]["self_ms"] == 0.05
 
 
+def test_each_micro_batch_in_order_with_its_mini_batch(capsys):
+    """Two mini batches of two micro batches; the second of each (accumulating into gradients already there) takes
+    longer: the rows say so in order, each with its mini batch, its GPU work and its syncs; the markdown lists them."""
+    events = [ev("mini_batch0", "user_annotation", 0, 5000), ev("mini_batch1", "user_annotation", 6000, 5000)]
+    for mb, t0, dur, k in ((0, 100, 1000, 1), (1, 1200, 3000, 2), (0, 6100, 1000, 3), (1, 7200, 3000, 4)):
+        events += [ev(f"micro_batch{mb}", "user_annotation", t0, dur),
+                   ev("cudaLaunchKernel", "cuda_runtime", t0 + 10, 5, correlation=k),
+                   ev("k", "kernel", t0 + 20, 200 * k, tid=99, correlation=k),
+                   ev("cudaStreamSynchronize", "cuda_runtime", t0 + 30, dur / 2)]
+    got = ps.summarize(events)
+    assert [(r["mini_batch"], r["micro_batch"], r["wall_ms"], r["gpu_ms"], r["sync_ms"]) for r in got["each"]] == [
+        (0, 0, 1.0, 0.2, 0.5), (0, 1, 3.0, 0.4, 1.5), (1, 0, 1.0, 0.6, 0.5), (1, 1, 3.0, 0.8, 1.5)]
+    assert (got["micro_batches"], got["wall_ms"], got["gpu_ms"]) == (4, 2.0, 0.5)
+    md = ps.markdown({"t": got})
+    assert "| 0 | 1 | 3.0 | 0.4 | 1.5 |" in md and "| 1 | 0 | 1.0 | 0.6 | 0.5 |" in md
+    plain = ps.summarize([e for e in events if not e["name"].startswith("mini")])
+    assert {r["mini_batch"] for r in plain["each"]} == {None} and "| - | 0 |" in ps.markdown({"t": plain})
+
+
 def test_errors_say_what(tmp_path, capsys):
     assert ps.main([str(tmp_path / "nope")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
