@@ -297,7 +297,9 @@ def check_verl(job: JobSpec, overrides: Mapping[str, Any], spec: Optional[Cluste
         out.append(Finding("skipped", "verl-config", res.skipped, hint, where))
     if res.ran and not res.unknown and not res.error:
         out.append(Finding("ok", "verl-config", "verl's Hydra config composes with all overrides"
-                           + ("; verl's validate_config passed" if res.validated else ""), where=where))
+                           + ("; verl's validate_config passed" if res.validated else "")
+                           + (f" (as at {res.cached}: same verl, config files and overrides)" if res.cached else ""),
+                           where=where))
     return out
 
 

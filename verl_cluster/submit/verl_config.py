@@ -24,6 +24,7 @@ class VerlConfigCheck:
     unknown: list[tuple[str, Optional[str]]] = field(default_factory=list)  # (key, nearest valid key)
     error: Optional[str] = None
     validated: bool = False
+    cached: Optional[str] = None  # when the answer was first found (the probe kept it; verl was not imported again)
 
 
 def verl_available(python: Optional[str] = None) -> bool:
@@ -58,7 +59,7 @@ def from_probe(d: dict) -> VerlConfigCheck:
     if d.get("no_verl"):  # the probe ran, in a Python without verl
         return VerlConfigCheck(False, skipped=d.get("skipped"))
     return VerlConfigCheck(True, d.get("skipped"), [tuple(u) for u in d.get("unknown", [])], d.get("error"),
-                           bool(d.get("validated")))
+                           bool(d.get("validated")), d.get("cached"))
 
 
 def check_verl_config(module: str, overrides: Mapping[str, object], python: Optional[str] = None,

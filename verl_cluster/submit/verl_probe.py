@@ -1,20 +1,32 @@
 """Compose verl's Hydra config with a job's overrides and run verl's own validation (no GPU needed).
 
 Runs in a child Python (`python verl_probe.py JSON`) so verl's imports (torch, logging setup) stay out of
-the CLI. Prints one MARK line: {"unknown": [[key, nearest]], "error": str|None, "validated": bool, "skipped": str}.
+the CLI. Prints one MARK line: {"unknown": [[key, nearest]], "error": str|None, "validated": bool, "skipped": str,
+"cached": str|None}.
+
+Importing verl's trainer to validate takes ~30 s on a GPU machine, at every submit. An answer is kept in
+~/.verl-cluster/cache/verl-probe on the machine that ran it, under a key of everything it read: the Python, verl's
+version, the size and time of each config file, of the trainer module and verl's validation code, of each model's
+config.json, the request and the Hub variables. The same key within a week gives the same answer without importing
+verl; answers that depend on the network (skipped) are never kept. VC_VERL_PROBE_CACHE=0 turns it off.
 """
 
 import difflib
+import hashlib
 import json
 import os
 import re
 import socket
 import sys
 import threading
+import time
 from urllib.parse import urlsplit
 
 MARK = "@@VC-JSON@@"
 HUB_TIMEOUT_S = 3.0
+CACHE_S = 7 * 24 * 3600  # an answer older than this is asked again
+CACHE_KEEP = 200  # answers kept, newest first
+HUB_VARS = ("HF_HUB_OFFLINE", "HF_ENDPOINT", "TRANSFORMERS_OFFLINE")
 
 
 def hub_reachable(timeout=HUB_TIMEOUT_S):
@@ -49,21 +61,112 @@ def stay_offline_if_hub_unreachable(overrides):
     return "the Hugging Face Hub is not reachable from here"
 
 
-def config_name_of(module):
-    """The config_name of the module's @hydra.main, read from its source."""
+def module_file(module):
+    """The source file of a module of verl's, found without importing verl (its __init__ imports torch)."""
     import importlib.util
 
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.origin:
+    top = importlib.util.find_spec("verl") if module.startswith("verl.") else None
+    if top is not None and top.origin:
+        base = os.path.join(os.path.dirname(top.origin), *module.split(".")[1:])
+        found = next((f for f in (base + ".py", os.path.join(base, "__init__.py")) if os.path.isfile(f)), None)
+        if found:
+            return found
+    try:  # another module, or verl laid out otherwise: the import system finds it (importing its parents)
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec and spec.origin else None
+
+
+def config_name_of(module):
+    """The config_name of the module's @hydra.main and its config folder, read from its source."""
+    origin = module_file(module)
+    if not origin:
         return None, None
-    src = open(spec.origin).read()
+    src = open(origin).read()
     m = re.search(r"@hydra\.main\(([^)]*)\)", src)
     if not m:
         return None, None
     name = re.search(r"config_name\s*=\s*[\"']([^\"']+)", m.group(1))
     path = re.search(r"config_path\s*=\s*[\"']([^\"']+)", m.group(1))
-    base = os.path.dirname(spec.origin)
+    base = os.path.dirname(origin)
     return (name.group(1) if name else None), os.path.join(base, path.group(1) if path else "config")
+
+
+def config_dir(req):
+    """(config name, folder) the request composes: the module's @hydra.main, or the job's --config-name/-path
+    (a relative path is the module's folder's, as in Hydra)."""
+    name, cfg_dir = config_name_of(req["module"])
+    if req.get("config_name"):
+        name = req["config_name"][:-5] if req["config_name"].endswith(".yaml") else req["config_name"]
+    if req.get("config_path"):
+        base = os.path.dirname(cfg_dir) if cfg_dir else ""
+        cfg_dir = os.path.normpath(os.path.join(base, req["config_path"]))
+    return name, cfg_dir
+
+
+def stamp(path):
+    try:
+        st = os.stat(path)
+        return [st.st_size, st.st_mtime_ns]
+    except OSError:
+        return None
+
+
+def cache_key(req):
+    """What the answer depends on, hashed; None when it cannot be told without importing verl."""
+    from importlib import metadata
+
+    name, cfg_dir = config_dir(req)
+    origin = module_file(req["module"])
+    if not name or not cfg_dir or not origin or not os.path.isdir(cfg_dir):
+        return None
+    top = os.path.dirname(module_file("verl.trainer.main_ppo") or origin)
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(cfg_dir) for f in fs if f.endswith((".yaml", ".yml")))
+    files += [origin, os.path.join(os.path.dirname(top), "utils", "config.py"), os.path.join(top, "main_ppo.py")]
+    models = [o.split("=", 1)[1] for o in req["overrides"] if "=" in o and o.split("=", 1)[0].endswith("model.path")]
+    try:
+        version = metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        version = None
+    what = {"python": sys.executable, "verl": version, "req": req, "files": [[f, stamp(f)] for f in files],
+            "models": [[m, stamp(os.path.join(os.path.expanduser(m), "config.json"))] for m in models],
+            "env": {k: os.environ.get(k) for k in HUB_VARS}}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def cache_folder():
+    return os.path.join(os.path.expanduser("~"), ".verl-cluster", "cache", "verl-probe")
+
+
+def cached(key):
+    try:
+        with open(os.path.join(cache_folder(), key + ".json")) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if time.time() - doc.get("time", 0) > CACHE_S:
+        return None
+    return dict(doc["out"], cached=time.strftime("%Y-%m-%d %H:%M", time.localtime(doc["time"])))
+
+
+def keep(key, out):
+    """Store an answer that only the key's inputs decide (never one skipped: the Hub, a missing file); prune old."""
+    if out.get("skipped") or not (out["validated"] or out["unknown"] or out["error"]):
+        return
+    folder = cache_folder()
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        tmp = os.path.join(folder, f".{key}.{os.getpid()}")
+        with open(tmp, "w") as fh:
+            json.dump({"time": time.time(), "out": out}, fh)
+        os.replace(tmp, os.path.join(folder, key + ".json"))
+        kept = sorted((os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json")),
+                      key=os.path.getmtime, reverse=True)
+        for old in kept[CACHE_KEEP:]:
+            os.unlink(old)
+    except OSError:  # a read-only or full home: the answer is still right, only not kept
+        pass
 
 
 def all_keys(cfg, prefix=""):
@@ -108,29 +211,32 @@ def main(arg):
     import importlib.util
 
     req = json.loads(arg)
-    out = {"unknown": [], "error": None, "validated": False, "skipped": None}
     if importlib.util.find_spec("verl") is None:  # run on a node whose Python lacks verl: say so, no traceback
-        out.update(no_verl=True, skipped=f"verl is not installed in {sys.executable}: its config was not checked")
-        print(MARK + json.dumps(out))
+        print(MARK + json.dumps({"unknown": [], "error": None, "validated": False, "no_verl": True,
+                                 "skipped": f"verl is not installed in {sys.executable}: its config was not checked"}))
         return
+    key = cache_key(req) if os.environ.get("VC_VERL_PROBE_CACHE", "1") != "0" else None
+    out = cached(key) if key else None
+    if out is None:
+        out = probe(req)
+        if key:
+            keep(key, out)
+    print(MARK + json.dumps(out))
+
+
+def probe(req):
+    """Compose verl's config with the request's overrides and validate it (imports verl's trainer)."""
+    out = {"unknown": [], "error": None, "validated": False, "skipped": None}
     offline = stay_offline_if_hub_unreachable(req["overrides"])
     from hydra import compose, initialize_config_dir
 
-    name, cfg_dir = config_name_of(req["module"])
-    # the job's --config-name/--config-path (Hydra's flags; a relative path is the module's folder's, as in Hydra)
-    if req.get("config_name"):
-        name = req["config_name"][:-5] if req["config_name"].endswith(".yaml") else req["config_name"]
-    if req.get("config_path"):
-        base = os.path.dirname(cfg_dir) if cfg_dir else ""
-        cfg_dir = os.path.normpath(os.path.join(base, req["config_path"]))
-        if not os.path.isdir(cfg_dir):
-            out["skipped"] = f"--config-path {req['config_path']}: {cfg_dir} is not a folder here; config not checked"
-            print(MARK + json.dumps(out))
-            return
+    name, cfg_dir = config_dir(req)
+    if req.get("config_path") and not os.path.isdir(cfg_dir):
+        out["skipped"] = f"--config-path {req['config_path']}: {cfg_dir} is not a folder here; config not checked"
+        return out
     if not name:
         out["skipped"] = f"{req['module']} has no @hydra.main config"
-        print(MARK + json.dumps(out))
-        return
+        return out
     overrides = req["overrides"]
     with initialize_config_dir(config_dir=cfg_dir, version_base=None):
         base = compose(config_name=name)
@@ -142,14 +248,12 @@ def main(arg):
             if not has_key(base, key):
                 out["unknown"].append([key, nearest(key, keys)])
         if out["unknown"]:
-            print(MARK + json.dumps(out))
-            return
+            return out
         try:
             cfg = compose(config_name=name, overrides=overrides)
         except Exception as e:
             out["error"] = " ".join(str(e).split())[:400]
-            print(MARK + json.dumps(out))
-            return
+            return out
     if req["module"].startswith("verl.trainer.main_ppo"):
         try:
             from verl.trainer.main_ppo import need_critic, need_reference_policy
@@ -169,7 +273,7 @@ def main(arg):
                 out["error"] = msg[:400]
     else:
         out["skipped"] = "verl's validate_config applies to main_ppo only"
-    print(MARK + json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":
