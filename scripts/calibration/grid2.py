@@ -58,6 +58,7 @@ class Run:
     micro: int  # actor (and critic) update micro batch per GPU
     log_prob: int  # log-prob (old, ref, critic values) micro batch per GPU
     profile: bool = False  # torch profiler on step 3's updates (PROFILE_WORDS): a diagnosis, never a measurement
+    offload: bool = False  # the actor's params and optimizer state on the host (FSDP CPU offload)
 
     @property
     def flash(self) -> bool:
@@ -72,7 +73,8 @@ class Run:
     def axes(self) -> dict[str, Any]:
         """The run's values on the step-time envelope's axes (placement/envelope.py job_axes)."""
         return {"ranks": self.gpus, "nodes": 1, "attention": self.attention,
-                "algorithm": "grpo" if self.algo == "grpo" else "gae+critic", "micro_update": self.micro,
+                "algorithm": "grpo" if self.algo == "grpo" else "gae+critic",
+                "offload": "param+optimizer" if self.offload else "none", "micro_update": self.micro,
                 "micro_log_prob": self.log_prob}
 
     def line(self) -> list[str]:
@@ -96,6 +98,9 @@ class Run:
                   "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"]
         else:
             w += ["actor_rollout_ref.model.use_remove_padding=true"]
+        if self.offload:
+            w += ["actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                  "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]
         return w + [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={self.micro}",
                     f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={self.log_prob}",
                     "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
@@ -142,19 +147,25 @@ class Family:
 
 FAMILIES = (
     Family("1gpu-padded", "fit", "1 GPU, sdpa padded without flash-attn, GRPO, micro 2 and 8",
-           {"nodes": 1, "ranks": 1, "attention": PADDED, "algorithm": "grpo"}),
+           {"nodes": 1, "ranks": 1, "attention": PADDED, "algorithm": "grpo", "offload": "none"}),
     Family("2gpu-padded-large-micro", "fit", "2 GPUs, sdpa padded, GRPO, micro 16 and 32",
-           {"nodes": 1, "ranks": 2, "attention": PADDED, "algorithm": "grpo", "micro_update": (16, 64)}),
+           {"nodes": 1, "ranks": 2, "attention": PADDED, "algorithm": "grpo", "offload": "none",
+            "micro_update": (16, 64)}),
     Family("1gpu-packed", "fit", "1 GPU, packed flash-attn, GRPO, micro 2 and 8 (the one-H100 grid: 16-64)",
-           {"nodes": 1, "ranks": 1, "attention": PACKED, "algorithm": "grpo"}),
+           {"nodes": 1, "ranks": 1, "attention": PACKED, "algorithm": "grpo", "offload": "none"}),
     Family("1gpu-ppo", "fit", "1 GPU, PPO with a GAE critic (packed flash-attn)",
-           {"nodes": 1, "ranks": 1, "algorithm": "gae+critic"}),
+           {"nodes": 1, "ranks": 1, "algorithm": "gae+critic", "offload": "none"}),
     Family("2gpu-padded-small-micro", "hold-out", "2 GPUs at small micro batch (2, 8), sdpa padded, GRPO",
-           {"nodes": 1, "ranks": 2, "attention": PADDED, "algorithm": "grpo", "micro_update": (1, 8)}),
+           {"nodes": 1, "ranks": 2, "attention": PADDED, "algorithm": "grpo", "offload": "none",
+            "micro_update": (1, 8)}),
     Family("2gpu-packed", "hold-out", "2 GPUs, packed flash-attn, GRPO, micro 2 / 8 / 32",
-           {"nodes": 1, "ranks": 2, "attention": PACKED, "algorithm": "grpo"}),
+           {"nodes": 1, "ranks": 2, "attention": PACKED, "algorithm": "grpo", "offload": "none"}),
     Family("2gpu-ppo", "hold-out", "PPO with a GAE critic on 2 GPUs, micro 2 / 8 / 32",
-           {"nodes": 1, "ranks": 2, "algorithm": "gae+critic"}),
+           {"nodes": 1, "ranks": 2, "algorithm": "gae+critic", "offload": "none"}),
+    # for after the refit that P calls for: C and g2fa-m32 become fit runs then (looked at), so the three families
+    # above are no longer never-fitted; this one is (offload was fitted on one GPU only: fit-offload05, -15)
+    Family("2gpu-offload", "hold-out", "2 GPUs, the actor's params and optimizer offloaded, packed, GRPO, micro 8/32",
+           {"nodes": 1, "ranks": 2, "attention": PACKED, "algorithm": "grpo", "offload": "param+optimizer"}),
 )
 RUNS = (  # batch = the device session it runs in, most wanted first; the hold-out batches run after the refit on A
     # and B is committed and predicted again (`predict --batch C --batch D`)
@@ -174,6 +185,8 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g2ppo-m32", "2gpu-ppo", "D", 2, "gae", PACKED, 32, 32),
     Run("g2fa-m32", "2gpu-packed", "E", 2, "grpo", PACKED, 32, 32),
     Run("g2ppo-m2", "2gpu-ppo", "E", 2, "gae", PACKED, 2, 4),
+    Run("g2off-m8", "2gpu-offload", "F", 2, "grpo", PACKED, 8, 16, offload=True),
+    Run("g2off-m32", "2gpu-offload", "F", 2, "grpo", PACKED, 32, 32, offload=True),
     # P: diagnoses, not measurements (the report and the fixture leave them out): where the actor's micro batches
     # spend the ~0.3-0.45 s of host work the critic's do not (step_time.UPDATE_LM_MICRO_S), actor and critic profiled;
     # at micro 8 a rank's mini batch is 4 (2 GPUs) or 8 (1 GPU) micro batches, so the trace also says whether the
@@ -182,7 +195,7 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g2ppo-m8-prof", "2gpu-ppo", "P", 2, "gae", PACKED, 8, 16, profile=True),
     Run("g1ppo-m8-prof", "1gpu-ppo", "P", 1, "gae", PACKED, 8, 16, profile=True),
 )
-BATCHES = ("A", "B", "C", "D", "E", "P")
+BATCHES = ("A", "B", "C", "D", "E", "F", "P")
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 
