@@ -7,7 +7,9 @@
   (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, a device-to-host cudaMemcpy);
 - the host's operators by self time (time in the op less its child ops), summed over the micro batches;
 - each micro batch on its own, in order, with the `mini_batch<j>` span it ran in (when the trace has them): whether
-  the cost falls on every micro batch or only on those after a mini batch's first (gradient accumulation).
+  the cost falls on every micro batch or only on those after a mini batch's first (gradient accumulation);
+- the traced stage outside its micro batches (optimizer step, clipping, the data's fetch, metrics) and its host
+  ops by self time: what an update costs beyond its micro batches.
 
 Issue 33: an actor's micro batch costs ~0.3-0.45 s of host work that a critic's does not; this names which part.
 
@@ -107,7 +109,21 @@ def summarize(events: list[dict], top: int = 15) -> Optional[dict[str, Any]]:
                      "wall_ms": round(span["dur"] / 1e3, 3), "gpu_ms": round(g / 1e3, 3), "sync_ms": round(w / 1e3, 3)})
     n = len(spans)
     ranked = sorted(ops.items(), key=lambda kv: -kv[1])[:top]
-    return {"micro_batches": n, "wall_ms": round(sum(r["wall_ms"] for r in each) / n, 3),
+    # the traced stage outside its micro batches (in the micro batches' process): the optimizer step, gradient
+    # clipping, the data's fetch and split, the metrics - what an update costs beyond its micro batches
+    pid = spans[0].get("pid")
+    mine = [e for e in host if e.get("pid") == pid]
+    outside: dict[str, float] = defaultdict(float)
+    for e in mine:
+        if e.get("cat") in HOST_CATS and not MICRO.match(str(e.get("name"))) \
+                and not any(inside(sp, e) for sp in spans) and not any(inside(e, sp) for sp in spans):
+            outside[e["name"]] += selfs.get(id(e), 0.0)
+    stage = max(e["ts"] + e["dur"] for e in mine) - min(e["ts"] for e in mine)
+    return {"micro_batches": n, "stage_ms": round(stage / 1e3, 3),
+            "outside_ms": round((stage - sum(sp["dur"] for sp in spans)) / 1e3, 3),
+            "outside_ops": [{"op": k, "self_ms": round(v / 1e3, 3)}
+                            for k, v in sorted(outside.items(), key=lambda kv: -kv[1])[:top]],
+            "wall_ms": round(sum(r["wall_ms"] for r in each) / n, 3),
             "gpu_ms": round(sum(r["gpu_ms"] for r in each) / n, 3),
             "sync_ms": round(sum(r["sync_ms"] for r in each) / n, 3),
             "host_ops": [{"op": k, "self_ms": round(v / n / 1e3, 3), "calls": round(calls[k] / n, 1)}
@@ -129,6 +145,10 @@ def markdown(rows: dict[str, dict]) -> str:
                 f"GPU work launched, {r['sync_ms']:.1f} ms blocked in syncs", "",
                 "| host op | self ms / micro batch | calls |", "|---|---|---|"]
         out += [f"| {o['op']} | {o['self_ms']:.2f} | {o['calls']:g} |" for o in r["host_ops"]]
+        if "stage_ms" in r:
+            out += ["", f"the traced stage: {r['stage_ms']:.1f} ms, {r['outside_ms']:.1f} ms of it outside the micro "
+                        "batches", "", "| host op outside the micro batches | self ms |", "|---|---|"]
+            out += [f"| {o['op']} | {o['self_ms']:.2f} |" for o in r["outside_ops"]]
         out += ["", "| mini batch | micro batch | wall ms | GPU ms | sync ms |", "|---|---|---|---|---|"]
         out += [f"| {'-' if m['mini_batch'] is None else m['mini_batch']} | {m['micro_batch']} | {m['wall_ms']:.1f} | "
                 f"{m['gpu_ms']:.1f} | {m['sync_ms']:.1f} |" for m in r.get("each", ())]

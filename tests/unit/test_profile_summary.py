@@ -83,6 +83,14 @@ def test_each_micro_batch_in_order_with_its_mini_batch(capsys):
     assert (got["micro_batches"], got["wall_ms"], got["gpu_ms"]) == (4, 2.0, 0.5)
     md = ps.markdown({"t": got})
     assert "| 0 | 1 | 3.0 | 0.4 | 1.5 |" in md and "| 1 | 0 | 1.0 | 0.6 | 0.5 |" in md
+    # the stage outside its micro batches: an optimizer step after each mini batch, its op by self time
+    step = "Optimizer.step#AdamW.step"
+    events += [ev(step, "cpu_op", 4500, 400), ev(step, "cpu_op", 10500, 400), ev("aten::add_", "cpu_op", 10600, 100)]
+    got = ps.summarize(events)
+    assert got["stage_ms"] == 11.0 and got["outside_ms"] == 3.0  # 0 .. 11000 us less 8000 us of micro batches
+    assert got["outside_ops"] == [{"op": "Optimizer.step#AdamW.step", "self_ms": 0.7}, {"op": "aten::add_",
+                                                                                      "self_ms": 0.1}]
+    assert "3.0 ms of it outside the micro batches" in ps.markdown({"t": got})
     plain = ps.summarize([e for e in events if not e["name"].startswith("mini")])
     assert {r["mini_batch"] for r in plain["each"]} == {None} and "| - | 0 |" in ps.markdown({"t": plain})
 
