@@ -118,12 +118,13 @@ class Run:
 
 
 PROFILE_DIR = VC / "profile"  # the traces stay on the device (tens of MB); profile_summary.py's summary comes back
-# verl 0.9.1's torch profiler on the actor's update of step 3, one trace per stage (discrete), the first mini batch
+# verl 0.9.1's torch profiler on the actor's update of step 3, one trace per stage (discrete), both mini batches (a
+# window of 2: each begins with a micro batch that accumulates into no gradient yet)
 PROFILE_WORDS = ("global_profiler.tool=torch", "global_profiler.steps=[3]",
                  "actor_rollout_ref.actor.profiler.enable=true",
                  "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true",
                  "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda]",
-                 "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=1")
+                 "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2")
 CRITIC_PROFILE_WORDS = ("critic.profiler.enable=true", "critic.profiler.tool_config.torch.discrete=true",
                         "critic.profiler.tool_config.torch.contents=[cuda]")  # the same micro batch, no LM head
 
