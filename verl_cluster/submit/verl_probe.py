@@ -4,10 +4,10 @@ Runs in a child Python (`python verl_probe.py JSON`) so verl's imports (torch, l
 the CLI. Prints one MARK line: {"unknown": [[key, nearest]], "error": str|None, "validated": bool, "skipped": str,
 "cached": str|None}.
 
-Importing verl's trainer to validate takes ~30 s on a GPU machine, at every submit. An answer is kept in
-~/.verl-cluster/cache/verl-probe on the machine that ran it, under a key of everything it read: the Python, verl's
-version, the size and time of each config file, of the trainer module and verl's validation code, of each model's
-config.json, the request and the Hub variables. The same key within a week gives the same answer without importing
+Importing verl's trainer to validate takes seconds (5 s on 2 CPU cores, more on a GPU machine) at every submit. An
+answer is kept in ~/.verl-cluster/cache/verl-probe on the machine that ran it, under a key of everything it read:
+the Python, verl's version, the size and time of each config file, of the trainer module and verl's validation
+code, of each model's config.json, the request and the Hub variables. The same key within a week gives the same answer without importing
 verl; answers that depend on the network (skipped) are never kept. VC_VERL_PROBE_CACHE=0 turns it off.
 """
 
