@@ -146,9 +146,28 @@ def test_report_holds_each_run_against_the_round_before_it_at_its_own_fill():
     assert fams["1gpu-padded"]["meets_target"] and not fams["2gpu-padded-small-micro"]["meets_target"]
     assert "2gpu-packed" not in fams  # its only run was not blind
     assert rep["target"] == {"held_out_runs": 1, "held_out_families": 1, "held_out_families_on_2_gpus": 1,
-                             "held_out_runs_meeting": 0, "met": False}
+                             "held_out_runs_meeting": 0, "families_never_fitted": 1, "met": False}
     md = grid2.markdown(rep)
     assert "| **g2pad-m8** |" in md and "NOT met" in md and "+40.0%" in md and "(bar ±35%)" in md
+
+
+def test_a_held_out_run_fitted_on_after_a_look_becomes_a_fit_run(monkeypatch):
+    """A held-out run looked at before a refit and then fitted on (FITTED_ON) is a fit run in the fixture and the
+    report; its family's other runs stay held out, but that family no longer counts as never fitted on."""
+    monkeypatch.setattr(grid2, "FITTED_ON", {"g2fa-m8": "looked at before the refit of 2026-12-01"})
+    tokens = 0.35 * 128 * 896
+    by_fill = [[0.2, {"gen": 2.0, "update_actor": 4.0}], [0.5, {"gen": 4.0, "update_actor": 6.0}]]
+    rounds = [{"commit": "b" * 40, "date": "2026-12-01T00:00:00Z",
+               "runs": {n: {"H200": {"by_fill": by_fill, "error_bar": {"pct": 20}}} for n in ("g2fa-m8", "g2fa-m2")}}]
+    results = [{"run": n, "card": "NVIDIA H200", "started_utc": "2026-12-01T01:00:00Z", "machine_gpus": 2,
+                "gpu_set": [0, 1], "flash_attn": True, "steps": _steps(3.0, 5.0, 0.0, tokens)}
+               for n in ("g2fa-m8", "g2fa-m2")]
+    rep = grid2.report(results, rounds)
+    assert {r["run"]: r["role"] for r in rep["runs"]} == {"g2fa-m8": "fit", "g2fa-m2": "hold-out"}
+    assert rep["target"]["held_out_runs"] == 1 and rep["target"]["families_never_fitted"] == 0
+    assert "0 never fitted on" in grid2.markdown(rep)
+    assert grid2.to_entry(results[0], results)[1]["time"] == "fit"
+    assert grid2.to_entry(results[1], results)[1]["time"] == "hold-out"
 
 
 def test_a_batch_skips_what_it_cannot_run_with_one_line_saying_why():
