@@ -550,7 +550,8 @@ def markdown(rep: dict[str, Any]) -> str:
                    f"{r['step_measured']} | {pct(r['step_error'])} (bar ±{r['error_bar_pct']}%) | {ph} |")
     t = rep["target"]
     out += ["", "Target (held-out step ±20%, phases over 0.5 s ±30%; ≥6 held-out runs, ≥3 families, ≥2 on 2 "
-                f"GPUs, ≥1 never fitted on): {t['held_out_runs_meeting']} of {t['held_out_runs']} held-out runs meet it, "
+                f"GPUs, ≥1 never fitted on): {t['held_out_runs_meeting']} of {t['held_out_runs']} held-out runs "
+                "meet it, "
                 f"{t['held_out_families']} families ({t['held_out_families_on_2_gpus']} on 2 GPUs, "
                 f"{t['families_never_fitted']} never fitted on): "
                 f"{'met' if t['met'] else 'NOT met'}."]

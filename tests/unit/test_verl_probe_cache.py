@@ -96,6 +96,15 @@ def test_a_changed_config_file_asks_verl_again(verl):
     assert again["validated"] and not again.get("cached") and imports(verl) == 2
 
 
+def test_an_edited_verl_asks_again(verl):
+    """Any file of verl's package counts (an editable install edited: validate_config's own code here)."""
+    assert probe(verl, ["data.train_batch_size=4"])["validated"] and imports(verl) == 1
+    assert probe(verl, ["data.train_batch_size=4"])["cached"] and imports(verl) == 1
+    (verl / "site/verl/utils/config.py").write_text(VALIDATE.replace("% 2", "% 8"))
+    again = probe(verl, ["data.train_batch_size=4"])
+    assert "must be even" in again["error"] and not again.get("cached") and imports(verl) == 2
+
+
 def test_unknown_keys_are_found_without_verl_and_kept(verl):
     got = probe(verl, ["data.train_batch_sise=4"])
     assert got["unknown"] == [["data.train_batch_sise", "data.train_batch_size"]] and imports(verl) == 0

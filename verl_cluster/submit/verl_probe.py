@@ -6,9 +6,10 @@ the CLI. Prints one MARK line: {"unknown": [[key, nearest]], "error": str|None, 
 
 Importing verl's trainer to validate takes seconds (5 s on 2 CPU cores, more on a GPU machine) at every submit. An
 answer is kept in ~/.verl-cluster/cache/verl-probe on the machine that ran it, under a key of everything it read:
-the Python, verl's version, the size and time of each config file, of the trainer module and verl's validation
-code, of each model's config.json, the request and the Hub variables. The same key within a week gives the same answer without importing
-verl; answers that depend on the network (skipped) are never kept. VC_VERL_PROBE_CACHE=0 turns it off.
+the Python, verl's version, every file of verl's package (count, newest time, total size: an edited install asks
+again), the job's config folder when it is not verl's, each model's config.json, the request and the Hub
+variables. The same key within a week gives the same answer without importing verl; answers that depend on the
+network or a missing file (skipped) are never kept. VC_VERL_PROBE_CACHE=0 turns it off.
 """
 
 import difflib
@@ -113,6 +114,18 @@ def stamp(path):
         return None
 
 
+def tree_stamp(top):
+    """[files, newest mtime, total size] of a folder's files (a few ms for verl's ~400): any edit changes it."""
+    n = newest = size = 0
+    for d, dirs, fs in os.walk(top):
+        dirs[:] = [x for x in dirs if x != "__pycache__"]
+        for f in fs:
+            st = stamp(os.path.join(d, f))
+            if st:
+                n, size, newest = n + 1, size + st[0], max(newest, st[1])
+    return [n, newest, size]
+
+
 def cache_key(req):
     """What the answer depends on, hashed; None when it cannot be told without importing verl."""
     from importlib import metadata
@@ -121,15 +134,16 @@ def cache_key(req):
     origin = module_file(req["module"])
     if not name or not cfg_dir or not origin or not os.path.isdir(cfg_dir):
         return None
-    top = os.path.dirname(module_file("verl.trainer.main_ppo") or origin)
-    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(cfg_dir) for f in fs if f.endswith((".yaml", ".yml")))
-    files += [origin, os.path.join(os.path.dirname(top), "utils", "config.py"), os.path.join(top, "main_ppo.py")]
+    verl = os.path.dirname(os.path.dirname(module_file("verl.trainer.main_ppo") or ""))
+    if not verl:
+        return None
     models = [o.split("=", 1)[1] for o in req["overrides"] if "=" in o and o.split("=", 1)[0].endswith("model.path")]
     try:
         version = metadata.version("verl")
     except metadata.PackageNotFoundError:
         version = None
-    what = {"python": sys.executable, "verl": version, "req": req, "files": [[f, stamp(f)] for f in files],
+    what = {"python": sys.executable, "verl": version, "req": req, "verl_files": tree_stamp(verl),
+            "config": tree_stamp(cfg_dir) if not cfg_dir.startswith(verl + os.sep) else None, "module": stamp(origin),
             "models": [[m, stamp(os.path.join(os.path.expanduser(m), "config.json"))] for m in models],
             "env": {k: os.environ.get(k) for k in HUB_VARS}}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
