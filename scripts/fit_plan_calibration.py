@@ -157,8 +157,7 @@ def fit_bound(runs: dict, figures: dict) -> tuple[dict, dict[str, float]]:
         def predicted(x: np.ndarray, terms: dict, ranks: int, names=names, scale=scale) -> float:
             c = dict(zip(names, np.abs(x) * scale))
             val = (lambda k: c[k] if k in c else step_time.const(k))
-            host_keys, gpu_keys, host, gpu = step_time.side_seconds(terms, ranks, val)
-            return sum(v * val(k) for k, v in terms.items() if k not in host_keys + gpu_keys) + max(host, gpu)
+            return step_time.seconds(step_time.bound(terms, ranks, val), val)  # as the plan makes it, at X
 
         def loss(x: np.ndarray, rows=rows, predicted=predicted) -> float:
             return sum((predicted(x, t, n) / m - 1.0) ** 2 for t, m, n in rows)

@@ -133,8 +133,10 @@ def const(name: str) -> float:
     return 1.0 / v if inv else v
 
 
-def seconds(terms: Terms) -> float:
-    return sum(coef * const(name) for name, coef in terms.items())
+def seconds(terms: Terms, value=None) -> float:
+    """The terms' seconds, each at VALUE(name) (the module's constants by default; the fit passes its own)."""
+    value = value or const
+    return sum(coef * value(name) for name, coef in terms.items())
 
 
 def add(*parts: Terms) -> Terms:
@@ -228,12 +230,13 @@ def side_seconds(t: Terms, ranks: int, value=None) -> tuple[tuple[str, ...], tup
             sum(t.get(k, 0.0) * value(k) for k in gpu_keys))
 
 
-def bound(t: Terms, ranks: int = 1) -> Terms:
+def bound(t: Terms, ranks: int = 1, value=None) -> Terms:
     """A micro-batched phase takes the longer of the host's and the GPU's work where they overlap, not their sum: the
     host runs ahead of the GPU until verl's per-micro-batch syncs (`loss.detach().item()` in forward_step, forward-only
     passes included; the policy loss's metric `.item()`s) make it wait. The terms of the longer side are kept (with
-    the fixed and the serial ones), the other side's zeroed, so Plan.terms shows which side binds."""
-    host_keys, gpu_keys, host, gpu = side_seconds(t, ranks)
+    the fixed and the serial ones), the other side's zeroed, so Plan.terms shows which side binds. VALUE as in
+    side_seconds."""
+    host_keys, gpu_keys, host, gpu = side_seconds(t, ranks, value)
     drop = gpu_keys if host >= gpu else host_keys
     return {k: (0.0 if k in drop else v) for k, v in t.items()}
 
