@@ -19,6 +19,7 @@ Issue 33: an actor's micro batch costs ~0.3-0.45 s of host work that a critic's 
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import re
@@ -80,44 +81,49 @@ def inside(span: dict, e: dict) -> bool:
 
 def summarize(events: list[dict], top: int = 15) -> Optional[dict[str, Any]]:
     """One trace's micro batches (None when it has none)."""
-    spans = [e for e in events if e.get("cat") == "user_annotation" and MICRO.match(str(e.get("name")))]
+    spans = sorted((e for e in events if e.get("cat") == "user_annotation" and MICRO.match(str(e.get("name")))),
+                   key=lambda e: e["ts"])
     if not spans:
         return None
     selfs, gpu = self_times(events), kernels_by_correlation(events)
+    pid = spans[0].get("pid")  # the micro batches' process (verl's worker of the traced rank)
     host = [e for e in events if e.get("cat") in HOST_CATS + ("cuda_runtime", "cuda_driver")]
     ops: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    minis = sorted((e for e in events if e.get("cat") == "user_annotation" and MINI.match(str(e.get("name")))),
-                   key=lambda e: e["ts"])
-    each = []
-    for span in sorted(spans, key=lambda e: e["ts"]):
-        g = w = 0.0
-        for e in host:
-            if e is span or not inside(span, e):
-                continue
+    outside: dict[str, float] = defaultdict(float)
+    g, w = [0.0] * len(spans), [0.0] * len(spans)
+    starts = [sp["ts"] for sp in spans]
+    # one pass: each host event in the micro batch that holds it (verl runs them one after another: they do not
+    # overlap), else, in their process and holding none of them, in the stage outside them (the optimizer step,
+    # gradient clipping, the data's fetch and split, the metrics: what an update costs beyond its micro batches)
+    for e in host:
+        if MICRO.match(str(e.get("name"))):
+            continue
+        i = bisect.bisect_right(starts, e["ts"]) - 1
+        if i >= 0 and inside(spans[i], e):
             if e.get("cat") in ("cuda_runtime", "cuda_driver"):
-                g += gpu.get((e.get("args") or {}).get("correlation"), 0.0)
+                g[i] += gpu.get((e.get("args") or {}).get("correlation"), 0.0)
                 if str(e.get("name")).startswith(SYNCS):
-                    w += e["dur"]
-                continue
-            if not MICRO.match(str(e.get("name"))):
+                    w[i] += e["dur"]
+            else:
                 ops[e["name"]] += selfs.get(id(e), 0.0)
                 calls[e["name"]] += 1
+            continue
+        after = bisect.bisect_left(starts, e["ts"])
+        holds = after < len(spans) and inside(e, spans[after])
+        if e.get("cat") in HOST_CATS and e.get("pid") == pid and not holds:
+            outside[e["name"]] += selfs.get(id(e), 0.0)
+    minis = [e for e in events if e.get("cat") == "user_annotation" and MINI.match(str(e.get("name")))]
+    each = []
+    for i, span in enumerate(spans):
         mini = next((m for m in minis if inside(m, span)), None)
         each.append({"micro_batch": int(MICRO.match(span["name"]).group(1)),
                      "mini_batch": int(MINI.match(mini["name"]).group(1)) if mini else None,
-                     "wall_ms": round(span["dur"] / 1e3, 3), "gpu_ms": round(g / 1e3, 3), "sync_ms": round(w / 1e3, 3)})
+                     "wall_ms": round(span["dur"] / 1e3, 3), "gpu_ms": round(g[i] / 1e3, 3),
+                     "sync_ms": round(w[i] / 1e3, 3)})
     n = len(spans)
     ranked = sorted(ops.items(), key=lambda kv: -kv[1])[:top]
-    # the traced stage outside its micro batches (in the micro batches' process): the optimizer step, gradient
-    # clipping, the data's fetch and split, the metrics - what an update costs beyond its micro batches
-    pid = spans[0].get("pid")
     mine = [e for e in host if e.get("pid") == pid]
-    outside: dict[str, float] = defaultdict(float)
-    for e in mine:
-        if e.get("cat") in HOST_CATS and not MICRO.match(str(e.get("name"))) \
-                and not any(inside(sp, e) for sp in spans) and not any(inside(e, sp) for sp in spans):
-            outside[e["name"]] += selfs.get(id(e), 0.0)
     stage = max(e["ts"] + e["dur"] for e in mine) - min(e["ts"] for e in mine)
     return {"micro_batches": n, "stage_ms": round(stage / 1e3, 3),
             "outside_ms": round((stage - sum(sp["dur"] for sp in spans)) / 1e3, 3),
