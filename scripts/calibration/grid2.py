@@ -198,6 +198,7 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
 )
 BATCHES = ("A", "B", "C", "D", "E", "F", "P")
 BY_NAME = {r.name: r for r in RUNS}
+FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run
 # looked at before a refit becomes a fit run - say so"), each with the refit that took it. Their families keep their
 # other runs held out; the target needs a family none of whose runs were ever fitted on.
@@ -207,7 +208,6 @@ FITTED_ON: dict[str, str] = {}
 def run_role(run: Run) -> str:
     """fit or hold-out: its family's, unless a refit took it (FITTED_ON)."""
     return "fit" if run.name in FITTED_ON else FAMILY[run.family].role
-FAMILY = {f.name: f for f in FAMILIES}
 
 
 def batch_runs(batch: str) -> list[Run]:
