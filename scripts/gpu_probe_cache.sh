@@ -2,10 +2,11 @@
 # submit's verl config check on the GPU machine: the first answer (verl's trainer imported to validate) and the same
 # job again (the answer kept in ~/.verl-cluster/cache/verl-probe). Needs the staged verl site (scripts/gpu_stage_verl.sh's
 # calls); a home of its own and a tiny local model (validation reads the model's config.json; nothing downloaded).
-#   bash scripts/gpu_probe_cache.sh [SITE]      # SITE: the staged site (default /root/stage/verl/site)
+#   bash scripts/gpu_probe_cache.sh [SITE]      # SITE: the staged site (default /root/stage/verl/site, else /srv/vc/site)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 site=${1:-/root/stage/verl/site}
+[ -d "$site" ] || site=/srv/vc/site   # gpu_multinode.py setup moves the staged site there
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PATH=$site/bin:$PATH HF_HUB_OFFLINE=1
 export HOME; HOME=$(mktemp -d)
 python3 scripts/make_tiny_model.py -o "$HOME/tiny" >/dev/null

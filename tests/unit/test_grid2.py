@@ -62,7 +62,7 @@ def test_batches_cover_every_run_once_and_fit_a_session(plans):
     assert sorted(names) == sorted(grid2.BY_NAME) and len(names) == len(set(names))
     measured = [b for b in grid2.BATCHES if not all(r.profile for r in grid2.batch_runs(b))]
     assert [b for b in grid2.BATCHES if b not in measured] == ["P"]  # diagnoses: neither fit nor held out
-    roles = [{grid2.FAMILY[r.family].role for r in grid2.batch_runs(b)} for b in measured]
+    roles = [{grid2.run_role(r) for r in grid2.batch_runs(b)} for b in measured]
     assert all(len(r) == 1 for r in roles)  # a batch is all fit or all held out ...
     order = [r.pop() for r in roles]
     assert order == sorted(order, key=lambda x: x == "hold-out")  # ... and the held-out ones come last
@@ -119,7 +119,8 @@ def _steps(gen: float, upd: float, small: float, tokens: float) -> dict:
     return {"1": {k: v * 10 for k, v in one.items()}, "2": one, "3": dict(one)}  # step 1 is never counted
 
 
-def test_report_holds_each_run_against_the_round_before_it_at_its_own_fill():
+def test_report_holds_each_run_against_the_round_before_it_at_its_own_fill(monkeypatch):
+    monkeypatch.setattr(grid2, "FITTED_ON", {})  # the report's own rules, with every held-out run still held out
     tokens = 0.35 * 128 * 896  # fill 0.35: halfway between the recorded 0.2 and 0.5
     by_fill = [[0.2, {"gen": 2.0, "update_actor": 4.0, "adv": 0.1}], [0.5, {"gen": 4.0, "update_actor": 6.0,
                                                                           "adv": 0.3}]]
@@ -185,10 +186,10 @@ def test_a_session_runs_side_by_side_padded_first_and_never_mixes_fit_with_held_
     assert (flash0, flash1) == (False, True) and not any(r.flash for r in first) and all(r.flash for r in second)
     assert sorted(r.name for r in first + second) == sorted(r.name for b in "AB" for r in grid2.batch_runs(b))
     with pytest.raises(SystemExit, match="mix fit and held-out"):
-        grid2.phases(["B", "C"])
+        grid2.phases(["B", "D"])
     need = {r.name: max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"]) for c in grid2.CARDS)
             for r in grid2.RUNS}
-    for batches in (["A", "B"], ["C", "D"]):  # one session each on a node of 4 GPUs
+    for batches in (["A", "B"], ["D", "E"]):  # one session each on a node of 4 GPUs
         end, spans = grid2.lane_plan(batches, 4, need)
         assert end <= grid2.SESSION_RUNS_S, batches
         for t in range(0, int(end), 5):  # never more GPUs going than the node has

@@ -51,7 +51,9 @@ def test_the_shipped_envelope_is_the_fit_s():
     assert shipped["runs"] == FIT.envelope(rows)["runs"]
     roles = {r["run"]: r["role"] for r in shipped["runs"]}
     assert roles["2node-grpo05"] == "fit" and roles["node2-grpo05"] == roles["2node-grpo-tiny"] == "seen"
-    assert sum(1 for r in roles.values() if r == "hold-out") == 9  # 5 of the first grid, 4 of the second
+    # 5 of the first grid; the second grid's 4 held out so far were fitted on after the look (grid2.FITTED_ON)
+    assert sum(1 for r in roles.values() if r == "hold-out") == 5
+    assert all(roles[n] == "fit" for n in ("g2pad-m8", "g2fa-m8", "g2ppo-m8", "g2fa-m32"))
 
 
 def test_percent_rounds_up_to_five():
@@ -72,38 +74,38 @@ def test_a_job_inside_the_one_h100_grid_is_calibrated():
 
 
 def test_the_two_node_line_is_calibrated_on_its_one_run():
-    """The two-node family has one fit run (2node-grpo05, +7.9%); the nearest run not fitted on is the tiny model on
-    the same two nodes (+5.7%): the bar is never under the fit run's own error -> ±10%."""
+    """The two-node family has one fit run (2node-grpo05, +3.3%); the nearest run not fitted on is the tiny model on
+    the same two nodes (-3.2%): the bar is never under the fit run's own error -> ±5%."""
     bar = plan_job(user_line(2), [h200("a"), h200("b")], fill=0.38, bus=SOCKET).time["error_bar"]
-    assert bar["calibrated"] and bar["pct"] == 10 and bar["runs"] == ["2node-grpo-tiny"]
+    assert bar["calibrated"] and bar["pct"] == 5 and bar["runs"] == ["2node-grpo-tiny"]
     assert bar["axes"] == {"gpu": "H200", "ranks": 2, "nodes": 2, "attention": "padded, no flash-attn",
                            "algorithm": "grpo", "offload": "none", "rollout": "eager", "micro_update": 8,
                            "micro_log_prob": 16, "params_b": 0.49}
 
 
-def test_the_users_two_gpu_line_is_calibrated_by_the_held_out_family():
-    """The same line on 2 GPUs of one node with CUDA graphs is the second grid's held-out padded 2-GPU family
-    (g2pad-m8, +0.9%); node2-grpo05 (the same job, -21.4%, seen) shares every axis too -> ±25%."""
+def test_the_users_two_gpu_line_is_calibrated_by_its_family():
+    """The same line on 2 GPUs of one node with CUDA graphs is the second grid's padded 2-GPU family: g2pad-m8 (+0.9%
+    held out, fitted on since) and node2-grpo05 (the same job, -22.7%, seen, never fitted on) -> ±25%."""
     job = user_line(1, ["actor_rollout_ref.rollout.enforce_eager=false"])
     facts = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())
     bar = plan_job(job, [facts], fill=0.5).time["error_bar"]
     assert bar["calibrated"] and bar["pct"] == 25
-    assert bar["runs"] == ["node2-grpo05", "g2pad-m8"]
+    assert bar["runs"] == ["node2-grpo05"]
 
 
 def test_a_job_outside_every_family_is_uncalibrated_with_its_nearest():
     """The line on 2 GPUs of one node with an eager rollout: no family has it (the eager 2-GPU runs crossed two
     nodes); the nearest is the two-node family, one axis away; the bar is the largest step error on any run not
-    fitted on (g2fa-m32, +34.7%) -> ±35%."""
+    fitted on (node2-grpo05, -22.7%; g2fa-m32's +34.7% was fitted on after the look) -> ±25%."""
     job = user_line(1)
     facts = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())
     bar = plan_job(job, [facts], fill=0.5).time["error_bar"]
-    assert not bar["calibrated"] and bar["pct"] == 35
+    assert not bar["calibrated"] and bar["pct"] == 25
     assert bar["outside"] == ["nodes"]
     assert bar["why"].startswith("uncalibrated: 1 node is outside the calibrated range (nearest family: H200, 2 GPUs, "
                                  "2 nodes, padded, no flash-attn attention, GRPO, no offload, enforce_eager, micro 8, "
                                  "log-prob micro 16, 0.49B)")
-    assert "g2fa-m32" in bar["runs"] and "node2-grpo05" in bar["runs"]
+    assert "g2fa-m32" not in bar["runs"] and "node2-grpo05" in bar["runs"]
 
 
 def test_eight_gpus_and_a_7b_model_are_outside():
@@ -124,15 +126,15 @@ def test_plan_table_brief_and_json_carry_it(capsys):
     args = ["plan", str(GRPO), "--gpus", "1x8xH100-80GB"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "s/step predicted (±35%, uncalibrated)" in out
-    assert "step time ±35%: uncalibrated: 8 GPUs is outside the calibrated range (nearest family: H100, 1 GPU" in \
+    assert "s/step predicted (±25%, uncalibrated)" in out
+    assert "step time ±25%: uncalibrated: 8 GPUs is outside the calibrated range (nearest family: H100, 1 GPU" in \
         " ".join(out.split())
     assert main(args + ["--brief"]) == 0
     brief = " ".join(capsys.readouterr().out.split())
-    assert "(±35%, uncalibrated)" in brief and "step time ±35%: uncalibrated: 8 GPUs is outside" in brief
+    assert "(±25%, uncalibrated)" in brief and "step time ±25%: uncalibrated: 8 GPUs is outside" in brief
     assert main(args + ["--json"]) == 0
     bar = json.loads(capsys.readouterr().out)["time"]["error_bar"]
-    assert bar["pct"] == 35 and bar["calibrated"] is False and bar["outside"] == ["ranks"]
+    assert bar["pct"] == 25 and bar["calibrated"] is False and bar["outside"] == ["ranks"]
     assert bar["nearest_family"].startswith("H100, 1 GPU, 1 node, packed (flash-attn) attention, GRPO")
 
 
@@ -160,8 +162,8 @@ def test_the_options_of_a_job_that_does_not_fit_carry_theirs(capsys):
 
     args = ["plan", str(GRPO), "--gpus", "1x1xRTX4090-24GB", "model.catalog=qwen2.5-1.5b"]
     assert main(args) == 1
-    assert "s/step (±35%, uncalibrated)" in capsys.readouterr().out
+    assert "s/step (±25%, uncalibrated)" in capsys.readouterr().out
     assert main(args + ["--json"]) == 1
     options = json.loads(capsys.readouterr().out)["options"]
-    assert options and all(o["error_bar"]["pct"] == 35 and not o["error_bar"]["calibrated"] for o in options)
+    assert options and all(o["error_bar"]["pct"] == 25 and not o["error_bar"]["calibrated"] for o in options)
     assert all("RTX 4090" in o["error_bar"]["why"] for o in options)

@@ -22,6 +22,8 @@ TOKEN_KEYS = {
     Phase.CRITIC_UPDATE: "critic.ppo_max_token_len_per_gpu",
     Phase.CRITIC_VALUES: "critic.forward_max_token_len_per_gpu",
 }
+CRITIC_PHASES = (Phase.CRITIC_UPDATE, Phase.CRITIC_VALUES)
+CRITIC_INFER_TOKENS = "+critic.ppo_infer_max_token_len_per_gpu"  # not in verl 0.9's yaml: appended
 ATTN_KEYS = (f"+{AR}.model.override_config.attn_implementation", "+critic.model.override_config.attn_implementation")
 
 
@@ -45,7 +47,9 @@ def build_overrides(c: Candidate, s: Settings) -> dict[str, Any]:
         out[f"{s.critic_prefix}.param_offload"] = param_off
         out[f"{s.critic_prefix}.optimizer_offload"] = opt_off
     for ph in c.phases:
-        if ph.phase in c.token_budget:
+        if s.critic_packs and ph.phase in CRITIC_PHASES:
+            out.update(_packed_critic(c, s, ph.phase))
+        elif ph.phase in c.token_budget:
             out[TOKEN_KEYS[ph.phase]] = c.token_budget[ph.phase]
         elif ph.phase in MICRO_KEYS and ph.micro is not None:
             out[MICRO_KEYS[ph.phase]] = ph.micro
@@ -73,4 +77,20 @@ def build_overrides(c: Candidate, s: Settings) -> dict[str, Any]:
         out[f"{s.reward_prefix}.enable_resource_pool"] = True
         out[f"{s.reward_prefix}.n_gpus_per_node"] = len(reward_pool.gpu_indices)
         out[f"{s.reward_prefix}.nnodes"] = reward_pool.nnodes
+    return out
+
+
+def _packed_critic(c: Candidate, s: Settings, phase: Phase) -> dict[str, Any]:
+    """verl 0.9's critic packs by tokens (Settings.critic_packs): the budget its passes run under (the v1 trainer
+    reads one key for both: the smaller budget holds both), and a micro batch size only because verl's config check
+    wants one set (its engine critic does not use it): the per-GPU mini batch, one micro batch a mini batch."""
+    out: dict[str, Any] = {}
+    budgets = {p: b for p, b in c.token_budget.items() if p in CRITIC_PHASES}
+    if phase in budgets:
+        if phase == Phase.CRITIC_UPDATE and not s.critic_v1:
+            out["critic.ppo_max_token_len_per_gpu"] = budgets[phase]
+        else:
+            out[CRITIC_INFER_TOKENS] = min(budgets.values()) if s.critic_v1 else budgets[phase]
+    if phase == Phase.CRITIC_UPDATE and s.critic_micro is None and not s.dynamic_bsz:
+        out[MICRO_KEYS[phase]] = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // c.pools[-1].size)
     return out

@@ -388,16 +388,21 @@ class Evaluator:
                         m=s.master_dtype_bytes_critic, attn=prec.attn, vocab_out=1, root_params=root,
                         verl_engine=True)
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // n)
+            # verl 0.9's critic packs by tokens (Settings.critic_packs): its budget, not its micro batch, is planned
+            upd, upd_pinned = s.critic_budget(update=True) if s.critic_packs else (s.critic_max_tokens,
+                                                                                   s.critic_tokens_pinned)
+            val, val_pinned = s.critic_budget(update=False) if s.critic_packs else (s.critic_max_tokens, False)
             later(c, pool, "critic", Phase.CRITIC_UPDATE, s.critic_micro, _divisors_desc(mb_gpu), mb_gpu,
                   lambda mb, t, base=base: mem.update_step(TrainInputs(
                       tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic, adapter=self.critic_adapter, **base)),
-                  rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens,
-                  budget_pinned=s.critic_tokens_pinned)
+                  rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=upd, budget_pinned=upd_pinned,
+                  packs=s.critic_packs)
             later(c, pool, "critic", Phase.CRITIC_VALUES, s.critic_fwd_micro,
                   _divisors_desc(per_gpu_batch * s.sp_critic), per_gpu_batch * s.sp_critic,
                   lambda mb, t, base=base, extra=extra: mem.forward_phase(
                       TrainInputs(tokens=t, micro=mb, grad_ckpt=False, **base), params_on_gpu=True, extra=extra),
-                  rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=s.critic_max_tokens)
+                  rmpad=s.remove_padding_critic, sp=s.sp_critic, budget=val, budget_pinned=val_pinned,
+                  packs=s.critic_packs)
         if "reward" in pool.roles:
             rm = self.rm_shape
             base = dict(shape=rm, params=rm.value_model_params, n=n, seq=s.seq_len, c=prec.c, m=2, attn=prec.attn,
@@ -422,13 +427,14 @@ class Evaluator:
     def _search(self, c: Candidate, pool: Pool, role: str, phase: Phase, pinned: Optional[int], candidates: list[int],
                 whole: int, parts_of: Callable[[int, float], "tuple[Part, ...] | mem.UpdateStep"], *, rmpad: bool, sp: int,
                 budget: Optional[int], budget_pinned: bool = False, others_as: Optional[str] = None,
-                carried: float = 0.0) -> PhaseResult:
+                carried: float = 0.0, packs: bool = False) -> PhaseResult:
         """Largest micro batch that fits (or the pinned one); with dynamic batch size the token budget (the
         job's, when it sets one for an update). `others_as`: the role whose process runs the phase, when not
         `role`. `carried`: the default-stream cache earlier phases of the step left in the shared allocator,
-        which this phase's own transient reuses (docs/placement.md, "shared allocator")."""
+        which this phase's own transient reuses (docs/placement.md, "shared allocator"). `packs`: verl packs this
+        phase by tokens whatever its micro batch setting (verl 0.9's critic)."""
         others = self._others(c, pool, others_as or role)
-        dynamic = self.s.dynamic_bsz and budget is not None
+        dynamic = (self.s.dynamic_bsz or packs) and budget is not None
         if dynamic:
             budgets = [budget] if budget_pinned else _token_budgets(budget, self.s.seq_len)
             # the budget caps a micro batch, the rank's real tokens fill it (verl's prepare_micro_batches)

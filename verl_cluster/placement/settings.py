@@ -72,6 +72,13 @@ class Settings:
     # the job sets ppo_max_token_len_per_gpu: with use_dynamic_bsz the update runs at that budget (not searched)
     actor_tokens_pinned: bool = False
     critic_tokens_pinned: bool = False
+    # verl 0.9's engine critic packs its micro batches by tokens whatever critic.ppo_micro_batch_size_per_gpu says
+    # (its engine config keeps use_dynamic_bsz's default, True): both its passes under
+    # critic.ppo_infer_max_token_len_per_gpu (the v1 trainer; the legacy one updates under ppo_max_token_len_per_gpu)
+    critic_packs: bool = False
+    critic_infer_tokens: int = 32768
+    critic_infer_tokens_pinned: bool = False
+    critic_v1: bool = True  # trainer.use_v1 (verl 0.9's default)
     # LoRA (actor_rollout_ref.model.lora_rank / critic.model.lora_rank; 0: full fine-tuning). With an actor LoRA
     # verl's ref is the actor with its adapters off (ref_in_actor): no second model
     lora_rank: int = 0
@@ -87,6 +94,12 @@ class Settings:
     def shape(self) -> JobShape:
         """The counts the job pins (None: not pinned: the planner fits the cluster), as every reader takes them."""
         return JobShape(self.nnodes, self.n_gpus_per_node)
+
+    def critic_budget(self, update: bool) -> tuple[int, bool]:
+        """(token budget, pinned) of a packed critic pass (critic_packs): the update's and the values' pass."""
+        if update and not self.critic_v1:
+            return self.critic_max_tokens, self.critic_tokens_pinned
+        return self.critic_infer_tokens, self.critic_infer_tokens_pinned
 
     @property
     def seq_len(self) -> int:
@@ -251,6 +264,10 @@ def read_settings(job: JobSpec) -> Settings:
         split_placement=splits_pools(job),
         actor_tokens_pinned=r.has(f"{AR}.actor.ppo_max_token_len_per_gpu"),
         critic_tokens_pinned=r.has("critic.ppo_max_token_len_per_gpu"),
+        critic_packs=cprefix == CRITIC_PREFIXES[0],
+        critic_infer_tokens=r.positive("critic.ppo_infer_max_token_len_per_gpu", 32768),
+        critic_infer_tokens_pinned=r.has("critic.ppo_infer_max_token_len_per_gpu"),
+        critic_v1=r.get("trainer.use_v1", bool, True),
     )
     lora = r.positive(f"{AR}.model.lora.rank", None) or r.get(f"{AR}.model.lora_rank", int, 0)
     critic_lora = r.positive("critic.model.lora.rank", None) or r.get("critic.model.lora_rank", int, 0)

@@ -76,43 +76,48 @@ UNKNOWN_GPU = GpuSpeed(312, 2039, 20)  # an A100-class card over PCIe
 INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures the real figure
 
 # Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
-# calibration_runs.json (one H100) and multi_gpu_runs.json (docs/BENCHMARKS.md, "Step time").
-FORWARD_FIXED_S = 0.117  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
-UPDATE_FIXED_S = 0.734  # per update phase: its mini batches' token-count gathers, clip and optimizer steps
-FORWARD_PASS_S = 0.00284  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
-UPDATE_PASS_S = 0.00112  # per micro batch per layer in an update (forward, recompute, backward)
-UPDATE_LM_MICRO_S = 0.292  # per micro batch of an update through the LM head (the actor's): the host's part
-FORWARD_LM_MICRO_S = 0.0767  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
+# calibration_runs.json (one H100), multi_gpu_runs.json and grid2_runs.json (docs/BENCHMARKS.md, "Step time").
+FORWARD_FIXED_S = 0.114  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
+UPDATE_FIXED_S = 0.603  # per update phase on one rank (FSDP1 NO_SHARD): clip and optimizer steps, the gathers
+# the same on more ranks (FULL_SHARD), fitted on its own: the 2-GPU update at one micro batch a mini batch
+# (g2fa-m32, 0.83 s for 2 micro batches) leaves no room for one rank's fixed part
+UPDATE_FIXED_RANKS_S = 0.179
+FORWARD_PASS_S = 0.00138  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
+UPDATE_PASS_S = 0.00839  # per micro batch per layer in an update (forward, recompute, backward)
+UPDATE_LM_MICRO_S = 0.187  # per micro batch of an update through the LM head (the actor's): the host's part
+FORWARD_LM_MICRO_S = 0.0909  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
 # trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
 # with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
 # per real token per vocab entry, at HBM speed: the log-probs' logits (and what else goes with the real tokens)
-LOGIT_FORWARD_BYTES = 184
+LOGIT_FORWARD_BYTES = 175
 # per token per vocab entry computed: the entropy, in the actor's log-prob only; packed verl calls it compiled
 # (torch.compile), padded the plain function (softmax, logsumexp, product, sum: a pass over the logits each). The
 # padded figure is high: on the padded runs (one step kept on two of them) it carries what their GPU side leaves
-ENTROPY_BYTES = 3.47
-ENTROPY_EAGER_BYTES = 205
-LOGIT_UPDATE_BYTES = 92.7  # per token computed per vocab entry: the logits and their backward in an update
+ENTROPY_BYTES = 29.7
+ENTROPY_EAGER_BYTES = 223
+# per token computed per vocab entry: the logits and their backward in an update. Fitted to 0 since the grid2 runs:
+# the update's LM head is host-bound at these sizes, its bytes hidden under UPDATE_LM_MICRO_S
+LOGIT_UPDATE_BYTES = 0.0
 # without flash-attn verl's log-probs loop over the real tokens in Python (logprobs_from_logits_v2: a log_softmax
 # and a gather a row): per token, the host's launches, whatever the vocab or the GPU
-LOOP_FORWARD_TOKEN_S = 5.27e-05
-LOOP_UPDATE_TOKEN_S = 0.000167  # the same loop and its backward (a node a row), in an update
-GENERATE_FIXED_S = 0.874  # per generate: request fan-out, vLLM wake-up and sleep
+LOOP_FORWARD_TOKEN_S = 5.34e-05
+LOOP_UPDATE_TOKEN_S = 0.000177  # the same loop and its backward (a node a row), in an update
+GENERATE_FIXED_S = 0.498  # per generate: request fan-out, vLLM wake-up and sleep
 # with enforce_eager (no CUDA graphs) each decode step launches its kernels from Python: a part per step (sampling,
 # the step's inputs) and a part per layer; with graphs a step costs its reads only
-EAGER_STEP_S = 0.00228
-EAGER_LAYER_STEP_S = 0.000723
-DECODE_TOKEN_S = 6.57e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
-SYNC_FIXED_S = 0.297  # update_weights: resharding and handing the weights to vLLM
-SYNC_RANKS_S = 0.396  # with more than one rank: the ranks' exports and the barrier before the KV cache (measured)
-ADV_S = 0.0271  # advantages, rewards (rule-based)
-ADV_SEQ_S = 0.000644  # per sequence of the batch
+EAGER_STEP_S = 0.00253
+EAGER_LAYER_STEP_S = 0.000744
+DECODE_TOKEN_S = 7.49e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
+SYNC_FIXED_S = 0.3  # update_weights: resharding and handing the weights to vLLM
+SYNC_RANKS_S = 0.298  # with more than one rank: the ranks' exports and the barrier before the KV cache (measured)
+ADV_S = 0.0276  # advantages, rewards (rule-based)
+ADV_SEQ_S = 0.000622  # per sequence of the batch
 GAE_STEP_S = 0.00012  # per response position: GAE's loop (PPO)
 # per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same few us a token
-VALUE_TOKEN_S = 6.41e-06
+VALUE_TOKEN_S = 7.51e-06
 # not fitted
 GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
 HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not separable on the small runs)
@@ -335,6 +340,7 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     cb = c.prec.c
     terms: dict[str, Terms] = {}
     from verl_cluster.placement.planner import OFFLOAD_LEVELS, OFFLOAD_NAMES, Phase
+    UPDATES = (Phase.ACTOR_UPDATE, Phase.CRITIC_UPDATE)
 
     def per_seq(phase: Phase) -> float:
         """Tokens computed per sequence: packed, the real ones; else each micro batch padded to its longest."""
@@ -374,8 +380,14 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     param_off, opt_off = OFFLOAD_LEVELS[c.offload]
 
     def micros(phase: Phase) -> int:
+        """A phase's micro batches on a GPU: by its micro batch size, or packed under its token budget (an
+        update's mini batches each packed on their own)."""
         m = c.micro(phase)
-        return max(1, math.ceil(seqs_gpu / m)) if m else max(1, math.ceil(tokens(phase) / s.actor_max_tokens))
+        if m:
+            return max(1, math.ceil(seqs_gpu / m))
+        budget = c.token_budget.get(phase) or s.actor_max_tokens
+        minis = max(1, s.sequences // (s.ppo_mini_batch_size * s.n)) if phase in UPDATES else 1
+        return minis * max(1, math.ceil(tokens(phase) / minis / budget))
 
     def offload_s(params: float, m: int, updates: bool) -> float:
         moved = (m * params / n if param_off else 0.0) + (8.0 * params / n if opt_off and updates else 0.0)
@@ -405,6 +417,8 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
                            passes=m * shape.layers, loop_tokens=real_gpu if vocab > 1 and not flash else 0.0,
                            lm_micros=m if vocab > 1 else 0)
         out["COMM_S"] = exposed(fsdp_comm_s(params, root, cb, n, m, bus), out)
+        if n > 1:  # FULL_SHARD: the fixed work of a sharded update (fitted on its own)
+            out["UPDATE_FIXED_S"], out["UPDATE_FIXED_RANKS_S"] = 0.0, 1.0
         out[""] = 0.0  # serial seconds: offload
         return out
 
