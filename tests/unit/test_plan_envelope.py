@@ -74,10 +74,10 @@ def test_a_job_inside_the_one_h100_grid_is_calibrated():
 
 
 def test_the_two_node_line_is_calibrated_on_its_one_run():
-    """The two-node family has one fit run (2node-grpo05, +3.3%); the nearest run not fitted on is the tiny model on
-    the same two nodes (-3.2%): the bar is never under the fit run's own error -> ±5%."""
+    """The two-node family has one fit run (2node-grpo05, +1.0%); the nearest run not fitted on is the tiny model on
+    the same two nodes (-7.5%) -> ±10%."""
     bar = plan_job(user_line(2), [h200("a"), h200("b")], fill=0.38, bus=SOCKET).time["error_bar"]
-    assert bar["calibrated"] and bar["pct"] == 5 and bar["runs"] == ["2node-grpo-tiny"]
+    assert bar["calibrated"] and bar["pct"] == 10 and bar["runs"] == ["2node-grpo-tiny"]
     assert bar["axes"] == {"gpu": "H200", "ranks": 2, "nodes": 2, "attention": "padded, no flash-attn",
                            "algorithm": "grpo", "offload": "none", "rollout": "eager", "micro_update": 8,
                            "micro_log_prob": 16, "params_b": 0.49}

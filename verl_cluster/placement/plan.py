@@ -448,6 +448,9 @@ def _explain(best: Candidate, tried: list[Candidate], s: Settings, hw: Hardware,
         if ph.role == "rollout":
             continue
         what = f"token budget {int(ph.tokens)}" if ph.micro is None else f"micro batch {ph.micro}"
+        budget = best.token_budget.get(ph.phase)
+        if ph.micro is None and budget and budget > ph.tokens:  # a batch smaller than its budget: one micro batch
+            what = f"token budget {budget}, micro batches of up to {int(ph.tokens)} tokens"
         line = f"{ph.phase}: {what} ({ph.peak / GIB:.1f} GiB/GPU peak)"
         if ph.bigger:
             line += f"; {ph.bigger[0]} would need {ph.bigger[1] / GIB:.1f} GiB"

@@ -440,6 +440,9 @@ class Evaluator:
             # the budget caps a micro batch, the rank's real tokens fill it (verl's prepare_micro_batches)
             most = self.tokens(whole, rmpad=rmpad, sp=sp)
             tries = [(None, micro_tokens(most, b, self.s.seq_len / sp)) for b in budgets]
+            budget_of: dict[float, int] = {}
+            for (_, t), b in zip(tries, budgets):
+                budget_of.setdefault(t, b)  # the largest budget giving those tokens
         elif pinned is not None:
             tries = [(pinned, self.tokens(pinned, rmpad=rmpad, sp=sp))]
         else:
@@ -469,9 +472,10 @@ class Evaluator:
         if not last.fits and tight is not None:  # nothing fits with room to spare
             last = tight
         if dynamic and last.fits:  # a pinned budget stays as the job wrote it (fewer tokens only hold it less full)
-            # verl asserts a budget holds the longest sequence
-            c.token_budget[phase] = int(budget) if budget_pinned else max(int(last.tokens),
-                                                                          math.ceil(self.s.seq_len / sp))
+            # verl asserts a budget holds the longest sequence. A packed critic's one key serves both its passes
+            # (overrides take the smaller): the largest budget that fit, not the tokens this phase's batch reached
+            c.token_budget[phase] = int(budget) if budget_pinned else (
+                budget_of[last.tokens] if packs else max(int(last.tokens), math.ceil(self.s.seq_len / sp)))
         c.phases.append(last)
         return last
 

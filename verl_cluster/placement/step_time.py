@@ -78,13 +78,13 @@ INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures t
 # Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
 # calibration_runs.json (one H100), multi_gpu_runs.json and grid2_runs.json (docs/BENCHMARKS.md, "Step time").
 FORWARD_FIXED_S = 0.114  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
-UPDATE_FIXED_S = 0.603  # per update phase on one rank (FSDP1 NO_SHARD): clip and optimizer steps, the gathers
+UPDATE_FIXED_S = 0.591  # per update phase on one rank (FSDP1 NO_SHARD): clip and optimizer steps, the gathers
 # the same on more ranks (FULL_SHARD), fitted on its own: the 2-GPU update at one micro batch a mini batch
 # (g2fa-m32, 0.83 s for 2 micro batches) leaves no room for one rank's fixed part
-UPDATE_FIXED_RANKS_S = 0.179
+UPDATE_FIXED_RANKS_S = 0.24
 FORWARD_PASS_S = 0.00138  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
-UPDATE_PASS_S = 0.00839  # per micro batch per layer in an update (forward, recompute, backward)
-UPDATE_LM_MICRO_S = 0.187  # per micro batch of an update through the LM head (the actor's): the host's part
+UPDATE_PASS_S = 0.0128  # per micro batch per layer in an update (forward, recompute, backward)
+UPDATE_LM_MICRO_S = 0.0749  # per micro batch of an update through the LM head (the actor's): the host's part
 FORWARD_LM_MICRO_S = 0.0909  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
@@ -104,7 +104,7 @@ LOGIT_UPDATE_BYTES = 0.0
 # without flash-attn verl's log-probs loop over the real tokens in Python (logprobs_from_logits_v2: a log_softmax
 # and a gather a row): per token, the host's launches, whatever the vocab or the GPU
 LOOP_FORWARD_TOKEN_S = 5.34e-05
-LOOP_UPDATE_TOKEN_S = 0.000177  # the same loop and its backward (a node a row), in an update
+LOOP_UPDATE_TOKEN_S = 0.000185  # the same loop and its backward (a node a row), in an update
 GENERATE_FIXED_S = 0.498  # per generate: request fan-out, vLLM wake-up and sleep
 # with enforce_eager (no CUDA graphs) each decode step launches its kernels from Python: a part per step (sampling,
 # the step's inputs) and a part per layer; with graphs a step costs its reads only
