@@ -100,9 +100,9 @@ HOLD_PHASES = {
 
 
 # a held-out phase over half a second that misses the ±30% goal, and the bound it is held to: since the refit on the
-# second grid (2026-11-28) the decode cost per token rose (gen +34.2%, verl's 2 s polls on the 2-GPU runs pull the
-# fixed part down) and the critic packs by tokens, one micro batch a mini batch (update_critic +35.4%)
-HOLD_MISSES = {("hold-grpo15big", "gen"): 0.35, ("hold-ppo15off", "update_critic"): 0.40}
+# second grid (2026-11-28) the decode cost per token rose (gen +34.2%: verl's 2 s polls on the 2-GPU runs pull the
+# fixed part down)
+HOLD_MISSES = {("hold-grpo15big", "gen"): 0.35}
 
 
 @pytest.mark.parametrize("name", sorted(HOLD_PHASES))
@@ -111,7 +111,7 @@ def test_step_time_hold_outs(name, tmp_path):
     batch's longest, verl's per-token loop without flash-attn, an update's micro batches bound by the longer of the
     host's and the GPU's work) they were seen while those terms took their form, not blind. At the refit on the
     second grid (2026-11-28): GRPO 0.5B with SDPA and no remove-padding: step +3.8% (old_log_prob +24.6%). PPO 1.5B
-    with actor and critic offloaded +1.2% (update_critic +35.4%, update_actor +25.9%), GRPO 3B n=8 with 1024-token
+    with actor and critic offloaded -1.2% (update_actor +26.6%, update_critic +21.1%), GRPO 3B n=8 with 1024-token
     responses +7.5%, GRPO 0.5B with 256 sequences of 256 tokens -3.0%, GRPO 1.5B with 512 sequences +14.6% (gen
     +34.2%). Phases under half a second by their seconds: within 0.15 s."""
     assert TIME_HOLD == sorted(HOLD_PHASES)
