@@ -87,3 +87,11 @@ def test_packed_critic_micro_batches_are_counted_per_mini_batch():
     assert terms["1/COMPUTE_SHARE"] == 0.0  # the host's side binds at 0.5B (bound() keeps the longer side's terms)
     assert terms["UPDATE_PASS_S"] == minis * 24  # a pass through the 24 layers a packed micro batch
     assert terms["UPDATE_FIXED_RANKS_S"] == 1.0 and terms["UPDATE_FIXED_S"] == 0.0  # 2 ranks: the sharded part
+
+
+def test_a_critic_micro_batch_that_does_not_divide_is_no_error_where_verl_packs_it():
+    """verl 0.9 never splits the critic by its micro batch size, so nothing asserts the division; <= 0.8 did."""
+    odd = ["critic.ppo_micro_batch_size_per_gpu=5"]
+    assert plan_job(load_job(PPO, odd), parse_gpus(GPUS)).feasible
+    old = plan_job(load_job(PPO, odd + ["critic.model.fsdp_config.param_offload=false"]), parse_gpus(GPUS))
+    assert not old.feasible and any("critic.ppo_micro_batch_size_per_gpu=5 does not divide" in p for p in old.problems)

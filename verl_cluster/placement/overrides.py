@@ -92,5 +92,6 @@ def _packed_critic(c: Candidate, s: Settings, phase: Phase) -> dict[str, Any]:
         else:
             out[CRITIC_INFER_TOKENS] = min(budgets.values()) if s.critic_v1 else budgets[phase]
     if phase == Phase.CRITIC_UPDATE and s.critic_micro is None and not s.dynamic_bsz:
-        out[MICRO_KEYS[phase]] = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // c.pools[-1].size)
+        pool = next((p for p in c.pools if "critic" in p.roles), c.pools[0])
+        out[MICRO_KEYS[phase]] = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // pool.size)
     return out

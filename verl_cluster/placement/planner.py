@@ -290,6 +290,8 @@ class Evaluator:
                 ("ref", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", s.ref_micro, per_gpu * a),
                 ("critic", "critic.ppo_micro_batch_size_per_gpu", s.critic_micro, mini * cr),
                 ("critic", "critic.forward_micro_batch_size_per_gpu", s.critic_fwd_micro, per_gpu * cr)):
+            if role == "critic" and s.critic_packs:  # verl 0.9 packs its critic by tokens: no division asserted
+                continue
             if role in roles and pinned and whole and whole % pinned:
                 fits = [d for d in range(min(pinned, whole), 0, -1) if whole % d == 0][0]
                 out.append(f"{key}={pinned} does not divide the {whole} sequences each data-parallel rank of {pool.name} gets "
