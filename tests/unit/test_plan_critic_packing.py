@@ -95,3 +95,14 @@ def test_a_critic_micro_batch_that_does_not_divide_is_no_error_where_verl_packs_
     assert plan_job(load_job(PPO, odd), parse_gpus(GPUS)).feasible
     old = plan_job(load_job(PPO, odd + ["critic.model.fsdp_config.param_offload=false"]), parse_gpus(GPUS))
     assert not old.feasible and any("critic.ppo_micro_batch_size_per_gpu=5 does not divide" in p for p in old.problems)
+
+
+def test_both_critic_passes_are_planned_at_the_one_budget_verl_gives_them():
+    """7B on 40 GiB cards with 4k responses: the update fits only at 16384 tokens, the values pass would at 32768;
+    the v1 trainer reads one key for both, so both are planned (memory and time) at 16384."""
+    job = load_job(PPO, ["model.catalog=qwen2.5-7b", "data.max_response_length=4096", "data.train_batch_size=512"])
+    plan = plan_job(job, parse_gpus("1x8xA100-40GB"))
+    assert plan.feasible
+    assert critic_overrides(plan)["+critic.ppo_infer_max_token_len_per_gpu"] == 16384
+    reasons = " ".join(plan.reasons)
+    assert "critic update: token budget 16384" in reasons and "critic values: token budget 16384" in reasons

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_cluster.placement.planner import OFFLOAD_LEVELS, Candidate, Phase, Strategy
+from verl_cluster.placement.planner import CRITIC_PHASES, OFFLOAD_LEVELS, Candidate, Phase, Strategy
 from verl_cluster.placement.settings import AR, Settings
 
 # phase -> the verl key of its micro batch (or token budget with use_dynamic_bsz)
@@ -22,7 +22,6 @@ TOKEN_KEYS = {
     Phase.CRITIC_UPDATE: "critic.ppo_max_token_len_per_gpu",
     Phase.CRITIC_VALUES: "critic.forward_max_token_len_per_gpu",
 }
-CRITIC_PHASES = (Phase.CRITIC_UPDATE, Phase.CRITIC_VALUES)
 CRITIC_INFER_TOKENS = "+critic.ppo_infer_max_token_len_per_gpu"  # not in verl 0.9's yaml: appended
 ATTN_KEYS = (f"+{AR}.model.override_config.attn_implementation", "+critic.model.override_config.attn_implementation")
 

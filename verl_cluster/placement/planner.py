@@ -82,6 +82,7 @@ class Pool:
 OTHER_POOLS = ("params", "adam", "grads", "grad reduce", "gathered")
 # verl's order of the trainer phases within a step (the rollout comes first and empties the cache)
 STEP_ORDER = (Phase.ACTOR_LOG_PROB, Phase.REF_LOG_PROB, Phase.CRITIC_VALUES, Phase.CRITIC_UPDATE, Phase.ACTOR_UPDATE)
+CRITIC_PHASES = (Phase.CRITIC_UPDATE, Phase.CRITIC_VALUES)
 
 
 @dataclass(frozen=True)
@@ -417,14 +418,31 @@ class Evaluator:
         # verl's order within a step, each phase holding what the earlier ones left in the shared allocator;
         # shown in the order above
         shown = [args[3] for args, _ in todo]
+        self._run_phases(c, todo)
+        low = self._shared_critic_budget(c)
+        if low is not None:  # verl 0.9's v1 trainer runs both critic passes under one key: plan both at the smaller
+            c.phases[:] = [ph for ph in c.phases if not (ph.pool == pool.name and ph.phase in shown)]
+            for args, kw in todo:
+                if args[3] in CRITIC_PHASES:
+                    kw.update(budget=low, budget_pinned=True)
+            self._run_phases(c, todo)
+        mine = [ph for ph in c.phases if ph.pool == pool.name and ph.phase in shown]
+        rest = [ph for ph in c.phases if not (ph.pool == pool.name and ph.phase in shown)]
+        c.phases[:] = rest + sorted(mine, key=lambda ph: shown.index(ph.phase))
+
+    def _run_phases(self, c: Candidate, todo: list[tuple[tuple, dict]]) -> None:
         carried = 0.0
         for args, kw in sorted(todo, key=lambda t: STEP_ORDER.index(t[0][3]) if t[0][3] in STEP_ORDER else 99):
             ph = self._search(*args, carried=carried, **kw)
             if ph.fits:  # a phase that does not fit is where the step fails: nothing after it runs
                 carried = max(carried, _default_stream(ph.parts))
-        mine = [ph for ph in c.phases if ph.pool == pool.name and ph.phase in shown]
-        rest = [ph for ph in c.phases if not (ph.pool == pool.name and ph.phase in shown)]
-        c.phases[:] = rest + sorted(mine, key=lambda ph: shown.index(ph.phase))
+
+    def _shared_critic_budget(self, c: Candidate) -> Optional[int]:
+        """The smaller of the packed critic's two budgets when they differ and one key sets both (else None)."""
+        if not (self.s.critic_packs and self.s.critic_v1):
+            return None
+        got = {c.token_budget[p] for p in CRITIC_PHASES if p in c.token_budget}
+        return min(got) if len(got) > 1 else None
 
     def _search(self, c: Candidate, pool: Pool, role: str, phase: Phase, pinned: Optional[int], candidates: list[int],
                 whole: int, parts_of: Callable[[int, float], "tuple[Part, ...] | mem.UpdateStep"], *, rmpad: bool, sp: int,
