@@ -16,6 +16,8 @@ Every phase is a fixed cost plus work over a rate:
   the entropy over every logit computed (compiled when packed, the plain function when padded); a micro batch
   takes the longer of the host's work (the layers' launches, the LM head's per-micro-batch cost and loop) and the
   GPU's (FLOPs, bytes, exposed collectives), on 2+ ranks with the LM head's host work serial (bound, overlapped);
+  an update's fixed part is one rank's (NO_SHARD) or a sharded one's, fitted apart; verl 0.9's critic packs its
+  micro batches by tokens (each mini batch on its own), whatever its micro batch setting;
 - the ref (verl's forward-only engine forces CPUOffload): each micro batch copies the fp32 shard to the GPU beside
   the compute: only what the copy takes beyond the layers' FLOPs shows;
 - FSDP1 (more than one GPU): per micro batch each layer's params gathered for the forward and again for the
