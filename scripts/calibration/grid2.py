@@ -394,6 +394,7 @@ def measured(steps: dict[Any, dict[str, float]], sequences: int) -> dict[str, An
     toks = [m["perf/total_num_tokens"] for m in timed if "perf/total_num_tokens" in m]
     reserved = [v for m in steps.values() for k, v in m.items() if k.endswith("max_memory_reserved_gb")]
     return {"steps": len(timed), "phases_s": phases, "step_s": sum(phases.values()),
+            "per_step_s": {n: [round(m[f"timing_s/{n}"], 2) for m in timed] for n in phases},
             "verl_step_s": sum(m["timing_s/step"] for m in timed) / len(timed),
             "fill": sum(toks) / len(toks) / (sequences * (512 + 384)) if toks else None,
             "max_memory_reserved_gib": max(reserved) if reserved else None}
@@ -479,7 +480,8 @@ def judge(result: dict, rounds: list[dict]) -> dict[str, Any]:
     for name in sorted(set(pred) | set(m["phases_s"])):
         pv, mv = pred.get(name, 0.0), m["phases_s"].get(name, 0.0)
         row = {"phase": name, "predicted": round(pv, 3), "measured": round(mv, 3),
-               "error": round(pv / mv - 1, 3) if mv > 0 else None, "held": mv > PHASE_MIN_S}
+               "error": round(pv / mv - 1, 3) if mv > 0 else None, "held": mv > PHASE_MIN_S,
+               "per_step": m.get("per_step_s", {}).get(name, [])}
         row["ok"] = (row["error"] is not None and abs(row["error"]) <= PHASE_BOUND) if row["held"] else None
         phases.append(row)
     step_p, step_m = sum(pred.values()), m["step_s"]
@@ -544,8 +546,9 @@ def markdown(rep: dict[str, Any]) -> str:
         if not r.get("blind"):
             out.append(f"| {r['run']} | {r['family']} ({r['role']}) | {r['card']} | — | — | — | {r['why']} |")
             continue
-        ph = "; ".join(f"{p['phase']} {p['predicted']:.2f} / {p['measured']:.2f} ({pct(p['error'])})"
-                       for p in r["phases"] if p["held"])
+        ph = "; ".join(f"{p['phase']} {p['predicted']:.2f} / {p['measured']:.2f} ({pct(p['error'])}"
+                       + (f"; steps {', '.join(f'{v:.2f}' for v in p['per_step'])}" if p["ok"] is False and
+                          p.get("per_step") else "") + ")" for p in r["phases"] if p["held"])
         name = f"**{r['run']}**" if r["role"] == "hold-out" else r["run"]
         out.append(f"| {name} | {r['family']} ({r['role']}) | {r['card']} | {r['fill']} | {r['step_predicted']} / "
                    f"{r['step_measured']} | {pct(r['step_error'])} (bar ±{r['error_bar_pct']}%) | {ph} |")

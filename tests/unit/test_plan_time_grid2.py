@@ -74,3 +74,5 @@ def test_the_first_run_held_out_from_the_refit():
     steps = json.loads((ROOT / "tests/fixtures/verl_runs/grid2_results/grid2-g2ppo-m32.json").read_text())["steps"]
     assert [round(steps[k]["timing_s/old_log_prob"], 2) for k in "2345"] == [1.87, 0.52, 0.51, 1.12]
     assert rep["target"]["held_out_runs"] == 1 and not rep["target"]["met"]
+    # a phase that misses lists its timed steps: one slow step, not a slow phase
+    assert "old_log_prob 0.49 / 1.00 (-51.0%; steps 1.87, 0.52, 0.51, 1.12)" in grid2.markdown(rep)
