@@ -106,3 +106,10 @@ def test_both_critic_passes_are_planned_at_the_one_budget_verl_gives_them():
     assert critic_overrides(plan)["+critic.ppo_infer_max_token_len_per_gpu"] == 16384
     reasons = " ".join(plan.reasons)
     assert "critic update: token budget 16384" in reasons and "critic values: token budget 16384" in reasons
+
+
+def test_a_critic_micro_batch_set_by_the_job_is_said_to_size_nothing():
+    plan = plan_job(load_job(PPO, ["critic.ppo_micro_batch_size_per_gpu=2"]), parse_gpus(GPUS))
+    said = [w for w in plan.warnings if "critic.ppo_micro_batch_size_per_gpu=2" in w]
+    assert said and "verl 0.9 packs them by tokens" in said[0] and "+critic.ppo_infer_max_token_len_per_gpu" in said[0]
+    assert not [w for w in plan_job(load_job(PPO, []), parse_gpus(GPUS)).warnings if "packs them" in w]

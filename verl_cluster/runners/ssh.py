@@ -14,6 +14,7 @@ import secrets
 import select
 import shlex
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -124,6 +125,16 @@ def _start_proxy(host: str, proxy: str) -> paramiko.ProxyCommand:
                                  f"{getattr(e, 'strerror', None) or e}", PROXY_HINT)
 
 
+def _proxy_gone(sock: paramiko.ProxyCommand, wait_s: float = 2.0) -> bool:
+    """Whether the ProxyCommand has exited. Its closed output can reach paramiko (EOF) before its exit status is there
+    to read on a loaded machine: wait a little on the error path rather than blame the SSH server."""
+    try:
+        sock.process.wait(timeout=wait_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def _proxy_exited(host: str, proxy: str, sock: paramiko.ProxyCommand) -> ConnectError:
     said = ""
     try:
@@ -211,7 +222,7 @@ class SshRunner:
                                    banner_timeout=t.connect_timeout_s, auth_timeout=t.connect_timeout_s,
                                    channel_timeout=t.connect_timeout_s, sock=sock)
                 except (paramiko.SSHException, EOFError, OSError):
-                    if sock is not None and sock.process.poll() is not None:  # the ProxyCommand gave up: say why
+                    if sock is not None and _proxy_gone(sock):  # the ProxyCommand gave up: say why
                         raise _proxy_exited(t.host, proxy, sock) from None
                     raise
             except paramiko.BadHostKeyException:
