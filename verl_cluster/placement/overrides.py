@@ -22,7 +22,6 @@ TOKEN_KEYS = {
     Phase.CRITIC_UPDATE: "critic.ppo_max_token_len_per_gpu",
     Phase.CRITIC_VALUES: "critic.forward_max_token_len_per_gpu",
 }
-CRITIC_INFER_TOKENS = "+critic.ppo_infer_max_token_len_per_gpu"  # not in verl 0.9's yaml: appended
 ATTN_KEYS = (f"+{AR}.model.override_config.attn_implementation", "+critic.model.override_config.attn_implementation")
 
 
@@ -80,16 +79,13 @@ def build_overrides(c: Candidate, s: Settings) -> dict[str, Any]:
 
 
 def _packed_critic(c: Candidate, s: Settings, phase: Phase) -> dict[str, Any]:
-    """verl 0.9's critic packs by tokens (Settings.critic_packs): the budget its passes run under (the v1 trainer
-    reads one key for both: the smaller budget holds both), and a micro batch size only because verl's config check
-    wants one set (its engine critic does not use it): the per-GPU mini batch, one micro batch a mini batch."""
+    """verl 0.9's critic packs by tokens (Settings.critic_packs): the budget its pass runs under, at the key verl
+    reads for it (the planner has given both passes one budget where one key holds both), and a micro batch size
+    only because verl's config check wants one set (its engine critic does not use it): the per-GPU mini batch, one
+    micro batch a mini batch."""
     out: dict[str, Any] = {}
-    budgets = {p: b for p, b in c.token_budget.items() if p in CRITIC_PHASES}
-    if phase in budgets:
-        if phase == Phase.CRITIC_UPDATE and not s.critic_v1:
-            out["critic.ppo_max_token_len_per_gpu"] = budgets[phase]
-        else:
-            out[CRITIC_INFER_TOKENS] = min(budgets.values()) if s.critic_v1 else budgets[phase]
+    if phase in c.token_budget:
+        out[s.critic_budget_key(update=phase == Phase.CRITIC_UPDATE)] = c.token_budget[phase]
     if phase == Phase.CRITIC_UPDATE and s.critic_micro is None and not s.dynamic_bsz:
         pool = next((p for p in c.pools if "critic" in p.roles), c.pools[0])
         out[MICRO_KEYS[phase]] = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // pool.size)

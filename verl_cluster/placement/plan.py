@@ -296,10 +296,9 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
                        "typical server, or --host-mem)")
     options: list[Option] = []
     if s.critic and s.critic_packs and s.critic_micro is not None and not s.dynamic_bsz:
-        key = "critic.ppo_max_token_len_per_gpu" if not s.critic_v1 else "+critic.ppo_infer_max_token_len_per_gpu"
         warnings.append(f"critic.ppo_micro_batch_size_per_gpu={s.critic_micro} does not size the critic's micro "
                         "batches: verl 0.9 packs them by tokens (planned so); to hold its memory down set "
-                        f"{key}")
+                        f"{s.critic_budget_key(update=True)}")
     if best is not None:
         reasons += _explain(best, tried, s, hw, want)
         problems, fixes = _host_check(best, s, shape, hw, warnings)

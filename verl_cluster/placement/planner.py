@@ -392,9 +392,8 @@ class Evaluator:
                         verl_engine=True)
             mb_gpu = max(1, s.ppo_mini_batch_size * s.n * s.sp_critic // n)
             # verl 0.9's critic packs by tokens (Settings.critic_packs): its budget, not its micro batch, is planned
-            upd, upd_pinned = s.critic_budget(update=True) if s.critic_packs else (s.critic_max_tokens,
-                                                                                   s.critic_tokens_pinned)
-            val, val_pinned = s.critic_budget(update=False) if s.critic_packs else (s.critic_max_tokens, False)
+            upd, upd_pinned = s.critic_budget(update=True)
+            val, val_pinned = s.critic_budget(update=False)
             later(c, pool, "critic", Phase.CRITIC_UPDATE, s.critic_micro, _divisors_desc(mb_gpu), mb_gpu,
                   lambda mb, t, base=base: mem.update_step(TrainInputs(
                       tokens=t, micro=mb, grad_ckpt=s.grad_ckpt_critic, adapter=self.critic_adapter, **base)),

@@ -15,6 +15,7 @@ from verl_cluster.config.job import JobSpec
 from verl_cluster.errors import ConfigError
 
 AR = "actor_rollout_ref"
+CRITIC_INFER_TOKENS = "+critic.ppo_infer_max_token_len_per_gpu"  # not in verl 0.9's yaml: appended
 RM_PREFIXES = ("reward.reward_model", "reward_model")  # verl 0.9, then ≤ 0.8
 CRITIC_PREFIXES = ("critic.fsdp", "critic.model.fsdp_config")  # verl 0.9, then ≤ 0.8
 
@@ -96,10 +97,19 @@ class Settings:
         return JobShape(self.nnodes, self.n_gpus_per_node)
 
     def critic_budget(self, update: bool) -> tuple[int, bool]:
-        """(token budget, pinned) of a packed critic pass (critic_packs): the update's and the values' pass."""
-        if update and not self.critic_v1:
-            return self.critic_max_tokens, self.critic_tokens_pinned
-        return self.critic_infer_tokens, self.critic_infer_tokens_pinned
+        """(token budget, pinned) the critic's update or values pass starts from: with critic_packs the one its key
+        holds (critic_budget_key), else the dynamic-bsz budget (critic.ppo_max_token_len_per_gpu)."""
+        if self.critic_budget_key(update) == CRITIC_INFER_TOKENS:
+            return self.critic_infer_tokens, self.critic_infer_tokens_pinned
+        return self.critic_max_tokens, self.critic_tokens_pinned and update
+
+    def critic_budget_key(self, update: bool) -> str:
+        """The verl key that holds a critic pass's token budget: verl 0.9 packs both passes under
+        critic.ppo_infer_max_token_len_per_gpu (the legacy trainer its update under ppo_max_token_len_per_gpu);
+        without packing, critic.ppo_max_token_len_per_gpu (its values' key is overrides.TOKEN_KEYS')."""
+        if self.critic_packs and not (update and not self.critic_v1):
+            return CRITIC_INFER_TOKENS
+        return "critic.ppo_max_token_len_per_gpu"
 
     @property
     def seq_len(self) -> int:

@@ -198,9 +198,12 @@ def forward_terms(params: float, tokens: float, tflops: float, logit_reads: floa
 
 def update_terms(params: float, tokens: float, tflops: float, recompute: bool, epochs: int = 1,
                  logit_reads: float = 0.0, passes: float = 0.0, loop_tokens: float = 0.0,
-                 lm_micros: float = 0.0) -> Terms:
+                 lm_micros: float = 0.0, sharded: bool = False) -> Terms:
+    """An update phase. sharded: more than one rank (FSDP1 FULL_SHARD), whose fixed part is fitted on its own
+    (UPDATE_FIXED_S stays, at 0, as the key that marks an update's terms)."""
     flops = (6.0 + (2.0 if recompute else 0.0)) * params * tokens * epochs
-    return {"UPDATE_FIXED_S": 1.0, "UPDATE_PASS_S": passes * epochs, "1/COMPUTE_SHARE": flops / (tflops * 1e12),
+    fixed = {"UPDATE_FIXED_S": 0.0, "UPDATE_FIXED_RANKS_S": 1.0} if sharded else {"UPDATE_FIXED_S": 1.0}
+    return {**fixed, "UPDATE_PASS_S": passes * epochs, "1/COMPUTE_SHARE": flops / (tflops * 1e12),
             "LOGIT_UPDATE_BYTES": logit_reads * epochs, "LOOP_UPDATE_TOKEN_S": loop_tokens * epochs,
             "UPDATE_LM_MICRO_S": lm_micros * epochs}
 
@@ -417,10 +420,8 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         out = update_terms(params, t, sp.tflops, recompute,
                            logit_reads=t * vocab / (sp.hbm_gbs * 1e9) if vocab > 1 else 0.0,
                            passes=m * shape.layers, loop_tokens=real_gpu if vocab > 1 and not flash else 0.0,
-                           lm_micros=m if vocab > 1 else 0)
+                           lm_micros=m if vocab > 1 else 0, sharded=n > 1)
         out["COMM_S"] = exposed(fsdp_comm_s(params, root, cb, n, m, bus), out)
-        if n > 1:  # FULL_SHARD: the fixed work of a sharded update (fitted on its own)
-            out["UPDATE_FIXED_S"], out["UPDATE_FIXED_RANKS_S"] = 0.0, 1.0
         out[""] = 0.0  # serial seconds: offload
         return out
 

@@ -80,30 +80,30 @@ def module_file(module):
 
 
 def config_name_of(module):
-    """The config_name of the module's @hydra.main and its config folder, read from its source."""
+    """(config_name of the module's @hydra.main, its config folder, the module's file), read from its source."""
     origin = module_file(module)
     if not origin:
-        return None, None
+        return None, None, None
     src = open(origin).read()
     m = re.search(r"@hydra\.main\(([^)]*)\)", src)
     if not m:
-        return None, None
+        return None, None, origin
     name = re.search(r"config_name\s*=\s*[\"']([^\"']+)", m.group(1))
     path = re.search(r"config_path\s*=\s*[\"']([^\"']+)", m.group(1))
     base = os.path.dirname(origin)
-    return (name.group(1) if name else None), os.path.join(base, path.group(1) if path else "config")
+    return (name.group(1) if name else None), os.path.join(base, path.group(1) if path else "config"), origin
 
 
 def config_dir(req):
-    """(config name, folder) the request composes: the module's @hydra.main, or the job's --config-name/-path
-    (a relative path is the module's folder's, as in Hydra)."""
-    name, cfg_dir = config_name_of(req["module"])
+    """(config name, folder, the module's file) the request composes: the module's @hydra.main, or the job's
+    --config-name/-path (a relative path is the module's folder's, as in Hydra)."""
+    name, cfg_dir, origin = config_name_of(req["module"])
     if req.get("config_name"):
         name = req["config_name"][:-5] if req["config_name"].endswith(".yaml") else req["config_name"]
     if req.get("config_path"):
         base = os.path.dirname(cfg_dir) if cfg_dir else ""
         cfg_dir = os.path.normpath(os.path.join(base, req["config_path"]))
-    return name, cfg_dir
+    return name, cfg_dir, origin
 
 
 def stamp(path):
@@ -126,16 +126,13 @@ def tree_stamp(top):
     return [n, newest, size]
 
 
-def cache_key(req):
-    """What the answer depends on, hashed; None when it cannot be told without importing verl."""
+def cache_key(req, where, verl):
+    """What the answer depends on, hashed; None when it cannot be told without importing verl. WHERE: config_dir's
+    answer for REQ; VERL: verl's package folder."""
     from importlib import metadata
 
-    name, cfg_dir = config_dir(req)
-    origin = module_file(req["module"])
-    if not name or not cfg_dir or not origin or not os.path.isdir(cfg_dir):
-        return None
-    verl = os.path.dirname(os.path.dirname(module_file("verl.trainer.main_ppo") or ""))
-    if not verl:
+    name, cfg_dir, origin = where
+    if not name or not cfg_dir or not origin or not os.path.isdir(cfg_dir) or not verl:
         return None
     models = [o.split("=", 1)[1] for o in req["overrides"] if "=" in o and o.split("=", 1)[0].endswith("model.path")]
     try:
@@ -225,26 +222,30 @@ def main(arg):
     import importlib.util
 
     req = json.loads(arg)
-    if importlib.util.find_spec("verl") is None:  # run on a node whose Python lacks verl: say so, no traceback
+    verl = importlib.util.find_spec("verl")
+    if verl is None:  # run on a node whose Python lacks verl: say so, no traceback
         print(MARK + json.dumps({"unknown": [], "error": None, "validated": False, "no_verl": True,
                                  "skipped": f"verl is not installed in {sys.executable}: its config was not checked"}))
         return
-    key = cache_key(req) if os.environ.get("VC_VERL_PROBE_CACHE", "1") != "0" else None
+    where = config_dir(req)  # read once: the key and the probe both go by it
+    use_cache = os.environ.get("VC_VERL_PROBE_CACHE", "1") != "0"
+    key = cache_key(req, where, os.path.dirname(verl.origin) if verl.origin else None) if use_cache else None
     out = cached(key) if key else None
     if out is None:
-        out = probe(req)
+        out = probe(req, where)
         if key:
             keep(key, out)
     print(MARK + json.dumps(out))
 
 
-def probe(req):
-    """Compose verl's config with the request's overrides and validate it (imports verl's trainer)."""
+def probe(req, where):
+    """Compose verl's config with the request's overrides and validate it (imports verl's trainer). WHERE:
+    config_dir's answer for REQ."""
     out = {"unknown": [], "error": None, "validated": False, "skipped": None}
     offline = stay_offline_if_hub_unreachable(req["overrides"])
     from hydra import compose, initialize_config_dir
 
-    name, cfg_dir = config_dir(req)
+    name, cfg_dir, _ = where
     if req.get("config_path") and not os.path.isdir(cfg_dir):
         out["skipped"] = f"--config-path {req['config_path']}: {cfg_dir} is not a folder here; config not checked"
         return out
