@@ -506,19 +506,23 @@ def beside(result: dict, results: list[dict]) -> list[str]:
             result.get("card") and _span(o)[0] < a1 and a0 < _span(o)[1]]
 
 
+def _family_row(f: Family, role: str, mine: list[dict]) -> dict[str, Any]:
+    return {"family": f.name, "role": role, "what": f.what, "runs": len(mine),
+            "worst_step_error": max((r["step_error"] for r in mine), key=abs),
+            "worst_phase_error": max((p["error"] for r in mine for p in r["phases"] if p["held"]),
+                                     key=abs, default=None),
+            "meets_target": all(r["meets_target"] for r in mine)}
+
+
 def report(results: list[dict], rounds: list[dict]) -> dict[str, Any]:
     results = [r for r in results if r.get("run") in BY_NAME and not BY_NAME[r["run"]].profile]
     runs = [{**judge(r, rounds), "beside": beside(r, results)} for r in results]
     fams = []
-    for f in FAMILIES:
-        mine = [r for r in runs if r["family"] == f.name and r.get("blind")]
-        if not mine:
-            continue
-        fams.append({"family": f.name, "role": f.role, "what": f.what, "runs": len(mine),
-                     "worst_step_error": max((r["step_error"] for r in mine), key=abs),
-                     "worst_phase_error": max((p["error"] for r in mine for p in r["phases"] if p["held"]),
-                                              key=abs, default=None),
-                     "meets_target": all(r["meets_target"] for r in mine)})
+    for f in FAMILIES:  # a held-out family's runs a refit took (FITTED_ON) get a fit row of their own
+        for role in dict.fromkeys((f.role, "fit")):
+            mine = [r for r in runs if r["family"] == f.name and r.get("blind") and r["role"] == role]
+            if mine:
+                fams.append(_family_row(f, role, mine))
     held = [r for r in runs if r["role"] == "hold-out" and r.get("blind")]
     held_fams = {r["family"] for r in held}
     target = {"held_out_runs": len(held), "held_out_families": len(held_fams),
