@@ -165,6 +165,9 @@ FAMILIES = (
            {"nodes": 1, "ranks": 2, "algorithm": "gae+critic", "offload": "none"}),
     # for after the refit that P calls for: C and g2fa-m32 become fit runs then (looked at), so the three families
     # above are no longer never-fitted; this one is (offload was fitted on one GPU only: fit-offload05, -15)
+    Family("4gpu-packed", "hold-out", "4 GPUs of one node, packed flash-attn, GRPO, micro 8 (never fitted on: no "
+           "run of any grid had 4 ranks)",
+           {"nodes": 1, "ranks": 4, "attention": PACKED, "algorithm": "grpo", "offload": "none"}),
     Family("2gpu-offload", "hold-out", "2 GPUs, the actor's params and optimizer offloaded, packed, GRPO, micro 8/32",
            {"nodes": 1, "ranks": 2, "attention": PACKED, "algorithm": "grpo", "offload": "param+optimizer"}),
 )
@@ -188,6 +191,8 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g2ppo-m2", "2gpu-ppo", "E", 2, "gae", PACKED, 2, 4),
     Run("g2off-m8", "2gpu-offload", "F", 2, "grpo", PACKED, 8, 16, offload=True),
     Run("g2off-m32", "2gpu-offload", "F", 2, "grpo", PACKED, 32, 32, offload=True),
+    # H: 4 ranks, when a 4-GPU kind is lent (2026-11-28), predicted by the model that D, E and F were held out from
+    Run("g4fa-m8", "4gpu-packed", "H", 4, "grpo", PACKED, 8, 16),
     # P: diagnoses, not measurements (the report and the fixture leave them out): where the actor's micro batches
     # spend the ~0.3-0.45 s of host work the critic's do not (step_time.UPDATE_LM_MICRO_S), actor and critic profiled;
     # at micro 8 a rank's mini batch is 4 (2 GPUs) or 8 (1 GPU) micro batches, so the trace also says whether the
@@ -196,7 +201,7 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g2ppo-m8-prof", "2gpu-ppo", "P", 2, "gae", PACKED, 8, 16, profile=True),
     Run("g1ppo-m8-prof", "1gpu-ppo", "P", 1, "gae", PACKED, 8, 16, profile=True),
 )
-BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P")  # G: g2fa-m32, run alone after C
+BATCHES = ("A", "B", "C", "G", "D", "E", "F", "H", "P")  # G: g2fa-m32, run alone after C; H: 4 GPUs
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run
@@ -233,8 +238,10 @@ def phases(batches: list[str], skip: tuple[str, ...] = ()) -> list[tuple[bool, l
 
 
 def gpu_sets(total: int) -> list[tuple[int, ...]]:
-    """The GPU sets runs go on, one Ray cluster each: every GPU alone, and aligned pairs (0-1, 2-3, ...)."""
-    return [(i,) for i in range(total)] + [(i, i + 1) for i in range(0, total - 1, 2)]
+    """The GPU sets runs go on, one Ray cluster each: every GPU alone, aligned pairs (0-1, 2-3, ...) and aligned
+    fours (0-3, ...)."""
+    return ([(i,) for i in range(total)] + [(i, i + 1) for i in range(0, total - 1, 2)]
+            + [tuple(range(i, i + 4)) for i in range(0, total - 3, 4)])
 
 
 def first_free_set(size: int, total: int, busy: set[int]) -> Optional[tuple[int, ...]]:
@@ -262,24 +269,27 @@ def lane_plan(batches: list[str], gpus: int, need: dict[str, float],
 
 
 # ---------------------------------------------------------------- the plan, through the CLI
-def facts_file(card: str, flash: bool, folder: Path) -> Path:
-    """A 2-GPU node of CARD (the recorded 2x H200 node's facts, GPUs renamed for H100) with or without flash-attn."""
-    path = folder / f"{card}-{'fa' if flash else 'nofa'}.json"
-    return _write_facts(card, flash, path)
+def facts_file(card: str, flash: bool, folder: Path, gpus: int = 2) -> Path:
+    """A node of GPUS x CARD (the recorded 2x H200 node's facts, GPUs renamed for H100, copied up to 4) with or
+    without flash-attn."""
+    path = folder / f"{card}x{gpus}-{'fa' if flash else 'nofa'}.json"
+    return _write_facts(card, flash, path, gpus)
 
 
-def fixture_facts(card: str) -> Path:
+def fixture_facts(card: str, gpus: int = 2) -> Path:
     """The facts a measured run is replayed on (committed beside the other facts; the flash-attn variant: the
     replay drops flash_attn for a run that ran without it)."""
-    return _write_facts(card, True, REPO / "tests/fixtures/facts" / f"grid2_{card.lower()}x2.json")
+    return _write_facts(card, True, REPO / "tests/fixtures/facts" / f"grid2_{card.lower()}x{max(gpus, 2)}.json",
+                        max(gpus, 2))
 
 
-def _write_facts(card: str, flash: bool, path: Path) -> Path:
+def _write_facts(card: str, flash: bool, path: Path, gpus: int = 2) -> Path:
     if not path.exists():
         doc = json.loads(FACTS_TEMPLATE.read_text())
         nodes = doc if isinstance(doc, list) else [doc]
         name, mib = CARDS[card]
         for nf in nodes:
+            _grow(nf, gpus)
             for g in nf["gpus"]:
                 g.update(name=name, memory_total_mib=mib, memory_free_mib=mib - 600)
             versions = {k: v for k, v in nf["versions"].items() if k != "flash_attn"}
@@ -288,10 +298,23 @@ def _write_facts(card: str, flash: bool, path: Path) -> Path:
     return path
 
 
+def _grow(nf: dict[str, Any], gpus: int) -> None:
+    """The recorded 2-GPU node as the 4-GPU machine the device lends (NVLink between every pair, as nvidia-smi topo
+    showed on the 2-GPU kind; the chain keeps `nvidia-smi topo -m` of the machine it ran on; 16 cores and 128 GiB of
+    host a GPU, as `status` says of each kind)."""
+    if gpus <= len(nf["gpus"]):
+        return
+    first = nf["gpus"][0]
+    nf["gpus"] = [{**first, "index": i, "uuid": f"{first['uuid'][:-2]}{i:02d}"} for i in range(gpus)]
+    pair = nf["gpu_pairs"][0]
+    nf["gpu_pairs"] = [{**pair, "a": a, "b": b} for a in range(gpus) for b in range(a + 1, gpus)]
+    nf.update(cpu_count=16 * gpus, mem_total_mib=nf["mem_total_mib"] // 2 * gpus)
+
+
 def plan(run: Run, card: str, folder: Path, fill: Optional[float] = None) -> dict[str, Any]:
     """`verl-cluster plan --json` of the run's line on a node of CARD (the CLI, as a user runs it)."""
     argv = [sys.executable, "-m", "verl_cluster", "plan", "--json", "--facts",
-            str(facts_file(card, run.flash, folder))]
+            str(facts_file(card, run.flash, folder, run.gpus))]
     argv += ["--fill", str(fill)] if fill is not None else []
     r = subprocess.run([*argv, "--", *run.line()], capture_output=True, text=True, timeout=180, cwd=REPO)
     try:
@@ -422,7 +445,7 @@ def to_entry(result: dict, results: list[dict]) -> Optional[tuple[str, dict]]:
         "recorded": f"{result['started_utc']}, {result['card']} (GPU {result.get('gpu_set')} of "
                     f"{result.get('machine_gpus')}, a Ray cluster of its own), verl 0.9.1 + vLLM 0.24.0, "
                     f"scripts/calibration/grid2.py batch {run.batch}",
-        "facts": str(fixture_facts(card).relative_to(REPO)), "nodes": 1, "line": run.line(),
+        "facts": str(fixture_facts(card, run.gpus).relative_to(REPO)), "nodes": 1, "line": run.line(),
         "flash_attn": bool(result.get("flash_attn")), "fill": round(m["fill"], 3) if m.get("fill") else 1.0,
         "fill_how": "verl's perf/total_num_tokens over 128 x (512 + 384), mean of the timed steps",
         "first_steps": [1], "steps": steps, "gpu_reserved_gib": m.get("max_memory_reserved_gib"),

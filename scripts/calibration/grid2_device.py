@@ -110,6 +110,8 @@ def device_setup() -> None:
     set_flash(False)
     log(f"flash-attn {'staged' if staged_flash() else 'NOT staged: the packed and PPO runs will be skipped'}")
     total = gpu_count()
+    topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=60)
+    (OUT / "nvidia-smi-topo.txt").write_text(topo.stdout + topo.stderr)  # the links the 4-GPU facts assume
     try:
         comp.wait(600)
     except subprocess.TimeoutExpired:

@@ -68,13 +68,14 @@ def test_batches_cover_every_run_once_and_fit_a_session(plans):
     assert order == sorted(order, key=lambda x: x == "hold-out")  # ... and the held-out ones come last
     need = {r.name: max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"]) for c in grid2.CARDS)
             for r in grid2.RUNS}
-    for b in grid2.BATCHES:  # each batch one session on a node of 2 GPUs (what the device lends most)
-        end, _ = grid2.lane_plan([b], 2, need)
+    for b in grid2.BATCHES:  # each batch one session on a node of 2 GPUs (what the device lends most), H on 4
+        end, _ = grid2.lane_plan([b], max([2] + [r.gpus for r in grid2.batch_runs(b)]), need)
         assert grid2.STARTUP_S < end <= grid2.SESSION_RUNS_S, (b, end)
     for b in ("C", "D"):  # the first two held-out sessions: one run of each family held out from the start
         runs = grid2.batch_runs(b)
         assert {r.family for r in runs} == {"2gpu-padded-small-micro", "2gpu-packed", "2gpu-ppo"}, b
     assert {r.family for r in grid2.batch_runs("F")} == {"2gpu-offload"}  # never fitted on, after the refit
+    assert {(r.family, r.gpus) for r in grid2.batch_runs("H")} == {("4gpu-packed", 4)}  # no grid had 4 ranks
 
 
 def test_every_line_composes_in_verls_config():
@@ -259,9 +260,10 @@ def test_each_gpu_set_gets_a_cluster_of_its_own(tmp_path, monkeypatch):
     from verl_cluster.config.cluster import load_cluster
 
     specs = [load_cluster(str(grid2_device.write_cluster(gs, 4))) for gs in grid2.gpu_sets(4)]
-    assert grid2.gpu_sets(4) == [(0,), (1,), (2,), (3,), (0, 1), (2, 3)]
-    assert len({s.cluster_name for s in specs}) == 6
-    assert [s.head.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0", "1", "2", "3", "0,1", "2,3"]
+    assert grid2.gpu_sets(4) == [(0,), (1,), (2,), (3,), (0, 1), (2, 3), (0, 1, 2, 3)]
+    assert grid2.gpu_sets(2) == [(0,), (1,), (0, 1)]
+    assert len({s.cluster_name for s in specs}) == 7
+    assert [s.head.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0", "1", "2", "3", "0,1", "2,3", "0,1,2,3"]
     ports = [p for s in specs for p in (s.head.gcs_port, s.head.dashboard_port, s.head.ray_client_port,
                                         *vars(s.ray.ports).values()) if p < 20000]
     assert len(ports) == len(set(ports))
