@@ -98,6 +98,7 @@ def card_name() -> str:
 def device_setup() -> None:
     g = gm()
     g.setup()  # the staged site moved to /srv/vc/site, wrappers, the 0.5B shape and synthetic GSM8K
+    log(gc_watch(g.SITE))
     comp = subprocess.Popen([g.PY, "-m", "compileall", "-q", "-j", "0", str(g.SITE)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # staged --no-compile: else every verl process compiles
     wheel = VC / "flashattn-wheel"
@@ -126,6 +127,29 @@ def device_setup() -> None:
     log("clusters up: " + ", ".join(f"{set_name(gs)} rc={r.returncode}" for gs, r in zip(sets, got))
         + "; job ids apart: " + ", ".join(f"{set_name(gs)} {(b.stdout.split() or ['?'])[-1]} (rc={b.returncode})"
                                           for gs, b in zip(sets[1:], burnt)))
+
+
+GC_DIR = OUT / "gc"
+
+
+def gc_watch(site: Path) -> str:
+    """Every Python process of the runs (the clusters inherit the environment) logs its collector's pauses
+    (gc_pauses.py as the site's sitecustomize): one-step outliers told apart from full collections."""
+    target = site / "sitecustomize.py"
+    if target.exists() and "gc_pauses" not in target.read_text():
+        return f"gc pauses not watched: {target} is the site's own"
+    GC_DIR.mkdir(parents=True, exist_ok=True)
+    target.write_text("# gc_pauses (scripts/calibration/gc_pauses.py), put here by grid2's chain\n"
+                      + (REPO / "scripts/calibration/gc_pauses.py").read_text())
+    os.environ["GC_PAUSES_DIR"] = str(GC_DIR)
+    return f"gc pauses over 50 ms logged by every Python process in {GC_DIR}"
+
+
+def gc_summary() -> str:
+    sys.path.insert(0, str(REPO / "scripts/calibration"))
+    import gc_pauses
+
+    return gc_pauses.summary(str(GC_DIR), T0)
 
 
 JOB_ID_STRIDE = 50  # the i-th GPU set's cluster hands out Ray job ids from 1 + i x STRIDE (burn_job_ids)
@@ -353,5 +377,6 @@ def chain(batches: list[str], skip: tuple[str, ...] = ()) -> None:
         log(f"chain {batch} failed: {type(e).__name__}: {e}")
         raise
     finally:
+        log(gc_summary())
         log("end")
         (OUT / f"grid2-{batch}.done").touch()

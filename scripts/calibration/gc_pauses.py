@@ -1,0 +1,61 @@
+"""Python's garbage-collector pauses in every process of a grid run (a diagnosis for issue 33's one-step outliers:
+verl 0.9.1 never freezes or disables the collector, and a full collection of a large heap can take seconds).
+
+    installed as the staged site's sitecustomize.py (grid2_device.gc_watch): each Python process appends its pauses
+    over PAUSE_S (GC_PAUSES_MIN_S, 0.05 s) to GC_PAUSES_DIR/<pid>.jsonl (wall time, generation, seconds, objects collected);
+    python3 gc_pauses.py summary DIR [--since EPOCH]   the longest pauses and each process's total
+"""
+
+import gc
+import json
+import os
+import sys
+import time
+
+PAUSE_S = float(os.environ.get("GC_PAUSES_MIN_S", "0.05"))
+
+
+def _install(folder: str) -> None:
+    t0 = [0.0]
+    path = os.path.join(folder, f"{os.getpid()}.jsonl")
+
+    def cb(phase: str, info: dict) -> None:
+        if phase == "start":
+            t0[0] = time.perf_counter()
+            return
+        took = time.perf_counter() - t0[0]
+        if took >= PAUSE_S:
+            try:
+                with open(path, "a") as fh:  # rare (>= 50 ms): an open per pause costs nothing that matters
+                    fh.write(json.dumps({"t": round(time.time(), 3), "gen": info.get("generation"),
+                                         "s": round(took, 4), "collected": info.get("collected"),
+                                         "argv": " ".join(sys.argv[:3])[:160]}) + "\n")
+            except OSError:
+                pass
+
+    gc.callbacks.append(cb)
+
+
+def summary(folder: str, since: float = 0.0) -> str:
+    rows = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        with open(os.path.join(folder, name)) as fh:
+            rows += [{**json.loads(ln), "pid": name.split(".")[0]} for ln in fh if ln.strip()]
+    rows = [r for r in rows if r["t"] >= since]
+    if not rows:
+        return f"gc pauses >= {PAUSE_S * 1000:.0f} ms: none in {folder}"
+    top = sorted(rows, key=lambda r: -r["s"])[:12]
+    out = [f"gc pauses >= {PAUSE_S * 1000:.0f} ms: {len(rows)} in {len({r['pid'] for r in rows})} processes, "
+           f"{sum(r['s'] for r in rows):.1f} s in all; the longest:"]
+    out += [f"  {time.strftime('%H:%M:%S', time.gmtime(r['t']))} pid {r['pid']} gen {r['gen']} {r['s']:.2f} s "
+            f"({r['collected']} freed) {r['argv']}" for r in top]
+    return "\n".join(out)
+
+
+if os.environ.get("GC_PAUSES_DIR") and __name__ != "__main__":
+    _install(os.environ["GC_PAUSES_DIR"])
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] != "summary":
+        sys.exit(__doc__)
+    print(summary(sys.argv[2], float(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "--since" else 0.0))
