@@ -321,7 +321,7 @@ def main() -> int:
         ray.get([pg.ready() for pg in pgs], timeout=120)
         report["placement_groups_ready_s"] = round(time.time() - t_pg, 2)
         shape = catalog_shape(job.model.catalog)
-        sys.path.insert(0, os.path.join(os.environ.get("VC_REPO", "."), "scripts"))
+        sys.path.insert(0, os.path.join(os.environ.get("VC_REPO", "."), "scripts", "calibration"))
         from calibrate_memory import hf_config_kwargs, model_type  # the calibration's shape -> HF config mapping
         model_kw, mtype = hf_config_kwargs(shape), model_type(shape)
         attn = plan["settings"]["attn_implementation"]

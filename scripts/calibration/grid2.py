@@ -431,7 +431,7 @@ def shared_cluster(result: dict, run: Run) -> bool:
 
 
 def to_entry(result: dict, results: list[dict]) -> Optional[tuple[str, dict]]:
-    """(run, entry) in scripts/fit_plan_calibration.py's figures form (the line as it ran, the facts of its card, its
+    """(run, entry) in scripts/calibration/fit_plan_calibration.py's figures form (the line as it ran, the facts of its card, its
     fill and verl's timing_s/* per step), role fit or hold-out (run_role); None for a run that is no measurement
     (no timed steps, or it shared a Ray cluster: grid2_shared_queue)."""
     run = BY_NAME.get(result.get("run", ""))
@@ -458,7 +458,7 @@ def write_fixture(results: list[dict], path: Path = FIXTURE) -> list[str]:
     doc = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     doc["_comment"] = ("issue 33's second grid, measured (scripts/calibration/grid2.py fixture): each entry is a verl "
                        "run as it ran (its line, its card's facts, its fill, verl's timing_s/* per step), time fit "
-                       "(fitted on by scripts/fit_plan_calibration.py) or hold-out (never fitted on; its prediction "
+                       "(fitted on by scripts/calibration/fit_plan_calibration.py) or hold-out (never fitted on; its prediction "
                        "was recorded before it ran: grid2_predictions.json).")
     got = [e for e in (to_entry(r, results) for r in results) if e]
     doc["runs"] = {**doc.get("runs", {}), **dict(got)}

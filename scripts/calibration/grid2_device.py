@@ -1,5 +1,5 @@
-"""grid2.py's device phases (start, chain, run): on the GPU machine, as root, after scripts/gpu_stage_verl.sh's
-parts were unpacked (/root/stage/verl/site). scripts/gpu_multinode.py's `setup` makes the site, wrappers, the
+"""grid2.py's device phases (start, chain, run): on the GPU machine, as root, after scripts/gpu/gpu_stage_verl.sh's
+parts were unpacked (/root/stage/verl/site). scripts/gpu/gpu_multinode.py's `setup` makes the site, wrappers, the
 0.5B shape and synthetic GSM8K under /srv/vc; this module adds flash-attn (moved in and out of the site per run),
 a one-node cluster per GPU set (each GPU, aligned pairs) and `up` for each, then submits the batches' lines through
 `verl-cluster submit`, side by side on free GPU sets (verl 0.9's TransferQueue is one per Ray cluster: runs side by
@@ -36,9 +36,9 @@ SUBMITTED = re.compile(r"submitted (\S+) to ")  # submit's line on stderr: the j
 
 
 def gm():
-    """scripts/gpu_multinode.py, loaded by path (its setup, wrappers, paths and environment)."""
+    """scripts/gpu/gpu_multinode.py, loaded by path (its setup, wrappers, paths and environment)."""
     if "gpu_multinode" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_multinode", REPO / "scripts" / "gpu_multinode.py")
+        spec = importlib.util.spec_from_file_location("gpu_multinode", REPO / "scripts" / "gpu" / "gpu_multinode.py")
         mod = importlib.util.module_from_spec(spec)
         sys.modules["gpu_multinode"] = mod
         spec.loader.exec_module(mod)
@@ -210,7 +210,7 @@ def decide(run: Run, flash_ok: bool, left_s: float, need_s: float, gpus: int = 2
         return f"SKIP {run.name}: needs {run.gpus} GPUs, this machine has {gpus}"
     if run.flash and not flash_ok:
         return (f"SKIP {run.name} ({run.family}): flash-attn is not staged on this machine; carry "
-                ".stage/flashattn-wheel in the start call (scripts/gpu_flash_attn_kit.sh --wheel-here builds it)")
+                ".stage/flashattn-wheel in the start call (scripts/gpu/gpu_flash_attn_kit.sh --wheel-here builds it)")
     if left_s < need_s:
         return f"SKIP {run.name}: needs ~{need_s:.0f}s, {left_s:.0f}s left of BUDGET_S (run it with the next batch)"
     return ""
@@ -228,7 +228,7 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
         gpus: tuple[int, ...] = ()) -> dict[str, Any]:
     shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
     stop = OUT / f"stop-{run.name}"
-    sampler = subprocess.Popen([gm().PY, "scripts/gpu_mem_sampler.py", str(OUT / f"nvml-{run.name}.jsonl"),
+    sampler = subprocess.Popen([gm().PY, "scripts/gpu/gpu_mem_sampler.py", str(OUT / f"nvml-{run.name}.jsonl"),
                                 "--stop-file", str(stop)], cwd=REPO, env=gm().env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     started, t = time.strftime(UTC, time.gmtime()), time.time()
@@ -356,7 +356,7 @@ def start(batches: list[str], skip: tuple[str, ...] = ()) -> None:
                           *(f"--skip={n}" for n in skip)], cwd=dst,
                          stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                          env={**os.environ, "GRID2_T0": str(T0), "BUDGET_S": str(BUDGET_S), "PYTHONUNBUFFERED": "1"})
-    print(f"chain {batch} started detached (budget {BUDGET_S:.0f}s); poll: bash scripts/gpu_poll.sh {OUT} "
+    print(f"chain {batch} started detached (budget {BUDGET_S:.0f}s); poll: bash scripts/gpu/gpu_poll.sh {OUT} "
           f"{OUT}/grid2-{batch}.done 560", flush=True)
     steps, wait = OUT / "steps.log", float(os.environ.get("GRID2_START_WAIT_S", "240"))
     done = OUT / f"grid2-{batch}.done"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BASE = Path("/var/tmp/vc-lab")  # host-side files: outside /tmp, which each host mounts privately
-# The GPU machine has no openssh-server: scripts/gpu_sys_stage.sh stages one and names it here
+# The GPU machine has no openssh-server: scripts/gpu/gpu_sys_stage.sh stages one and names it here
 SSHD = os.environ.get("VC_LAB_SSHD", "/usr/sbin/sshd")
 TMP_SIZE = os.environ.get("VC_LAB_TMP_SIZE", "2g")  # each host's private /tmp (a verl run's Ray logs need more)
 

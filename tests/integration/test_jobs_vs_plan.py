@@ -27,7 +27,7 @@ def test_jobs_json_carries_the_pairs_of_a_planned_job(shared_cluster, tmp_path, 
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    spec_ = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calib_from_runs.py")
+    spec_ = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
     calib = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(calib)
     entry = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]["fit-grpo15"]

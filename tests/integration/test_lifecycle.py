@@ -208,7 +208,7 @@ def test_local_cycle(tmp_path, capsys, local_ports_lock, monkeypatch):
         assert rc == 0 and rep["nodes"][0]["action"] == "kept"
         # watch's hang bundle and clean slate through the product's code, on an actor in a pooled worker (no
         # RAY_JOB_ID of its job): SIGSTOPped, named with its own frames and log, then gone
-        r = subprocess.run([sys.executable, str(root / "scripts/gpu_bundle_check.py"), "--cpu", "--cluster", cfg,
+        r = subprocess.run([sys.executable, str(root / "scripts/gpu/gpu_bundle_check.py"), "--cpu", "--cluster", cfg,
                             *over], capture_output=True, text=True, timeout=300, cwd=root)
         doc = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
         assert r.returncode == 0 and doc["problems"] == [], (doc.get("problems"), r.stdout[-3000:], r.stderr[-3000:])

@@ -43,7 +43,7 @@ for i in range({ticks}):
 @pytest.fixture(scope="module")
 def planned_job(shared_cluster, tmp_path_factory):
     """(cluster file, submission id, the pairs its log gives) of a running job with a plan in its metadata."""
-    spec_ = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calib_from_runs.py")
+    spec_ = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
     calib = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(calib)
     entry = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]["fit-grpo15"]

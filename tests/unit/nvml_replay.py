@@ -1,5 +1,5 @@
 """libnvidia-ml answering as a recorded GPU machine did (tests/fixtures/facts/*.json, recorded by
-scripts/record_facts.py): the C functions facts/nvml_node.py calls through ctypes, writing through the same
+scripts/calibration/record_facts.py): the C functions facts/nvml_node.py calls through ctypes, writing through the same
 pointers. NVML cannot exist on this CPU machine; faults are injected by changing `lost` / `ecc` / `count`."""
 
 import ctypes

@@ -1,4 +1,4 @@
-"""scripts/calib_from_runs.py: a run folder as scripts/gpu_e2e.sh leaves it, rebuilt from the recorded H100 runs
+"""scripts/calibration/calib_from_runs.py: a run folder as scripts/gpu/gpu_e2e.sh leaves it, rebuilt from the recorded H100 runs
 (their plan, submitted command and verl log), gives back the calibration entries already in
 tests/fixtures/verl_runs/calibration_runs.json, and a real host-memory recording lines up with the log's steps."""
 
@@ -15,7 +15,7 @@ from verl_cluster.placement.check_run import measured
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests/fixtures"
-spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calib_from_runs.py")
+spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
 C = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(C)
 RUNS = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]
@@ -88,7 +88,7 @@ def test_the_host_recording_is_lined_up_with_the_steps(tmp_path):
     logs = tmp_path / "logs"
     name = run_folder(logs, "grpo_0.5b")
     stop = tmp_path / "stop"
-    p = subprocess.Popen([sys.executable, str(ROOT / "scripts/gpu_mem_sampler.py"), str(logs / f"nvml-{name}.jsonl"),
+    p = subprocess.Popen([sys.executable, str(ROOT / "scripts/gpu/gpu_mem_sampler.py"), str(logs / f"nvml-{name}.jsonl"),
                           "--no-gpu", "--host-interval", "0.2", "--stop-file", str(stop)])
     samples = logs / f"nvml-{name}.jsonl"
     deadline = time.time() + 20

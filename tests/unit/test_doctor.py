@@ -34,7 +34,7 @@ def test_doctor_json_on_this_machine():
 
 def test_record_facts_script_needs_only_the_stdlib():
     # -S -I: no site-packages, no user paths: the script must not import the package's dependencies
-    p = subprocess.run([sys.executable, "-S", "-I", str(ROOT / "scripts" / "record_facts.py"), "--fast",
+    p = subprocess.run([sys.executable, "-S", "-I", str(ROOT / "scripts" / "calibration" / "record_facts.py"), "--fast",
                         "--head-ip", "127.0.0.1"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)

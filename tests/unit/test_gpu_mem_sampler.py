@@ -1,4 +1,4 @@
-"""scripts/gpu_mem_sampler.py's host side on this machine's real /proc: the node's used RAM as psutil reports it,
+"""scripts/gpu/gpu_mem_sampler.py's host side on this machine's real /proc: the node's used RAM as psutil reports it,
 /dev/shm, and per-role RSS/PSS of real child processes whose memory the test controls."""
 
 import importlib.util
@@ -22,7 +22,7 @@ def load(name: str, rel: str):
     return mod
 
 
-S = load("gpu_mem_sampler", "scripts/gpu_mem_sampler.py")
+S = load("gpu_mem_sampler", "scripts/gpu/gpu_mem_sampler.py")
 MIB = 2**20
 HELD = 96 * MIB
 # a child that holds HELD bytes of its own (filled, so resident), starts a grandchild with a plain title, says ready
@@ -120,7 +120,7 @@ def test_dev_shm_in_use_counts_a_file_written_there():
 def test_the_sampler_records_host_lines_and_peaks_without_a_gpu(worker, tmp_path):
     pid, _ = worker
     out, stop = tmp_path / "host.jsonl", tmp_path / "stop"
-    p = subprocess.Popen([sys.executable, str(ROOT / "scripts/gpu_mem_sampler.py"), str(out), "--no-gpu",
+    p = subprocess.Popen([sys.executable, str(ROOT / "scripts/gpu/gpu_mem_sampler.py"), str(out), "--no-gpu",
                           "--host-interval", "0.3", "--stop-file", str(stop)])
     deadline = time.time() + 20
     while time.time() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
@@ -147,8 +147,8 @@ def test_the_sampler_records_host_lines_and_peaks_without_a_gpu(worker, tmp_path
 
 
 def test_gpu_line_readers_skip_host_lines(tmp_path):
-    """scripts/verl_memory_report.py reads the GPU lines of the same file: host lines and the summary are skipped."""
-    report = load("verl_memory_report", "scripts/verl_memory_report.py")
+    """scripts/calibration/verl_memory_report.py reads the GPU lines of the same file: host lines and the summary are skipped."""
+    report = load("verl_memory_report", "scripts/calibration/verl_memory_report.py")
     f = tmp_path / "nvml.jsonl"
     gpu = {"t": 1.0, "gpus": [1000], "procs": [[0, 7, 900, "ray::WorkerDict.update_actor"]]}
     f.write_text("\n".join(json.dumps(d) for d in (

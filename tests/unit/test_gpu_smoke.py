@@ -1,6 +1,6 @@
 """CPU-testable parts of the GPU smoke job (launch/gpu_smoke_job.py): plan -> placement groups and actor slots,
 the phase each role runs, and the measured-vs-planned comparison. The GPU part runs on the GPU machine
-(scripts/gpu_e2e.sh; results in docs/BENCHMARKS.md)."""
+(scripts/gpu/gpu_e2e.sh; results in docs/BENCHMARKS.md)."""
 
 import importlib.util
 import json

@@ -294,7 +294,7 @@ def _as_measured(name: str, gpu_set: list[int]) -> dict:
 def test_a_measured_run_becomes_a_fixture_entry_replayed_as_the_cli_planned_it(tmp_path):
     """grid2.py fixture writes what fit_plan_calibration replays; the replay of the line at the run's fill is the
     plan `verl-cluster plan --fill -- LINE` gave (the prediction recorded before the run): same phases."""
-    spec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/fit_plan_calibration.py")
+    spec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/calibration/fit_plan_calibration.py")
     fit = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fit)
     results = [_as_measured("g2pad-m16", [2, 3]), _as_measured("g2pad-m32", [0, 1]),

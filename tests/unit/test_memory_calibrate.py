@@ -1,4 +1,4 @@
-"""scripts/calibrate_memory.py --dry-run: cases and predictions on CPU, without importing torch."""
+"""scripts/calibration/calibrate_memory.py --dry-run: cases and predictions on CPU, without importing torch."""
 
 import importlib.util
 import json
@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("calibrate_memory", ROOT / "scripts/calibrate_memory.py")
+    spec = importlib.util.spec_from_file_location("calibrate_memory", ROOT / "scripts/calibration/calibrate_memory.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
@@ -39,7 +39,7 @@ def test_dry_run_prints_predictions_and_writes_json(tmp_path, capsys):
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"}
-    res = subprocess.run([sys.executable, str(ROOT / "scripts/calibrate_memory.py"), "--dry-run",
+    res = subprocess.run([sys.executable, str(ROOT / "scripts/calibration/calibrate_memory.py"), "--dry-run",
                           "--out", str(tmp_path / "blocked.json")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

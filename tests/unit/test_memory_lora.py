@@ -1,5 +1,5 @@
 """LoRA in the memory model against its calibration on an H100 (tests/fixtures/calibration_h100_lora.json, from
-scripts/gpu_calib_lora.sh): 0.5B-7B, ranks 32/64, fp32 and bf16 base weights, one GPU. The model's one LoRA
+scripts/gpu/gpu_calib_lora.sh): 0.5B-7B, ranks 32/64, fp32 and bf16 base weights, one GPU. The model's one LoRA
 number (LORA_FRAGMENT_SAVED) was fitted on the <= 3B rows; the 7B rows are the hold-out."""
 
 import json

@@ -1,4 +1,4 @@
-"""What verl did across a node boundary (tests/fixtures/multinode, recorded by scripts/gpu_multinode.py on 2x H200:
+"""What verl did across a node boundary (tests/fixtures/multinode, recorded by scripts/gpu/gpu_multinode.py on 2x H200:
 two namespace hosts, one GPU each, NCCL over sockets), held against the planner: host RAM of every node together
 (the hosts share one machine, so verl's perf/cpu_memory_used_gb is all of them), and how the comparison is chosen."""
 
@@ -14,7 +14,7 @@ from verl_cluster.placement.check_run import pairs
 
 ROOT = Path(__file__).resolve().parents[2]
 REC = json.loads((ROOT / "tests" / "fixtures" / "multinode" / "h200x2_two_hosts.json").read_text())
-# the user line the run submitted (scripts/gpu_multinode.py user_line), the model by its catalog shape
+# the user line the run submitted (scripts/gpu/gpu_multinode.py user_line), the model by its catalog shape
 LINE = ["python3", "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo", "data.train_batch_size=32",
         "data.max_prompt_length=512", "data.max_response_length=384", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B",
         "actor_rollout_ref.model.use_remove_padding=false",

@@ -16,7 +16,7 @@ from verl_cluster.placement import envelope as env
 from verl_cluster.placement import parse_gpus, plan_job
 
 ROOT = Path(__file__).resolve().parents[2]
-_fspec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/fit_plan_calibration.py")
+_fspec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/calibration/fit_plan_calibration.py")
 FIT = importlib.util.module_from_spec(_fspec)
 _fspec.loader.exec_module(FIT)
 FIGURES = json.loads(FIT.FIGURES_FILE.read_text())["runs"]

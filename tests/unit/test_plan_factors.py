@@ -28,7 +28,7 @@ def load(name: str, path: Path):
     return mod
 
 
-CALIB = load("calib_from_runs", ROOT / "scripts/calib_from_runs.py")
+CALIB = load("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
 PF = load("plan_factors", ROOT / "scripts/plan_factors.py")
 RUNS = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]
 NAMES = ("fit-grpo15", "fit-ppo15", "hold-grpo3n8")  # GRPO (ref, no critic) twice, PPO (critic, no ref) once

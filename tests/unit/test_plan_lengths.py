@@ -228,7 +228,7 @@ def test_without_padding_removal_the_lengths_do_not_lower_memory():
 
 
 def test_compare_lengths_script_on_a_recorded_verl_run(tmp_path, capsys):
-    """scripts/compare_lengths.py: `plan --data --json` next to the recorded H100 GRPO run's logged lengths (the same
+    """scripts/bench/compare_lengths.py: `plan --data --json` next to the recorded H100 GRPO run's logged lengths (the same
     synthetic GSM8K generator and tokenizer)."""
     import subprocess
     import sys
@@ -238,7 +238,7 @@ def test_compare_lengths_script_on_a_recorded_verl_run(tmp_path, capsys):
     plan_json = tmp_path / "plan.json"
     plan_json.write_text(capsys.readouterr().out)
     log = ROOT / "tests/fixtures/verl_logs/h100_grpo_0.5b_succeeded.log"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts/compare_lengths.py"), str(log), str(plan_json), "--json"],
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/bench/compare_lengths.py"), str(log), str(plan_json), "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     rows = {row["quantity"]: row for row in json.loads(r.stdout)["rows"]}
@@ -246,7 +246,7 @@ def test_compare_lengths_script_on_a_recorded_verl_run(tmp_path, capsys):
     assert prompt["steps"] == 3 and abs(prompt["error"]) < 0.02 and prompt["source"].startswith("measured")
     assert response["predicted"] == 1024 and response["source"].startswith("worst case")  # nothing known of them
     assert response["logged_mean"] == pytest.approx((481.59 + 444.69 + 450.81) / 3, abs=0.05)
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts/compare_lengths.py"), str(plan_json), str(plan_json)],
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts/bench/compare_lengths.py"), str(plan_json), str(plan_json)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no verl step line" in bad.stderr
 

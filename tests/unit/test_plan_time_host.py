@@ -1,7 +1,7 @@
 """Step time and host RAM: the model's parts against hand-computed values, and the plan against the recorded verl
 runs on one H100 (tests/fixtures/verl_runs/calibration_runs.json; docs/BENCHMARKS.md "Host memory and step time").
 
-The constants are fitted by scripts/fit_plan_calibration.py on the runs tagged "fit" only; the bounds on those
+The constants are fitted by scripts/calibration/fit_plan_calibration.py on the runs tagged "fit" only; the bounds on those
 are the fit's residuals. The runs tagged "hold-out" were not fitted on: their bounds are what the model achieves
 there, with a margin, and say where it misses the goal (step ±20%, phase ±30%, host ±15%)."""
 
@@ -20,11 +20,11 @@ from verl_cluster.placement.settings import read_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())["runs"]
-# the replay (job as it ran, recorded H100 facts, the run's own lengths) is the one scripts/calib_from_runs.py prints
-_spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calib_from_runs.py")
+# the replay (job as it ran, recorded H100 facts, the run's own lengths) is the one scripts/calibration/calib_from_runs.py prints
+_spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
 CALIB = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(CALIB)
-_fspec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/fit_plan_calibration.py")
+_fspec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/calibration/fit_plan_calibration.py")
 FIT = importlib.util.module_from_spec(_fspec)
 _fspec.loader.exec_module(FIT)
 FIGURES = json.loads(FIT.FIGURES_FILE.read_text())["runs"]
@@ -127,7 +127,7 @@ def test_step_time_hold_outs(name, tmp_path):
 
 
 def test_the_constants_are_the_fit(capsys):
-    """The modules' fitted constants are what scripts/fit_plan_calibration.py gives on the fit runs."""
+    """The modules' fitted constants are what scripts/calibration/fit_plan_calibration.py gives on the fit runs."""
     assert FIT.main(["--check"]) == 0, capsys.readouterr().out
 
 

@@ -1,4 +1,4 @@
-"""Facts recorded on the real GPU machine (2x H200, nvidia-h200-x2, 2026-11-21, scripts/record_facts.py) replayed
+"""Facts recorded on the real GPU machine (2x H200, nvidia-h200-x2, 2026-11-21, record_facts.py, since moved to scripts/calibration/) replayed
 through the backend selection, the verdicts and the planner. The hand-entered tests/fixtures/facts/h200x2.json
 stays for the check engineer's tests; this file pins what the real recording says."""
 
@@ -24,7 +24,7 @@ def recorded(host=None) -> NodeFacts:
 
 def test_recording_is_real_and_round_trips():
     raw = json.loads(RECORDED.read_text())
-    assert "scripts/record_facts.py" in raw["recorded"] and raw["recorded"].startswith("2026-11-21")
+    assert "record_facts.py" in raw["recorded"] and raw["recorded"].startswith("2026-11-21")
     f = from_dict(NodeFacts, raw)
     assert from_json(NodeFacts, to_json(f)) == f
     assert f.python_version == "3.12.3" and f.versions["nccl"] == "2.28.9"

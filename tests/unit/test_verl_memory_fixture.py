@@ -1,5 +1,5 @@
 """The plan against real verl runs: GRPO (no flash-attn) and PPO with a GAE critic (flash-attn 2.8.3), Qwen2.5-0.5B
-shape (random init), vLLM 0.24 rollout, 1x H100, recorded by scripts/gpu_e2e.sh + scripts/verl_memory_report.py
+shape (random init), vLLM 0.24 rollout, 1x H100, recorded by scripts/gpu/gpu_e2e.sh + scripts/calibration/verl_memory_report.py
 (tests/fixtures/verl_runs/, docs/BENCHMARKS.md "verl for real"). The planner is re-run on the same job, with the
 micro batches the run used (and, for the padding-free PPO run, the sequence length it really had: plan --fill), and
 each phase's predicted GPU peak must sit within 10% of what NVML measured. The rollout's sampler workspace was

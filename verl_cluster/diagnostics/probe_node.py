@@ -1,6 +1,6 @@
 """Node-side fact probe. STDLIB ONLY: this file is shipped as source and run with the node's Python
 (`python -c SOURCE [HEAD_IP]`), after the NVML reader's source (facts/nvml_node.py), and also run by
-scripts/record_facts.py on machines that have nothing else.
+scripts/calibration/record_facts.py on machines that have nothing else.
 
 It prints one JSON line (see runners.remote_python.MARK) whose keys are the fields of facts.model.NodeFacts.
 Every probe is guarded: a missing tool or library becomes a missing fact (plus a reason), never a crash.

@@ -2,7 +2,7 @@
 "Error bars").
 
 The envelope is the recorded verl runs the model is held against (catalog/step_time_envelope.json, written by
-scripts/fit_plan_calibration.py --write-envelope), each with its axes and the model's step error on it: runs the
+scripts/calibration/fit_plan_calibration.py --write-envelope), each with its axes and the model's step error on it: runs the
 constants were fitted on ("fit"), runs they were not ("hold-out"), and runs looked at but neither fitted nor blind
 ("seen"). A family is the runs alike on every categorical axis; its micro batches and model sizes span a range.
 A job inside a family of fit and hold-out runs is calibrated: its step carries the largest error among the runs not
@@ -112,7 +112,7 @@ class ErrorBar:
 
 
 def read_envelope(path: Path = ENVELOPE_FILE) -> dict[str, Any]:
-    """The recorded runs' axes, roles and step errors (JSON written by scripts/fit_plan_calibration.py)."""
+    """The recorded runs' axes, roles and step errors (JSON written by scripts/calibration/fit_plan_calibration.py)."""
     return json.loads(path.read_text())
 
 

@@ -14,7 +14,7 @@ Parts (per node; docs/placement.md, "Host memory", has the sources; the sampler'
   FSDP2 streams its GPU shards (the largest one in fp32). Actor and critic save one after the other: the larger
   counts. Measured: +0.55 GiB for PPO 0.5B on one H100 (4 B x the 136M-param embedding = 0.51 GiB);
 - the step's batch (DataProto) in the driver and in Ray's object store (shared memory, counted by the OOM killer).
-The fitted constants come from scripts/fit_plan_calibration.py (the runs tagged host "fit" in
+The fitted constants come from scripts/calibration/fit_plan_calibration.py (the runs tagged host "fit" in
 tests/fixtures/verl_runs/calibration_runs.json).
 """
 

@@ -43,7 +43,7 @@ VLLM_SAMPLER_BYTES = 133  # per sequence in flight, per vocab entry
 ADAM_BYTES = 8  # AdamW: exp_avg + exp_avg_sq in the (fp32) parameter dtype
 REDUCE_BYTES = 4  # FSDP MixedPrecision(reduce_dtype=fp32): an unsharded gradient is cast to fp32 to be reduced
 LOGITS_BYTES = 4  # fp32 logits per token per vocab entry (vLLM's sampler)
-# Loss path (verl, scripts/calibrate_memory.py: log_softmax(logits.float()), then gather): an fp32 tensor per
+# Loss path (verl, scripts/calibration/calibrate_memory.py: log_softmax(logits.float()), then gather): an fp32 tensor per
 # token per logit, several of them alive at once; see loss_bytes().
 LOSS_FP32_BYTES = 4
 # Caching-allocator fragmentation in an update: this many copies of the largest FSDP unit's gradient path
@@ -61,7 +61,7 @@ HOST_BASE_BYTES = 2.0 * GIB  # per GPU worker process on the host: torch/CUDA li
 # At the GPU's limit. The reserved working set above is what the caching allocator holds when memory is plentiful;
 # near the limit it frees its cached blocks and retries before failing. With `expandable_segments:True` (verl 0.9's
 # trainer turns it on for every training phase, `set_expandable_segments`) that is enough for a step whose live
-# tensors fit: measured on an H100 80GB, the same FSDP updates with and without it (scripts/gpu_calib_alloc.sh,
+# tensors fit: measured on an H100 80GB, the same FSDP updates with and without it (scripts/gpu/gpu_calib_alloc.sh,
 # docs/BENCHMARKS.md): 1.5B 7x4096 (live 76.7 GiB, 85.1 reserved predicted) and 3B 2x8192 ran with it and failed
 # without; 3B 5x4096 (77.9 GiB live predicted) failed both ways. The live peak plus this share of it (at least
 # PRESSURE_SLACK_MIN) must fit.

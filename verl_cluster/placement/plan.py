@@ -135,7 +135,7 @@ class Plan:
     time: Optional[dict[str, Any]] = None  # host RAM of the busiest node by part, GiB
     # "" when the memory verdict covers the job; else why it does not (verl's Megatron workers: the model is FSDP's)
     not_covered: str = ""
-    # the fitted constants' coefficients: {"time": {phase: terms}, "host": terms} (scripts/fit_plan_calibration.py)
+    # the fitted constants' coefficients: {"time": {phase: terms}, "host": terms} (scripts/calibration/fit_plan_calibration.py)
     terms: dict[str, Any] = field(default_factory=dict, repr=False)
     # tokens a step holds at fill 1 (sequences x (prompt + response)) and this plan's step time at another fill: a
     # run is held against the plan at the lengths it really had, not those planned (the worst case, by default)

@@ -32,7 +32,7 @@ Every phase is a fixed cost plus work over a rate:
 The GPU enters through the catalog's FLOPs, HBM and link figures only: fixed, per-pass and per-token costs are the
 host's (Python, kernel launches) and carry over from the H100 host they were fitted on.
 Each phase is built as terms (constant name -> coefficient, "" for seconds from bytes and links), so the fixed
-costs and the per-step/token/pass costs are fitted by scripts/fit_plan_calibration.py (least squares on the runs
+costs and the per-step/token/pass costs are fitted by scripts/calibration/fit_plan_calibration.py (least squares on the runs
 tagged fit; the micro-batched phases by their relative errors under the max): a calibration, not a law.
 """
 
@@ -61,7 +61,7 @@ class GpuSpeed:
 
 # Vendor datasheet figures; link: NVLink boards at what NCCL reaches (328 GB/s all_reduce busbw measured on 2x H200,
 # DESIGN.md), PCIe cards at a PCIe 4.0 x16 figure; host <-> GPU: PCIe 5.0 hosts (Hopper, Blackwell) at the 55.1 GB/s
-# a pinned 2 GiB copy reached on the H100 host (scripts/gpu_pcie_copy.py, docs/BENCHMARKS.md), PCIe 3.0 cards ~12.
+# a pinned 2 GiB copy reached on the H100 host (scripts/gpu/gpu_pcie_copy.py, docs/BENCHMARKS.md), PCIe 3.0 cards ~12.
 # Matched by the first name fragment found in the GPU's name.
 GPU_SPEEDS: tuple[tuple[str, GpuSpeed], ...] = (
     ("GB200", GpuSpeed(2500, 8000, 700, 55)), ("B200", GpuSpeed(2250, 8000, 700, 55)),
@@ -77,7 +77,7 @@ GPU_SPEEDS: tuple[tuple[str, GpuSpeed], ...] = (
 UNKNOWN_GPU = GpuSpeed(312, 2039, 20)  # an A100-class card over PCIe
 INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures the real figure
 
-# Fitted by scripts/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
+# Fitted by scripts/calibration/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
 # calibration_runs.json (one H100), multi_gpu_runs.json and grid2_runs.json (docs/BENCHMARKS.md, "Step time").
 FORWARD_FIXED_S = 0.114  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
 UPDATE_FIXED_S = 0.591  # per update phase on one rank (FSDP1 NO_SHARD): clip and optimizer steps, the gathers
