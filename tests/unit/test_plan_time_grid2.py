@@ -55,9 +55,9 @@ def test_the_run_at_micro_32_missed_and_the_refit_took_every_run_looked_at():
     worst = max((p for p in r["phases"] if p["held"]), key=lambda p: abs(p["error"]))
     assert not r["meets_target"] and r["step_error"] > 0.20 and worst["phase"] == "update_actor"
     upcoming = [r for r in grid2.RUNS if grid2.run_role(r) == "hold-out" and not r.profile]
-    assert {r.batch for r in upcoming} == {"D", "E", "F", "H"} and len(upcoming) == 7
+    assert {r.batch for r in upcoming} == {"D", "E", "F", "H"} and len(upcoming) == 9
     assert {r.family for r in upcoming if not any(grid2.BY_NAME[n].family == r.family for n in grid2.FITTED_ON)} == {
-        "2gpu-offload", "4gpu-packed"}
+        "2gpu-offload", "4gpu-packed", "4gpu-padded", "4gpu-ppo"}
 
 
 def test_the_first_run_held_out_from_the_refit():
