@@ -60,6 +60,15 @@ def planned_job(shared_cluster, tmp_path_factory):
     return shared_cluster.path, sid, want
 
 
+def _finished(api, sid: str, timeout: float = 120.0) -> str:
+    """The job's status once it ended: a test may run where the follow test did not, or after the module's job was
+    submitted again (xdist runs the shared cluster's tests of several modules on one worker, interleaved)."""
+    deadline = time.monotonic() + timeout
+    while (status := ray_jobs.job_info(api, sid).status) not in ray_jobs.TERMINAL and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return status
+
+
 def _record_fetches(monkeypatch) -> list[tuple[int, int, int, str]]:
     """(start, bytes, log size, job) of every range a reader fetches; the Jobs SDK's whole-log calls fail the test."""
     seen: list[tuple[int, int, int, str]] = []
@@ -109,7 +118,7 @@ def test_a_reader_started_again_resumes_at_its_offset(planned_job, home, monkeyp
 
     path, sid, _ = planned_job
     with ray_jobs.connect(load_cluster(path)) as api:
-        assert ray_jobs.job_info(api, sid).status == "SUCCEEDED"  # the test before followed it to its end
+        assert _finished(api, sid) == "SUCCEEDED"
         state = tmp_path / f"log-{sid}.json"
         first = LogTracker(job_log.AgentLog(api, sid), state)
         first.update(limit=(BURST_LINES * 100) // 2)  # half the burst, then the watcher "dies"
@@ -134,10 +143,8 @@ def test_jobs_json_keeps_a_finished_jobs_pairs_in_its_record(planned_job, home, 
 
     path, sid, want = planned_job
     spec = load_cluster(path)
-    with ray_jobs.connect(spec) as api:  # finished: this test may run where the follow test did not (xdist)
-        deadline = time.monotonic() + 120
-        while ray_jobs.job_info(api, sid).status not in ray_jobs.TERMINAL and time.monotonic() < deadline:
-            time.sleep(0.5)
+    with ray_jobs.connect(spec) as api:
+        assert _finished(api, sid) == "SUCCEEDED"
     job_records.record(sid, str(path), spec.cluster_name, "logscale")
     seen = _record_fetches(monkeypatch)
     assert main(["jobs", "--json", "-c", str(path)]) == 0
