@@ -52,7 +52,7 @@ def summary(folder: str, since: float = 0.0) -> str:
     return "\n".join(out)
 
 
-if os.environ.get("GC_PAUSES_DIR") and __name__ != "__main__":
+if os.environ.get("GC_PAUSES_DIR") and __name__ == "sitecustomize":  # imported for its summary: nothing watched
     _install(os.environ["GC_PAUSES_DIR"])
 
 if __name__ == "__main__":

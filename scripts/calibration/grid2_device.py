@@ -146,8 +146,7 @@ def gc_watch(site: Path) -> str:
 
 
 def gc_summary() -> str:
-    sys.path.insert(0, str(REPO / "scripts/calibration"))
-    import gc_pauses
+    import gc_pauses  # beside this module (scripts/calibration, the chain's sys.path[0])
 
     return gc_pauses.summary(str(GC_DIR), T0)
 

@@ -54,3 +54,14 @@ def test_the_chain_installs_it_in_the_site_and_keeps_a_site_s_own(tmp_path, monk
     (site / "sitecustomize.py").write_text("import something_of_the_users\n")
     assert "not watched" in grid2_device.gc_watch(site)
     assert (site / "sitecustomize.py").read_text() == "import something_of_the_users\n"
+
+
+def test_imported_for_its_summary_it_watches_nothing(tmp_path):
+    out = tmp_path / "gc"
+    out.mkdir()
+    code = "import gc_pauses\n" + HEAP
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "scripts" / "calibration"),
+                            "GC_PAUSES_DIR": str(out), "GC_PAUSES_MIN_S": "0"})
+    assert r.returncode == 0, r.stderr
+    assert not list(out.glob("*.jsonl"))
