@@ -2,7 +2,9 @@
 verl 0.9.1 never freezes or disables the collector, and a full collection of a large heap can take seconds).
 
     installed as the staged site's sitecustomize.py (grid2_device.gc_watch): each Python process appends its pauses
-    over PAUSE_S (GC_PAUSES_MIN_S, 0.05 s) to GC_PAUSES_DIR/<pid>.jsonl (wall time, generation, seconds, objects collected);
+    over PAUSE_S (GC_PAUSES_MIN_S, 0.05 s) to GC_PAUSES_DIR/<pid>.jsonl (wall time, generation, seconds, objects
+    collected, the process's title: Ray names its actors there); while GC_PAUSES_DIR/freeze exists, each process
+    freezes what survives a full collection (gc.freeze: the next ones scan only what came after);
     python3 gc_pauses.py summary DIR [--since EPOCH]   the longest pauses and each process's total
 """
 
@@ -15,21 +17,35 @@ import time
 PAUSE_S = float(os.environ.get("GC_PAUSES_MIN_S", "0.05"))
 
 
+def _title() -> str:
+    """The process's title as ps shows it (Ray's setproctitle: `ray::WorkerDict.actor_rollout_compute_log_prob`)."""
+    try:
+        with open("/proc/self/cmdline", "rb") as fh:
+            return fh.read(400).replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+    except OSError:
+        return " ".join(sys.argv[:3])[:160]
+
+
 def _install(folder: str) -> None:
     t0 = [0.0]
     path = os.path.join(folder, f"{os.getpid()}.jsonl")
+    flag = os.path.join(folder, "freeze")  # looked at per full collection: Ray's idle workers started before it
 
     def cb(phase: str, info: dict) -> None:
         if phase == "start":
             t0[0] = time.perf_counter()
             return
         took = time.perf_counter() - t0[0]
+        frozen = None
+        if info.get("generation") == 2 and os.path.exists(flag):
+            gc.freeze()  # safe here: it only moves the survivors to the permanent generation
+            frozen = gc.get_freeze_count()
         if took >= PAUSE_S:
             try:
                 with open(path, "a") as fh:  # rare (>= 50 ms): an open per pause costs nothing that matters
                     fh.write(json.dumps({"t": round(time.time(), 3), "gen": info.get("generation"),
                                          "s": round(took, 4), "collected": info.get("collected"),
-                                         "argv": " ".join(sys.argv[:3])[:160]}) + "\n")
+                                         "title": _title(), **({"frozen": frozen} if frozen else {})}) + "\n")
             except OSError:
                 pass
 
@@ -48,7 +64,7 @@ def summary(folder: str, since: float = 0.0) -> str:
     out = [f"gc pauses >= {PAUSE_S * 1000:.0f} ms: {len(rows)} in {len({r['pid'] for r in rows})} processes, "
            f"{sum(r['s'] for r in rows):.1f} s in all; the longest:"]
     out += [f"  {time.strftime('%H:%M:%S', time.gmtime(r['t']))} pid {r['pid']} gen {r['gen']} {r['s']:.2f} s "
-            f"({r['collected']} freed) {r['argv']}" for r in top]
+            f"({r['collected']} freed) {r.get('title') or r.get('argv')}" for r in top]
     return "\n".join(out)
 
 

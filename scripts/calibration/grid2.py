@@ -59,6 +59,13 @@ class Run:
     log_prob: int  # log-prob (old, ref, critic values) micro batch per GPU
     profile: bool = False  # torch profiler on step 3's updates (PROFILE_WORDS): a diagnosis, never a measurement
     offload: bool = False  # the actor's params and optimizer state on the host (FSDP CPU offload)
+    steps: int = STEPS  # verl steps (the gc runs go longer: one-step outliers counted over more steps)
+    gc_freeze: bool = False  # each Python process freezes what survives a full collection (gc_pauses.py): a diagnosis
+
+    @property
+    def diagnosis(self) -> bool:
+        """Profiled or run with the collector frozen by the chain: never reported or fitted."""
+        return self.profile or self.gc_freeze
 
     @property
     def flash(self) -> bool:
@@ -106,7 +113,7 @@ class Run:
                     "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
                     "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "trainer.logger=[console]",
                     "trainer.nnodes=1", f"trainer.n_gpus_per_node={self.gpus}",
-                    f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+                    f"trainer.total_training_steps={self.steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
                     "trainer.val_before_train=false", f"trainer.default_local_dir={VC / 'ckpt' / self.name}"] + (
             [f"global_profiler.save_path={self.profile_dir}"] + list(PROFILE_WORDS)
             + (list(CRITIC_PROFILE_WORDS) if self.algo == "gae" else []) if self.profile else [])
@@ -207,8 +214,15 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     # micro batch a mini batch, took 0.83 s where 8 a rank took 3.46 s)
     Run("g2ppo-m8-prof", "2gpu-ppo", "P", 2, "gae", PACKED, 8, 16, profile=True),
     Run("g1ppo-m8-prof", "1gpu-ppo", "P", 1, "gae", PACKED, 8, 16, profile=True),
+    # Q: the one-step outliers (a phase under 1.6 s slow on one step in 4: D-F's phase misses) against the collector's
+    # pauses, 15 steps a run, each step's end time kept: the two configurations that had them, watched, and the PPO
+    # one again with every process freezing what survives a full collection (a diagnosis; the watched two are
+    # held-out measurements of their families, predicted by the round before them like any other)
+    Run("g2ppo-m32-gc", "2gpu-ppo", "Q", 2, "gae", PACKED, 32, 32, steps=15),
+    Run("g2ppo-m32-frz", "2gpu-ppo", "Q", 2, "gae", PACKED, 32, 32, steps=15, gc_freeze=True),
+    Run("g2off-m32-gc", "2gpu-offload", "Q", 2, "grpo", PACKED, 32, 32, offload=True, steps=15),
 )
-BATCHES = ("A", "B", "C", "G", "D", "E", "F", "H", "P")  # G: g2fa-m32, run alone after C; H: 4 GPUs
+BATCHES = ("A", "B", "C", "G", "D", "E", "F", "H", "P", "Q")  # G: g2fa-m32, run alone after C; H: 4 GPUs
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run
@@ -236,7 +250,7 @@ def phases(batches: list[str], skip: tuple[str, ...] = ()) -> list[tuple[bool, l
     unknown = [n for n in skip if n not in BY_NAME]
     if unknown:
         raise SystemExit(f"--skip {', '.join(unknown)}: no such run (the runs: {', '.join(BY_NAME)})")
-    roles = {run_role(r) for b in batches for r in batch_runs(b) if not r.profile}
+    roles = {run_role(r) for b in batches for r in batch_runs(b) if not r.diagnosis}
     if len(roles) > 1:
         raise SystemExit(f"batches {'+'.join(batches)} mix fit and held-out runs: run the held-out batches in a "
                          "session of their own, after the refit and `predict --batch ...` are committed")
@@ -331,9 +345,9 @@ def plan(run: Run, card: str, folder: Path, fill: Optional[float] = None) -> dic
         raise SystemExit(f"plan of {run.name} on {card} failed (rc {r.returncode}): {last}") from None
 
 
-def expected_s(step_s: float) -> float:
+def expected_s(step_s: float, steps: int = STEPS) -> float:
     """Seconds a run takes from submit to its end: start-up and exit, step 1 as two steps, the rest."""
-    return round(STARTUP_S + (STEPS + 1) * step_s, 1)
+    return round(STARTUP_S + (steps + 1) * step_s, 1)
 
 
 def predict_run(run: Run, card: str, folder: Path) -> dict[str, Any]:
@@ -347,7 +361,7 @@ def predict_run(run: Run, card: str, folder: Path) -> dict[str, Any]:
             "notes": t.get("notes"), "by_fill": by_fill, "tokens_full": run.sequences * (512 + 384),
             "peak_gib": max((g["peak_gib"] for g in worst.get("gpus", [])), default=None),
             "host_gib": worst.get("host_steady_gib_per_node"), "step_at_expected_fill": round(step, 2),
-            "expected_s": expected_s(step)}
+            "expected_s": expected_s(step, run.steps)}
 
 
 def git(*args: str) -> str:
@@ -443,7 +457,7 @@ def to_entry(result: dict, results: list[dict]) -> Optional[tuple[str, dict]]:
     (no timed steps, or it shared a Ray cluster: grid2_shared_queue)."""
     run = BY_NAME.get(result.get("run", ""))
     m = measured(result.get("steps") or {}, run.sequences) if run else {}
-    if not run or run.profile or not m or shared_cluster(result, run):
+    if not run or run.diagnosis or not m or shared_cluster(result, run):
         return None
     card = card_key(result["card"])
     keep = ("timing_s/", "perf/total_num_tokens", "response_length/mean", "prompt_length/mean")
@@ -545,7 +559,7 @@ def _family_row(f: Family, role: str, mine: list[dict]) -> dict[str, Any]:
 
 
 def report(results: list[dict], rounds: list[dict]) -> dict[str, Any]:
-    results = [r for r in results if r.get("run") in BY_NAME and not BY_NAME[r["run"]].profile]
+    results = [r for r in results if r.get("run") in BY_NAME and not BY_NAME[r["run"]].diagnosis]
     runs = [{**judge(r, rounds), "beside": beside(r, results)} for r in results]
     fams = []
     for f in FAMILIES:  # a held-out family's runs a refit took (FITTED_ON) get a fit row of their own

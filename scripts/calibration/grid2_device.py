@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -232,7 +233,18 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
                                stderr=subprocess.DEVNULL)
     started, t = time.strftime(UTC, time.gmtime()), time.time()
     limit = min(need_s(run) * 1.5 + 120, BUDGET_S + 240 - (time.time() - T0))
-    r = sh(f"submit-{run.name}", vc("submit", "-c", str(cluster), "--json", "--", *run.line()), limit)
+    freeze = GC_DIR / "freeze"
+    if run.gc_freeze:
+        GC_DIR.mkdir(parents=True, exist_ok=True)
+        freeze.touch()
+    seen: dict[int, float] = {}
+    tail = StepTimes(OUT / f"grid2-submit-{run.name}.log", seen)
+    tail.start()
+    try:
+        r = sh(f"submit-{run.name}", vc("submit", "-c", str(cluster), "--json", "--", *run.line()), limit)
+    finally:
+        freeze.unlink(missing_ok=True)
+        tail.done.set()
     stop.touch()
     try:
         sampler.wait(30)
@@ -255,7 +267,35 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
             "machine_gpus": machine_gpus, "gpu_set": list(gpus), "flash_attn": have_flash, "started_utc": started,
             "wall_s": round(time.time() - t, 1),
             "rc": r.returncode, "status": product.get("status"), "submission_id": sid, "line": run.line(),
-            "steps": grid2.parse_steps(lines), "product": product.get("verl")}
+            "steps": grid2.parse_steps(lines), "product": product.get("verl"),
+            "step_seen_t": {str(k): v for k, v in sorted(seen.items())}, "started_t": round(t, 3),
+            "gc_freeze": run.gc_freeze}
+
+
+class StepTimes(threading.Thread):
+    """When each `step:N - ` line reached the job's log (epoch seconds, to 0.25 s): a step's collector pauses are
+    the ones between its line and the line before."""
+
+    def __init__(self, path: Path, seen: dict[int, float]):
+        super().__init__(daemon=True)
+        self.path, self.seen, self.done = path, seen, threading.Event()
+
+    def run(self) -> None:
+        pos = 0
+        while not self.done.wait(0.25):
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+            except OSError:
+                continue
+            cut = chunk.rfind(b"\n") + 1  # whole lines only; the rest is read again
+            pos += cut
+            for m in STEP_LINE.finditer(chunk[:cut].decode(errors="replace")):
+                self.seen.setdefault(int(m.group(1)), round(time.time(), 2))
+
+
+STEP_LINE = re.compile(r"step:(\d+) - ")
 
 
 def gpu_count() -> int:

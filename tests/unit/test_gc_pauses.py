@@ -1,6 +1,7 @@
 """The grid's collector-pause watch (scripts/calibration/gc_pauses.py): installed as a sitecustomize, a real Python
 process logs its full collections, and the summary reads them back."""
 
+import json
 import os
 import subprocess
 import sys
@@ -65,3 +66,44 @@ def test_imported_for_its_summary_it_watches_nothing(tmp_path):
                             "GC_PAUSES_DIR": str(out), "GC_PAUSES_MIN_S": "0"})
     assert r.returncode == 0, r.stderr
     assert not list(out.glob("*.jsonl"))
+
+
+def test_with_its_freeze_flag_a_full_collection_freezes_its_survivors(tmp_path):
+    out = tmp_path / "gc"
+    out.mkdir()
+    code = HEAP + "print(gc.get_freeze_count())\n"
+    r = _run(tmp_path, {"GC_PAUSES_DIR": str(out), "GC_PAUSES_MIN_S": "0"})
+    assert r.returncode == 0 and "frozen" not in (next(out.glob("*.jsonl"))).read_text()
+    (out / "freeze").touch()
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(site),
+                                                          "GC_PAUSES_DIR": str(out), "GC_PAUSES_MIN_S": "0"},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) >= 200000  # the 200,000 self-referring lists survived and were frozen
+    rows = [json.loads(ln) for p in out.glob("*.jsonl") for ln in p.read_text().splitlines()]
+    assert any(row.get("frozen") for row in rows)
+    assert all(row["title"].startswith(sys.executable + " -c") for row in rows)  # the command line, as ps shows it
+
+
+def test_the_chain_keeps_when_each_step_line_reached_the_log(tmp_path):
+    import time
+
+    import grid2_device
+
+    log, seen = tmp_path / "submit.log", {}
+    tail = grid2_device.StepTimes(log, seen)
+    tail.start()
+    time.sleep(0.4)  # the log does not exist yet: nothing seen, nothing raised
+    with open(log, "w") as fh:
+        fh.write("\x1b[36m(TaskRunnerV1 pid=7)\x1b[0m step:1 - timing_s/step:9.5\n(TaskRunnerV1 pid=7) step:2 - ti")
+        fh.flush()
+        time.sleep(0.6)
+        first = dict(seen)
+        fh.write("ming_s/step:5.1\n")
+        fh.flush()
+        time.sleep(0.6)
+    tail.done.set()
+    tail.join(5)
+    assert list(first) == [1] and sorted(seen) == [1, 2]  # a half-written line waits for its end
+    assert seen[1] < seen[2] <= time.time()

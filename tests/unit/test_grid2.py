@@ -66,7 +66,7 @@ def test_batches_cover_every_run_once_and_fit_a_session(plans):
     assert all(len(r) == 1 for r in roles)  # a batch is all fit or all held out ...
     order = [r.pop() for r in roles]
     assert order == sorted(order, key=lambda x: x == "hold-out")  # ... and the held-out ones come last
-    need = {r.name: max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"]) for c in grid2.CARDS)
+    need = {r.name: max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"], r.steps) for c in grid2.CARDS)
             for r in grid2.RUNS}
     for b in grid2.BATCHES:  # each batch one session on a node of 2 GPUs (what the device lends most), H on 4
         end, _ = grid2.lane_plan([b], max([2] + [r.gpus for r in grid2.batch_runs(b)]), need)
@@ -189,7 +189,7 @@ def test_a_session_runs_side_by_side_padded_first_and_never_mixes_fit_with_held_
     assert sorted(r.name for r in first + second) == sorted(r.name for b in "AB" for r in grid2.batch_runs(b))
     with pytest.raises(SystemExit, match="mix fit and held-out"):
         grid2.phases(["B", "D"])
-    need = {r.name: max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"]) for c in grid2.CARDS)
+    need = {r.name: max(grid2.expected_s(plans[(r.name, c)]["time"]["step_s"], r.steps) for c in grid2.CARDS)
             for r in grid2.RUNS}
     for batches in (["A", "B"], ["D", "E"]):  # one session each on a node of 4 GPUs
         end, spans = grid2.lane_plan(batches, 4, need)
@@ -310,6 +310,17 @@ def test_a_measured_run_becomes_a_fixture_entry_replayed_as_the_cli_planned_it(t
     cli = grid2.plan(grid2.BY_NAME["g2pad-m16"], "H200", tmp_path, entry["fill"])
     assert plan.time["phases_s"] == cli["time"]["phases_s"] and plan.time["step_s"] == cli["time"]["step_s"]
     assert got["step_s"] == pytest.approx(grid2.measured(results[0]["steps"], 128)["step_s"], rel=1e-6)
+
+
+def test_the_gc_batch_watches_two_held_out_lines_and_freezes_one_as_a_diagnosis():
+    """Q: the configurations with one-step outliers, 15 steps each; the frozen run is the watched PPO line again."""
+    watched, frozen = grid2.BY_NAME["g2ppo-m32-gc"], grid2.BY_NAME["g2ppo-m32-frz"]
+    assert [w.replace("-frz", "-gc") for w in frozen.line()] == watched.line()
+    assert "trainer.total_training_steps=15" in watched.line()
+    assert frozen.diagnosis and not watched.diagnosis and not grid2.BY_NAME["g2off-m32-gc"].diagnosis
+    assert {grid2.run_role(grid2.BY_NAME[n]) for n in ("g2ppo-m32-gc", "g2off-m32-gc")} == {"hold-out"}
+    assert grid2.to_entry({"run": "g2ppo-m32-frz", "steps": {"2": {"timing_s/step": 1.0}}}, []) is None
+    assert grid2.expected_s(6.0, 15) - grid2.expected_s(6.0) == 60.0
 
 
 def test_a_profiled_run_is_a_diagnosis_not_a_measurement():
