@@ -52,12 +52,24 @@ def _install(folder: str) -> None:
     gc.callbacks.append(cb)
 
 
-def summary(folder: str, since: float = 0.0) -> str:
+def read(folder: str) -> list[dict]:
+    """Every process's pauses, each with its pid."""
     rows = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         with open(os.path.join(folder, name)) as fh:
             rows += [{**json.loads(ln), "pid": name.split(".")[0]} for ln in fh if ln.strip()]
-    rows = [r for r in rows if r["t"] >= since]
+    return rows
+
+
+def by_step(rows: list[dict], seen: dict) -> dict[int, list[dict]]:
+    """The pauses of each step (from 2): those that ended between the step's console line and the one before
+    (SEEN: step -> when its line reached the job's log, grid2_device.StepTimes)."""
+    at = {int(k): float(v) for k, v in seen.items()}
+    return {s: [r for r in rows if at[s - 1] <= r["t"] <= at[s]] for s in sorted(at) if s - 1 in at}
+
+
+def summary(folder: str, since: float = 0.0) -> str:
+    rows = [r for r in read(folder) if r["t"] >= since]
     if not rows:
         return f"gc pauses >= {PAUSE_S * 1000:.0f} ms: none in {folder}"
     top = sorted(rows, key=lambda r: -r["s"])[:12]

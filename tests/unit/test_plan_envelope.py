@@ -51,9 +51,12 @@ def test_the_shipped_envelope_is_the_fit_s():
     assert shipped["runs"] == FIT.envelope(rows)["runs"]
     roles = {r["run"]: r["role"] for r in shipped["runs"]}
     assert roles["2node-grpo05"] == "fit" and roles["node2-grpo05"] == roles["2node-grpo-tiny"] == "seen"
-    # 5 of the first grid; the second grid's first 4 were fitted on after the look (grid2.FITTED_ON), g2ppo-m32 not
-    assert sum(1 for r in roles.values() if r == "hold-out") == 11
-    assert all(roles[n] == "hold-out" for n in ("g2ppo-m32", "g2fa-m2", "g2pad-m2", "g2ppo-m2", "g2off-m8", "g2off-m32"))
+    # 5 of the first grid; the second grid's first 4 were fitted on after the look (grid2.FITTED_ON), g2ppo-m32 not;
+    # batch Q's two watched runs (15 steps) are held out like D-F's (the frozen one is a diagnosis: no entry)
+    assert sum(1 for r in roles.values() if r == "hold-out") == 13
+    assert all(roles[n] == "hold-out" for n in ("g2ppo-m32", "g2fa-m2", "g2pad-m2", "g2ppo-m2", "g2off-m8", "g2off-m32",
+                                                "g2ppo-m32-gc", "g2off-m32-gc"))
+    assert "g2ppo-m32-frz" not in roles
     assert all(roles[n] == "fit" for n in ("g2pad-m8", "g2fa-m8", "g2ppo-m8", "g2fa-m32"))
 
 
