@@ -53,3 +53,32 @@ def test_watch_does_not_retry_a_module_that_was_not_shipped(shared_cluster, here
     events = [json.loads(x) for x in (run.parent / "events.jsonl").read_text().splitlines()]
     stop = next(e for e in events if e["action"].startswith("not retried"))
     assert "No module named mymod" in stop["evidence"] and "--working-dir . -- python -m mymod" in stop["evidence"]
+
+
+GC_PROBE = """import gc, json, os, ray
+ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})  # as verl's main_ppo calls it
+
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def heap(self, n):
+        self.x = [[i] for i in range(n)]
+        for a in self.x:
+            a.append(a)
+        gc.collect()
+        return {"gc": os.environ.get("VERL_CLUSTER_GC"), "frozen": gc.get_freeze_count()}
+
+
+print("probe", json.dumps(ray.get(Probe.remote().heap.remote(200000))), flush=True)
+"""
+
+
+def test_gc_freeze_reaches_the_workers_of_a_job_that_calls_ray_init_itself(shared_cluster, tmp_path):
+    """--gc-freeze: Ray runs the shipped set-up in the job's actors (the hosts have no copy of it), through the
+    driver's own ray.init(runtime_env=...) as verl's; their full collection froze the survivors."""
+    (tmp_path / "gcprobe.py").write_text(GC_PROBE)
+    r = cli_in(tmp_path, "submit", "-c", shared_cluster.path, "--working-dir", ".", "--gc-freeze",
+               "env.VERL_CLUSTER_GC_FREEZE_MIN_S=0", "--", "python", "-m", "gcprobe")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(next(ln.split("probe ", 1)[1] for ln in r.stdout.splitlines() if "probe {" in ln))
+    assert got["gc"] == "freeze" and got["frozen"] >= 200000, got

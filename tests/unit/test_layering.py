@@ -3,7 +3,8 @@
 Every module under verl_cluster/ is parsed with `ast`; every `import` counts, at module level and inside
 functions. The layers, lowest first (docs/architecture.md draws them):
 
-    errors, enums     typed exceptions, StrEnum for every Python we support, the terminal sanitizer
+    errors, enums     typed exceptions, StrEnum for every Python we support, the terminal sanitizer; vc_hooks
+                      (run in Ray's workers: imports nothing of ours)
     config            cluster.yaml / job YAML -> frozen specs
     runners           the transports: a command run locally or over SSH
     slurm             the allocation, its job-step runner, the batch script
@@ -39,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "verl_cluster"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("errors", ("verl_cluster", "verl_cluster.errors", "verl_cluster.enums", "verl_cluster.terminal_text")),
+    ("errors", ("verl_cluster", "verl_cluster.errors", "verl_cluster.enums", "verl_cluster.terminal_text",
+                "verl_cluster.vc_hooks")),
     ("config", ("verl_cluster.config",)),
     ("runners", ("verl_cluster.runners",)),
     ("slurm", ("verl_cluster.slurm",)),

@@ -165,3 +165,26 @@ def test_shipped_job_files_parse():
         p = ROOT / "launch" / name
         if p.exists():
             assert load_job(p).name
+
+
+def test_python_gc_freeze_ships_the_hook_to_every_worker(tmp_path, cluster):
+    """python_gc: freeze -> Ray's worker_process_setup_hook runs vc_hooks.setup in each worker, the module shipped as
+    py_modules (the nodes need not have verl_cluster); the job's own py_modules are kept, its own hook refused."""
+    text = "name: g\nentrypoint: verl.trainer.main_ppo\nruntime_env: {py_modules: [/srv/mine]}\n"
+    plain = build_ray_request(load_job(write_job(tmp_path, text)), cluster, {}, {}, {})
+    assert "worker_process_setup_hook" not in plain.runtime_env and "VERL_CLUSTER_GC" not in plain.runtime_env["env_vars"]
+    req = build_ray_request(load_job(write_job(tmp_path, text), ["python_gc=freeze"]), cluster, {}, {}, {})
+    env = req.runtime_env
+    assert env["worker_process_setup_hook"] == "vc_hooks.setup" and env["env_vars"]["VERL_CLUSTER_GC"] == "freeze"
+    mine, hooks = env["py_modules"]
+    assert mine == "/srv/mine" and Path(hooks).name == "vc_hooks" and (Path(hooks) / "__init__.py").is_file()
+    assert "verl_cluster" not in (Path(hooks) / "__init__.py").read_text().split('"""')[2]  # imports none of ours
+    own = load_job(write_job(tmp_path, text + "python_gc: freeze\n"), ["runtime_env.worker_process_setup_hook=m.f"])
+    with pytest.raises(ConfigError, match="worker_process_setup_hook is set") as e:
+        build_ray_request(own, cluster, {}, {}, {})
+    assert "gc.freeze()" in e.value.hint
+    with pytest.raises(ConfigError, match="torchrun has no such hook"):
+        build_torchrun_request(own, cluster, {}, {}, {})
+    with pytest.raises(ConfigError, match="python_gc") as e:
+        load_job(write_job(tmp_path, text + "python_gc: frozen\n"))
+    assert "freeze" in str(e.value) + (e.value.hint or "")

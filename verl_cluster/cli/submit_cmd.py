@@ -48,6 +48,8 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", action="store_true",
                    help="keep the run up: heal, resume from its checkpoint, report (job's `watch:` settings)")
     p.add_argument("--detach", action="store_true", help="with --watch: the watcher runs in the background")
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="each Ray worker freezes what survives Python's slow full collections (python_gc: freeze)")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     add_model_config(p)
     p.set_defaults(func=run_submit)
@@ -73,6 +75,7 @@ def preflight_progress(enabled: bool):
 def job_input_of(args) -> JobInput:
     """The job as typed: the key=value words before `--` and the flags that set job fields are kept in its record."""
     before = list(getattr(args, "before", None) or []) + model_config_word(args) + working_dir_word(args.working_dir)
+    before += ["python_gc=freeze"] if getattr(args, "gc_freeze", False) else []
     return JobInput.from_words(args.job, list(args.overrides or []), before)
 
 

@@ -112,6 +112,8 @@ class JobSpec:
     secrets: list[str] = field(default_factory=list, metadata={"kind": "env_name"})
     working_dir: Optional[str] = field(default=None, metadata=PATH)  # local code shipped with the job (Ray runtime_env working_dir)
     runtime_env: dict[str, Any] = field(default_factory=dict)  # extra runtime_env keys (pip, excludes, ...)
+    # freeze: each Ray worker freezes what survives a slow full collection of Python's collector (verl_cluster/vc_hooks)
+    python_gc: str = field(default="default", metadata={"choices": ("default", "freeze")})
     torchrun: TorchrunSpec = field(default_factory=TorchrunSpec)
     watch: WatchSpec = field(default_factory=WatchSpec)
     source: str = "<memory>"

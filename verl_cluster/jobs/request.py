@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec
 from verl_cluster.config.names import MASK, masked_env  # noqa: F401 - MASK: what tests and callers compare with
+from verl_cluster import vc_hooks
 from verl_cluster.errors import ConfigError
 from verl_cluster.verl_scripts.hydra_values import to_hydra
 
@@ -169,12 +170,30 @@ def build_ray_request(job: JobSpec, spec: ClusterSpec, overrides: Mapping[str, A
     wd = resolve_working_dir(job)
     if wd:
         runtime_env["working_dir"] = wd
+    if job.python_gc == "freeze":
+        add_gc_freeze(job, runtime_env)
     sid = submission_id(job.name, now)
     meta = {"verl_cluster.job": job.name, "verl_cluster.cluster": spec.cluster_name,
             "verl_cluster.source": str(job.source)}
     if plan_meta:
         meta["verl_cluster.plan"] = plan_meta
     return RayJobRequest(sid, argv, runtime_env, meta, tuple(secrets))
+
+
+GC_HOOK = "vc_hooks.setup"  # verl_cluster/vc_hooks, shipped to every node as a module of its own
+
+
+def add_gc_freeze(job: JobSpec, runtime_env: dict[str, Any]) -> None:
+    """Ray runs GC_HOOK in every worker process of the job; the job's own hook would be replaced, so it is refused."""
+    own = runtime_env.get("worker_process_setup_hook")
+    if own and own != GC_HOOK:
+        raise ConfigError(f"{job.source}: python_gc: freeze needs Ray's worker_process_setup_hook, and "
+                          f"runtime_env.worker_process_setup_hook is set ({own})",
+                          "drop python_gc: freeze, or call gc.freeze() in your own hook")
+    mods = runtime_env.get("py_modules") or []
+    runtime_env["py_modules"] = [*mods, str(Path(vc_hooks.__file__).parent)]
+    runtime_env["worker_process_setup_hook"] = GC_HOOK
+    runtime_env["env_vars"]["VERL_CLUSTER_GC"] = "freeze"
 
 
 # ---- torchrun ----
@@ -251,6 +270,9 @@ def torchrun_program_env(job: JobSpec, overrides: Mapping[str, Any]) -> tuple[li
 def build_torchrun_request(job: JobSpec, spec: ClusterSpec, overrides: Mapping[str, Any],
                            backend_env: Mapping[str, Mapping[str, str]], secrets: Mapping[str, str],
                            gpus_per_node: Optional[int] = None, now: Optional[float] = None) -> TorchrunRequest:
+    if job.python_gc == "freeze":
+        raise ConfigError(f"{job.source}: python_gc: freeze is done by Ray in the job's workers; torchrun has no such "
+                          "hook", "drop python_gc: freeze, or run the job with launcher: ray")
     nodes = spec.nodes()
     nproc = job.torchrun.nproc_per_node or gpus_per_node or spec.head.gpus or 1
     run_id = submission_id(job.name, now)
