@@ -61,11 +61,13 @@ class Run:
     offload: bool = False  # the actor's params and optimizer state on the host (FSDP CPU offload)
     steps: int = STEPS  # verl steps (the gc runs go longer: one-step outliers counted over more steps)
     gc_freeze: bool = False  # each Python process freezes what survives a full collection (gc_pauses.py): a diagnosis
+    submit_flags: tuple[str, ...] = ()  # the product's own options (`submit --gc-freeze`)
+    ab: bool = False  # one side of an A/B of the product's options: a diagnosis
 
     @property
     def diagnosis(self) -> bool:
-        """Profiled or run with the collector frozen by the chain: never reported or fitted."""
-        return self.profile or self.gc_freeze
+        """Profiled, run with the collector frozen by the chain, or an A/B side: never reported or fitted."""
+        return self.profile or self.gc_freeze or self.ab
 
     @property
     def flash(self) -> bool:
@@ -221,8 +223,15 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g2ppo-m32-gc", "2gpu-ppo", "Q", 2, "gae", PACKED, 32, 32, steps=15),
     Run("g2ppo-m32-frz", "2gpu-ppo", "Q", 2, "gae", PACKED, 32, 32, steps=15, gc_freeze=True),
     Run("g2off-m32-gc", "2gpu-offload", "Q", 2, "grpo", PACKED, 32, 32, offload=True, steps=15),
+    # R: `submit --gc-freeze` against the default, the two side by side on the two GPUs of a node of 2 (each its own
+    # cluster; the host's drift falls on both) and then swapped: Q's one frozen run was 6-13% slower a phase than
+    # the watched run before it, which one pair cannot tell from the machine. 12 steps each, PPO at micro 32 on 1 GPU
+    Run("g1ppo-m32-def-a", "1gpu-ppo", "R", 1, "gae", PACKED, 32, 32, steps=12, ab=True),
+    Run("g1ppo-m32-frz-a", "1gpu-ppo", "R", 1, "gae", PACKED, 32, 32, steps=12, ab=True, submit_flags=("--gc-freeze",)),
+    Run("g1ppo-m32-frz-b", "1gpu-ppo", "R", 1, "gae", PACKED, 32, 32, steps=12, ab=True, submit_flags=("--gc-freeze",)),
+    Run("g1ppo-m32-def-b", "1gpu-ppo", "R", 1, "gae", PACKED, 32, 32, steps=12, ab=True),
 )
-BATCHES = ("A", "B", "C", "G", "D", "E", "F", "H", "P", "Q")  # G: g2fa-m32, run alone after C; H: 4 GPUs
+BATCHES = ("A", "B", "C", "G", "D", "E", "F", "H", "P", "Q", "R")  # G: g2fa-m32, run alone after C; H: 4 GPUs
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run

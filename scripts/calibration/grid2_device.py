@@ -241,7 +241,8 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
     tail = StepTimes(OUT / f"grid2-submit-{run.name}.log", seen)
     tail.start()
     try:
-        r = sh(f"submit-{run.name}", vc("submit", "-c", str(cluster), "--json", "--", *run.line()), limit)
+        r = sh(f"submit-{run.name}", vc("submit", "-c", str(cluster), "--json", *run.submit_flags, "--",
+                                               *run.line()), limit)
     finally:
         freeze.unlink(missing_ok=True)
         tail.done.set()
@@ -269,7 +270,7 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
             "rc": r.returncode, "status": product.get("status"), "submission_id": sid, "line": run.line(),
             "steps": grid2.parse_steps(lines), "product": product.get("verl"),
             "step_seen_t": {str(k): v for k, v in sorted(seen.items())}, "started_t": round(t, 3),
-            "gc_freeze": run.gc_freeze}
+            "gc_freeze": run.gc_freeze, "submit_flags": list(run.submit_flags)}
 
 
 class StepTimes(threading.Thread):

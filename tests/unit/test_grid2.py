@@ -60,8 +60,8 @@ def test_held_out_families_are_held_out_by_axis():
 def test_batches_cover_every_run_once_and_fit_a_session(plans):
     names = [r.name for b in grid2.BATCHES for r in grid2.batch_runs(b)]
     assert sorted(names) == sorted(grid2.BY_NAME) and len(names) == len(set(names))
-    measured = [b for b in grid2.BATCHES if not all(r.profile for r in grid2.batch_runs(b))]
-    assert [b for b in grid2.BATCHES if b not in measured] == ["P"]  # diagnoses: neither fit nor held out
+    measured = [b for b in grid2.BATCHES if not all(r.diagnosis for r in grid2.batch_runs(b))]
+    assert [b for b in grid2.BATCHES if b not in measured] == ["P", "R"]  # diagnoses: neither fit nor held out
     roles = [{grid2.run_role(r) for r in grid2.batch_runs(b)} for b in measured]
     assert all(len(r) == 1 for r in roles)  # a batch is all fit or all held out ...
     order = [r.pop() for r in roles]
@@ -321,6 +321,19 @@ def test_the_gc_batch_watches_two_held_out_lines_and_freezes_one_as_a_diagnosis(
     assert {grid2.run_role(grid2.BY_NAME[n]) for n in ("g2ppo-m32-gc", "g2off-m32-gc")} == {"hold-out"}
     assert grid2.to_entry({"run": "g2ppo-m32-frz", "steps": {"2": {"timing_s/step": 1.0}}}, []) is None
     assert grid2.expected_s(6.0, 15) - grid2.expected_s(6.0) == 60.0
+
+
+def test_the_gc_freeze_a_b_runs_each_side_beside_the_other_then_swapped():
+    """R: the product's --gc-freeze against the default on the two GPUs of a node of 2, side by side, then swapped."""
+    runs = grid2.batch_runs("R")
+    assert all(r.diagnosis and r.gpus == 1 and r.steps == 12 for r in runs)
+    bases = {tuple(w for w in r.line() if "ckpt" not in w) for r in runs}
+    assert len(bases) == 1  # one line; only the product's flag differs
+    assert [r.submit_flags for r in runs] == [(), ("--gc-freeze",), ("--gc-freeze",), ()]
+    end, at = grid2.lane_plan(["R"], 2, {r.name: 400.0 for r in runs})
+    starts = sorted((s, r.name) for r, (s, _) in ((grid2.BY_NAME[n], v) for n, v in at.items()))
+    pairs = [{n.split("-")[2] for s, n in starts if s == t} for t in sorted({s for s, _ in starts})]
+    assert pairs == [{"def", "frz"}, {"def", "frz"}] and end == 800.0
 
 
 def test_a_profiled_run_is_a_diagnosis_not_a_measurement():
