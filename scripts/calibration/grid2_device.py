@@ -400,9 +400,16 @@ def start(batches: list[str], skip: tuple[str, ...] = ()) -> None:
           f"{OUT}/grid2-{batch}.done 560", flush=True)
     steps, wait = OUT / "steps.log", float(os.environ.get("GRID2_START_WAIT_S", "240"))
     done = OUT / f"grid2-{batch}.done"
-    while time.time() - T0 < wait and not done.exists() and not (steps.exists() and "clusters up:" in steps.read_text()):
+    while time.time() - T0 < wait and not done.exists() and "clusters up:" not in this_chain(steps, batch):
         time.sleep(3)  # the setup (site, models, flash-attn's GPU check, `up`) is seen in this call
     print(steps.read_text() if steps.exists() else "no steps.log yet", end="")
+
+
+def this_chain(steps: Path, batch: str) -> str:
+    """steps.log from this chain's first line on: a machine kept from an earlier chain has its lines above."""
+    text = steps.read_text(errors="replace") if steps.exists() else ""
+    at = text.rfind(f"chain {batch} (budget")
+    return text[at:] if at >= 0 else ""
 
 
 def chain(batches: list[str], skip: tuple[str, ...] = ()) -> None:

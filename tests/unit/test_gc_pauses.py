@@ -107,3 +107,16 @@ def test_the_chain_keeps_when_each_step_line_reached_the_log(tmp_path):
     tail.join(5)
     assert list(first) == [1] and sorted(seen) == [1, 2]  # a half-written line waits for its end
     assert seen[1] < seen[2] <= time.time()
+
+
+def test_start_reads_only_its_own_chain_s_lines_of_steps_log(tmp_path):
+    import grid2_device
+
+    steps = tmp_path / "steps.log"
+    assert grid2_device.this_chain(steps, "R") == ""
+    steps.write_text("09:00 +0s chain Q (budget 1400s)\n09:01 +55s clusters up: g0 rc=0\n09:20 end\n"
+                     "10:00 +0s chain R (budget 1100s)\n10:00 +11s setup: models\n")
+    assert "clusters up:" not in grid2_device.this_chain(steps, "R")  # Q's setup, on the same machine, is not R's
+    steps.write_text(steps.read_text() + "10:01 +56s clusters up: g0 rc=0\n")
+    assert grid2_device.this_chain(steps, "R").startswith("chain R (budget") and "clusters up:" in \
+        grid2_device.this_chain(steps, "R")
