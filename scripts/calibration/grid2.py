@@ -230,6 +230,10 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g1ppo-m32-frz-a", "1gpu-ppo", "R", 1, "gae", PACKED, 32, 32, steps=12, ab=True, submit_flags=("--gc-freeze",)),
     Run("g1ppo-m32-frz-b", "1gpu-ppo", "R", 1, "gae", PACKED, 32, 32, steps=12, ab=True, submit_flags=("--gc-freeze",)),
     Run("g1ppo-m32-def-b", "1gpu-ppo", "R", 1, "gae", PACKED, 32, 32, steps=12, ab=True),
+    # then, on both GPUs, g2ppo-m32 with torch's recompile log: step 2's old_log_prob (2.31 s in Q, 0.60 after) should
+    # be the compiled entropy's one recompile past 32-bit indexing (docs/placement.md, "One-step outliers")
+    Run("g2ppo-m32-rc", "2gpu-ppo", "R", 2, "gae", PACKED, 32, 32, steps=10, ab=True,
+        submit_flags=("env.TORCH_LOGS=recompiles",)),
 )
 BATCHES = ("A", "B", "C", "G", "D", "E", "F", "H", "P", "Q", "R")  # G: g2fa-m32, run alone after C; H: 4 GPUs
 BY_NAME = {r.name: r for r in RUNS}

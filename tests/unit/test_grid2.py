@@ -325,15 +325,17 @@ def test_the_gc_batch_watches_two_held_out_lines_and_freezes_one_as_a_diagnosis(
 
 def test_the_gc_freeze_a_b_runs_each_side_beside_the_other_then_swapped():
     """R: the product's --gc-freeze against the default on the two GPUs of a node of 2, side by side, then swapped."""
-    runs = grid2.batch_runs("R")
+    runs, rc = grid2.batch_runs("R")[:4], grid2.batch_runs("R")[4]
     assert all(r.diagnosis and r.gpus == 1 and r.steps == 12 for r in runs)
+    assert rc.diagnosis and rc.gpus == 2 and rc.submit_flags == ("env.TORCH_LOGS=recompiles",)
     bases = {tuple(w for w in r.line() if "ckpt" not in w) for r in runs}
     assert len(bases) == 1  # one line; only the product's flag differs
     assert [r.submit_flags for r in runs] == [(), ("--gc-freeze",), ("--gc-freeze",), ()]
-    end, at = grid2.lane_plan(["R"], 2, {r.name: 400.0 for r in runs})
+    end, at = grid2.lane_plan(["R"], 2, {r.name: 400.0 for r in runs + [rc]})
+    assert at.pop(rc.name) == (800.0, 1200.0) and end == 1200.0  # after both lanes, on both GPUs
     starts = sorted((s, r.name) for r, (s, _) in ((grid2.BY_NAME[n], v) for n, v in at.items()))
     pairs = [{n.split("-")[2] for s, n in starts if s == t} for t in sorted({s for s, _ in starts})]
-    assert pairs == [{"def", "frz"}, {"def", "frz"}] and end == 800.0
+    assert pairs == [{"def", "frz"}, {"def", "frz"}]
 
 
 def test_a_profiled_run_is_a_diagnosis_not_a_measurement():
