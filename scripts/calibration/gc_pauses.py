@@ -15,6 +15,7 @@ import sys
 import time
 
 PAUSE_S = float(os.environ.get("GC_PAUSES_MIN_S", "0.05"))
+FREEZE_FLAG = "freeze"  # GC_PAUSES_DIR/freeze: while it exists, full collections freeze their survivors
 
 
 def _title() -> str:
@@ -29,7 +30,7 @@ def _title() -> str:
 def _install(folder: str) -> None:
     t0 = [0.0]
     path = os.path.join(folder, f"{os.getpid()}.jsonl")
-    flag = os.path.join(folder, "freeze")  # looked at per full collection: Ray's idle workers started before it
+    flag = os.path.join(folder, FREEZE_FLAG)  # looked at per full collection: Ray's idle workers started before it
 
     def cb(phase: str, info: dict) -> None:
         if phase == "start":

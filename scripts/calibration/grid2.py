@@ -424,11 +424,16 @@ KEEP = ("timing_s/", "response_length/mean", "prompt_length/mean")  # and every 
 PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
 
 
+def step_line(line: str) -> Optional[re.Match]:
+    """verl's console line of a step (`step:N - key:value - ...`, Ray's prefix and colours or not): N, the pairs."""
+    return _STEP.search(_ANSI.sub("", line))
+
+
 def parse_steps(lines: list[str]) -> dict[int, dict[str, float]]:
     """{step: metrics} from verl's console logger lines (`step:N - key:value - ...`, Ray's prefix or not)."""
     out: dict[int, dict[str, float]] = {}
     for line in lines:
-        m = _STEP.search(_ANSI.sub("", line))
+        m = step_line(line)
         if not m:
             continue
         got = {}

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import gc_pauses  # beside this module (scripts/calibration, the chain's sys.path[0])
 import grid2
 from grid2 import OUT, REPO, VC, Run
 
@@ -147,8 +148,6 @@ def gc_watch(site: Path) -> str:
 
 
 def gc_summary() -> str:
-    import gc_pauses  # beside this module (scripts/calibration, the chain's sys.path[0])
-
     return gc_pauses.summary(str(GC_DIR), T0)
 
 
@@ -233,7 +232,7 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
                                stderr=subprocess.DEVNULL)
     started, t = time.strftime(UTC, time.gmtime()), time.time()
     limit = min(need_s(run) * 1.5 + 120, BUDGET_S + 240 - (time.time() - T0))
-    freeze = GC_DIR / "freeze"
+    freeze = GC_DIR / gc_pauses.FREEZE_FLAG
     if run.gc_freeze:
         GC_DIR.mkdir(parents=True, exist_ok=True)
         freeze.touch()
@@ -292,11 +291,9 @@ class StepTimes(threading.Thread):
                 continue
             cut = chunk.rfind(b"\n") + 1  # whole lines only; the rest is read again
             pos += cut
-            for m in STEP_LINE.finditer(chunk[:cut].decode(errors="replace")):
-                self.seen.setdefault(int(m.group(1)), round(time.time(), 2))
-
-
-STEP_LINE = re.compile(r"step:(\d+) - ")
+            for m in map(grid2.step_line, chunk[:cut].decode(errors="replace").splitlines()):
+                if m:
+                    self.seen.setdefault(int(m.group(1)), round(time.time(), 2))
 
 
 def gpu_count() -> int:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from verl_cluster import vc_hooks
 from verl_cluster.config.cluster import ClusterSpec
 from verl_cluster.config.job import JobSpec
 from verl_cluster.config.names import MASK, masked_env  # noqa: F401 - MASK: what tests and callers compare with
-from verl_cluster import vc_hooks
 from verl_cluster.errors import ConfigError
 from verl_cluster.verl_scripts.hydra_values import to_hydra
 
