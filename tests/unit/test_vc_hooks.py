@@ -11,6 +11,7 @@ CODE = """import gc, sys
 sys.path.insert(0, sys.argv[1])  # the folder as Ray's py_modules puts it: vc_hooks alone, no verl_cluster
 import vc_hooks
 vc_hooks.setup()
+gc.disable()  # only the one collection below: an automatic one mid-build would freeze part of x and leave it quick
 x = [[i] for i in range(int(sys.argv[2]))]
 for a in x: a.append(a)
 gc.collect()
