@@ -53,7 +53,10 @@ ENVELOPE_COMMENT = ("The step-time model's calibration envelope (placement/envel
                     "looked at while the terms were written, not fitted on, not blind) and the model's step error "
                     "on it. Written by scripts/calibration/fit_plan_calibration.py --write-envelope; --check fails when it "
                     "differs from the fit.")
-HELD = ("COMPUTE_SHARE", "COMM_S")  # priors the runs cannot tell (step_time.py says why): kept at the module's value
+# kept at the module's value: priors the runs cannot tell (step_time.py says why), verl's poll period, its spread and
+# the sleep after it (measured)
+HELD = ("COMPUTE_SHARE", "COMM_S", "GEN_POLL_S", "GEN_JITTER", "GEN_SLEEP_S")
+GEN = ("GENERATE_FIXED_S", "DECODE_TOKEN_S", "EAGER_STEP_S", "EAGER_LAYER_STEP_S")  # the generate's fitted constants
 GPU_ROLES = ("worker_dict", "vllm_worker", "vllm_engine", "vllm_server")  # the sampler's roles of one GPU's processes
 
 
@@ -128,45 +131,64 @@ def replays(runs: dict, figures: dict | None = None) -> dict:
 
 
 def bound_consts(fixed: str) -> tuple[str, ...]:
-    """The fitted constants of a micro-batched phase kind (step_time.SIDES): its fixed cost and both sides' terms."""
+    """The fitted constants of a micro-batched phase kind (step_time.SIDES): its fixed costs (one rank's, more
+    ranks') and both sides' terms."""
     host, gpu = step_time.SIDES[fixed]
-    return (fixed,) + tuple(k for k in host + gpu if k.lstrip("1/") not in HELD)
+    ranks = ("UPDATE_FIXED_RANKS_S",) if fixed == "UPDATE_FIXED_S" else ()
+    return (fixed,) + ranks + tuple(k for k in host + gpu if k.lstrip("1/") not in HELD)
+
+
+def half_period(t: dict, value=None) -> dict:
+    """The generate's wait as a linear fit can take it: half a poll period (the model before polls())."""
+    return {**t, "GEN_POLL_S": 0.5}
 
 
 def fit_bound(runs: dict, figures: dict) -> tuple[dict, dict[str, float]]:
-    """Replays with each micro-batched phase's host and GPU terms both kept, and the time fit: the other phases by
-    least squares; the forward and update phases, whose micro batches take the longer of the host's and the GPU's
-    work (step_time.bound), by minimizing the same relative errors with that max (Nelder-Mead from the least-squares
-    fit that adds the two sides: the same start whatever the modules hold, so --check is stable). Returns the replays
-    as the plan makes them at the fitted constants."""
+    """Replays with each micro-batched phase's host and GPU terms both kept and the generate's wait at half a period,
+    and the time fit: the other phases by least squares; the forward and update phases, whose micro batches take the
+    longer of the host's and the GPU's work (step_time.bound), and the generate, which takes whole poll periods
+    (step_time.polled), by minimizing the same relative errors with that max or those periods (Nelder-Mead from the
+    least-squares fit that adds the two sides and waits half a period: the same start whatever the modules hold, so
+    --check is stable). Returns the replays as the plan makes them at the fitted constants."""
     plain, step_time.bound = step_time.bound, (lambda t, ranks=1: t)
+    whole, step_time.polled = step_time.polled, half_period
     try:
         raw = replays(runs, figures)
     finally:
-        step_time.bound = plain
+        step_time.bound, step_time.polled = plain, whole
     x0 = fit_time(raw)
     time_x = dict(x0)
-    for fixed in step_time.SIDES:
-        names = bound_consts(fixed)
+    groups = {fixed: (bound_consts(fixed), step_time.bound) for fixed in step_time.SIDES}
+    groups["GENERATE_FIXED_S"] = (GEN, lambda t, ranks, val: step_time.polled(t, val))
+    for fixed, (names, transform) in groups.items():
         rows = [(terms, got["phases_s"][ph], plan.time["error_bar"]["axes"]["ranks"])
                 for entry, plan, got in raw.values() if entry["time"] == "fit"
                 for ph, terms in plan.terms["time"].items() if fixed in terms and got["phases_s"].get(ph)]
+        loose = {k for t, _, _ in rows for k, v in t.items()
+                 if v and k and k not in names and k.lstrip("1/") not in HELD}
+        assert not loose, f"{fixed}'s phases carry fitted constants outside its group: {sorted(loose)}"
         start = np.array([x0.get(k, 0.0) for k in names])
         scale = np.where(start > 0, start, 1e-3)
 
-        def predicted(x: np.ndarray, terms: dict, ranks: int, names=names, scale=scale) -> float:
+        def predicted(x: np.ndarray, terms: dict, ranks: int, names=names, scale=scale,
+                      transform=transform) -> float:
             c = dict(zip(names, np.abs(x) * scale))
-            val = (lambda k: c[k] if k in c else step_time.const(k))
-            return step_time.seconds(step_time.bound(terms, ranks, val), val)  # as the plan makes it, at X
+            val = (lambda k: c[k] if k in c else step_time.const(k))  # the rest are HELD: the modules' alone
+            return step_time.seconds(transform(terms, ranks, val), val)  # as the plan makes it, at X
 
         def loss(x: np.ndarray, rows=rows, predicted=predicted) -> float:
             return sum((predicted(x, t, n) / m - 1.0) ** 2 for t, m, n in rows)
 
-        best = np.ones(len(names))
-        for _ in range(3):  # restarted from its best: a simplex that collapsed early starts whole again
-            best = nelder_mead(loss, best)
+        found = []
+        for at in (1.0, 0.5, 2.0):  # the whole-period wait has local minima: three starts, the best kept
+            best = np.full(len(names), at)
+            for _ in range(3):  # restarted from its best: a simplex that collapsed early starts whole again
+                best = nelder_mead(loss, best)
+            found.append((loss(best), at, best))
+        best = min(found, key=lambda f: (f[0], f[1]))[2]
+        best = np.where(np.abs(best) < 1e-3, 0.0, best)  # driven to a thousandth of its start: none (stable digits)
         time_x.update({k: float(v) for k, v in zip(names, np.abs(best) * scale)})
-    fitted = [k for f in step_time.SIDES for k in bound_consts(f)]
+    fitted = [k for names, _ in groups.values() for k in names]
     saved = {k: getattr(step_time, k) for k in fitted}
     try:  # the plans as the modules will make them: bound() at the fitted constants
         for k in fitted:

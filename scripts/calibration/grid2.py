@@ -63,6 +63,7 @@ class Run:
     gc_freeze: bool = False  # each Python process freezes what survives a full collection (gc_pauses.py): a diagnosis
     submit_flags: tuple[str, ...] = ()  # the product's own options (`submit --gc-freeze`)
     ab: bool = False  # one side of an A/B of the product's options: a diagnosis
+    held_out: bool = False  # held out although its family is fitted on (a setting the family's fit runs lack)
 
     @property
     def diagnosis(self) -> bool:
@@ -183,6 +184,9 @@ FAMILIES = (
            {"nodes": 1, "ranks": 4, "algorithm": "gae+critic", "offload": "none"}),
     Family("2gpu-offload", "hold-out", "2 GPUs, the actor's params and optimizer offloaded, packed, GRPO, micro 8/32",
            {"nodes": 1, "ranks": 2, "attention": PACKED, "algorithm": "grpo", "offload": "param+optimizer"}),
+    # after the refit of 2026-11-29 took D, E, F and Q: the one family of batch S no run of any grid had
+    Family("2gpu-ppo-offload", "hold-out", "PPO with a GAE critic on 2 GPUs, the actor's params and optimizer "
+           "offloaded, micro 8", {"nodes": 1, "ranks": 2, "algorithm": "gae+critic", "offload": "param+optimizer"}),
 )
 RUNS = (  # batch = the device session it runs in, most wanted first; the hold-out batches run after the refit on A
     # and B is committed and predicted again (`predict --batch C --batch D`)
@@ -234,20 +238,35 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     # be the compiled entropy's one recompile past 32-bit indexing (docs/placement.md, "One-step outliers")
     Run("g2ppo-m32-rc", "2gpu-ppo", "R", 2, "gae", PACKED, 32, 32, steps=10, ab=True,
         submit_flags=("env.TORCH_LOGS=recompiles",)),
+    # S, T: held out from the refit of 2026-11-29 (steps 3+ timed, verl's poll in whole periods), predicted by the
+    # round after it; 10 steps a run (8 timed: a full collection's 0.5-0.7 s falls on a phase one step in 4). S on 2
+    # GPUs: the family never fitted, then micro 16 (2 and 8 and 32 were fitted) packed and PPO; T on 1 GPU (the kind
+    # lent most), micro 16 in the three 1-GPU families
+    Run("g2ppooff-m8", "2gpu-ppo-offload", "S", 2, "gae", PACKED, 8, 16, offload=True, steps=10),
+    Run("g2fa-m16", "2gpu-packed", "S", 2, "grpo", PACKED, 16, 32, steps=10),
+    Run("g2ppo-m16", "2gpu-ppo", "S", 2, "gae", PACKED, 16, 32, steps=10),
+    Run("g1fa-m16", "1gpu-packed", "T", 1, "grpo", PACKED, 16, 32, steps=10, held_out=True),
+    Run("g1ppo-m16", "1gpu-ppo", "T", 1, "gae", PACKED, 16, 32, steps=10, held_out=True),
+    Run("g1pad-m16", "1gpu-padded", "T", 1, "grpo", PADDED, 16, 32, steps=8, held_out=True),
 )
-BATCHES = ("A", "B", "C", "G", "D", "E", "F", "H", "P", "Q", "R")  # G: g2fa-m32, run alone after C; H: 4 GPUs
+BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T")  # G: g2fa-m32, alone after C; H: 4 GPUs
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run
 # looked at before a refit becomes a fit run - say so"), each with the refit that took it. Their families keep their
 # other runs held out; the target needs a family none of whose runs were ever fitted on.
 REFIT_1 = "looked at (held out, predicted by round dea32d7) before the refit of 2026-11-28 (batch P's findings)"
-FITTED_ON: dict[str, str] = {"g2pad-m8": REFIT_1, "g2fa-m8": REFIT_1, "g2ppo-m8": REFIT_1, "g2fa-m32": REFIT_1}
+REFIT_2 = "looked at (held out) before the refit of 2026-11-29 (steps 3+, batch Q's findings)"
+FITTED_ON: dict[str, str] = {"g2pad-m8": REFIT_1, "g2fa-m8": REFIT_1, "g2ppo-m8": REFIT_1, "g2fa-m32": REFIT_1,
+                             **{n: REFIT_2 for n in ("g2pad-m2", "g2fa-m2", "g2ppo-m32", "g2ppo-m2", "g2off-m8",
+                                                     "g2off-m32", "g2ppo-m32-gc", "g2off-m32-gc")}}
 
 
 def run_role(run: Run) -> str:
-    """fit or hold-out: its family's, unless a refit took it (FITTED_ON)."""
-    return "fit" if run.name in FITTED_ON else FAMILY[run.family].role
+    """fit or hold-out: its family's, unless a refit took it (FITTED_ON) or it is held out on its own."""
+    if run.name in FITTED_ON:
+        return "fit"
+    return "hold-out" if run.held_out else FAMILY[run.family].role
 
 
 def batch_runs(batch: str) -> list[Run]:
@@ -421,6 +440,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUM = re.compile(r"^(?:np\.\w+\()?(-?[0-9.]+(?:e[-+]?\d+)?)\)?$")
 KEEP = ("timing_s/", "response_length/mean", "prompt_length/mean")  # and every */perf/* key
 # verl's timing_s/* names of the phases a step is made of (placement/check_run.py STEP_PHASES): the step is their sum
+# Steps not timed: step 1 compiles and warms up; step 2 recompiles the compiled entropy once (old_log_prob, 0.2-2.7 s:
+# docs/placement.md, "One-step outliers"). The planner's step is a steady one.
+FIRST_STEPS = (1, 2)
 PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
 
 
@@ -447,8 +469,10 @@ def parse_steps(lines: list[str]) -> dict[int, dict[str, float]]:
 
 
 def measured(steps: dict[Any, dict[str, float]], sequences: int) -> dict[str, Any]:
-    """Means over steps 2+: seconds per phase (in every counted step), the step as their sum, the fill."""
-    timed = [m for s, m in sorted((int(k), v) for k, v in steps.items()) if s > 1 and "timing_s/step" in m]
+    """Means over the steps after FIRST_STEPS: seconds per phase (in every counted step), the step as their sum, the
+    fill."""
+    timed = [m for s, m in sorted((int(k), v) for k, v in steps.items())
+             if s not in FIRST_STEPS and "timing_s/step" in m]
     if not timed:
         return {}
     phases = {n: sum(m[f"timing_s/{n}"] for m in timed) / len(timed) for n in PHASES
@@ -487,7 +511,7 @@ def to_entry(result: dict, results: list[dict]) -> Optional[tuple[str, dict]]:
         "facts": str(fixture_facts(card, run.gpus).relative_to(REPO)), "nodes": 1, "line": run.line(),
         "flash_attn": bool(result.get("flash_attn")), "fill": round(m["fill"], 3) if m.get("fill") else 1.0,
         "fill_how": "verl's perf/total_num_tokens over 128 x (512 + 384), mean of the timed steps",
-        "first_steps": [1], "steps": steps, "gpu_reserved_gib": m.get("max_memory_reserved_gib"),
+        "first_steps": list(FIRST_STEPS), "steps": steps, "gpu_reserved_gib": m.get("max_memory_reserved_gib"),
         "family": run.family, "time": run_role(run), "card": card,
         "beside": beside(result, results), "recorded_before_the_model": False}
 

@@ -21,8 +21,10 @@ def recorded() -> dict:
 
 
 LOOKED_AT = {"g2pad-m8", "g2fa-m8", "g2ppo-m8", "g2fa-m32"}  # held out when they ran, fitted on since (FITTED_ON)
-HELD_OUT = {"g2ppo-m32", "g2fa-m2", "g2pad-m2", "g2ppo-m2", "g2off-m8", "g2off-m32"}  # after the refit, none fitted on
+HELD_OUT = {"g2ppo-m32", "g2fa-m2", "g2pad-m2", "g2ppo-m2", "g2off-m8", "g2off-m32"}  # held out from the first refit
 HELD_OUT_Q = {"g2ppo-m32-gc", "g2off-m32-gc"}  # batch Q's watched runs, 15 steps, against round a7fd5e1
+# Every figure below is at the steps the model predicts, 3 on (grid2.FIRST_STEPS, since the refit of 2026-11-29);
+# docs/BENCHMARKS.md keeps them as they were first reported, at steps 2 on.
 
 
 def test_every_recorded_run_was_predicted_before_it_ran():
@@ -32,7 +34,10 @@ def test_every_recorded_run_was_predicted_before_it_ran():
     was_held = [r for r in rep["runs"] if r["run"] in LOOKED_AT]
     # predicted at the model of the first refit (round dea32d7), before any of them ran; fitted on after the look
     assert {r["commit"][:7] for r in was_held} == {"dea32d7"} and all(not r["newer_rounds_before_run"] for r in was_held)
-    assert set(grid2.FITTED_ON) == LOOKED_AT and all(r["role"] == "fit" for r in was_held)
+    # the second refit took every run held out from the first (each looked at): all fit now, the target starts again
+    assert {n for n, why in grid2.FITTED_ON.items() if why == grid2.REFIT_1} == LOOKED_AT
+    assert {n for n, why in grid2.FITTED_ON.items() if why == grid2.REFIT_2} == HELD_OUT | HELD_OUT_Q
+    assert all(r["role"] == "fit" for r in rep["runs"])
 
 
 def test_the_runs_held_out_at_micro_8_met_the_target_when_they_ran():
@@ -46,62 +51,64 @@ def test_the_runs_held_out_at_micro_8_met_the_target_when_they_ran():
         assert all(p["ok"] for p in r["phases"] if p["held"]), r["phases"]
 
 
-def test_the_run_at_micro_32_missed_and_the_refit_took_every_run_looked_at():
+def test_the_run_at_micro_32_missed_and_the_refits_took_every_run_looked_at():
     """g2fa-m32 (one micro batch a mini batch): the actor's update took 0.83 s where round dea32d7 said 1.60 (+92%),
-    the step +34.7%. The refit that followed (batch P: the critic packs by tokens; a sharded update's fixed part
-    fitted on its own) took all four looked-at runs: D, E and F are held out, each predicted by round 4ac40f3
-    first; the offload family (F) is the one never fitted on."""
+    the step +34.7% (steps 2 on). The refit that followed (batch P) took the four looked-at runs, the second (steps 3
+    on, verl's poll in whole periods) every run held out from the first. Held out now: H (4 GPUs, three families no
+    run had), S (2 GPUs: PPO with the actor offloaded, a family never fitted; micro 16 packed and PPO) and T (1 GPU,
+    micro 16 in the three 1-GPU families), each predicted by the round after the second refit before it runs."""
     rep = recorded()
     r = {r["run"]: r for r in rep["runs"]}["g2fa-m32"]
     worst = max((p for p in r["phases"] if p["held"]), key=lambda p: abs(p["error"]))
     assert not r["meets_target"] and r["step_error"] > 0.20 and worst["phase"] == "update_actor"
     upcoming = [r for r in grid2.RUNS if grid2.run_role(r) == "hold-out" and not r.diagnosis]
-    assert {r.batch for r in upcoming} == {"D", "E", "F", "H", "Q"} and len(upcoming) == 11
-    assert {r.family for r in upcoming if not any(grid2.BY_NAME[n].family == r.family for n in grid2.FITTED_ON)} == {
-        "2gpu-offload", "4gpu-packed", "4gpu-padded", "4gpu-ppo"}
+    assert {r.batch for r in upcoming} == {"H", "S", "T"} and len(upcoming) == 9
+    fitted = {x.family for x in grid2.RUNS if grid2.run_role(x) == "fit"}
+    assert {r.family for r in upcoming} - fitted == {"2gpu-ppo-offload", "4gpu-packed", "4gpu-padded", "4gpu-ppo"}
+    assert len({r.family for r in upcoming if r.batch in "ST"}) == 6 and all(r.steps >= 8 for r in upcoming
+                                                                            if r.batch in "ST")
 
 
 def test_the_first_run_held_out_from_the_refit():
-    """g2ppo-m32 (PPO, micro 32 / 32, 2 H200), against round 4ac40f3: step -3.6%; the actor's update -1.1% and the
-    critic's +5.3% (the two the refit changed); old_log_prob -51.0%: 1.87 s at step 2 and 1.12 at step 5 against
-    0.51-0.52 at steps 3-4 (what the model says, 0.49), so the run misses the phase bound. The target is not met: 1
-    held-out run of the 6 it needs."""
+    """g2ppo-m32 (PPO, micro 32 / 32, 2 H200), against round 4ac40f3: step +1.1%; the actor's update +0.9% and the
+    critic's +3.0% (the two the refit changed); old_log_prob -31.1%: 1.12 s at step 5 against 0.51-0.52 at steps 3-4
+    (what the model said, 0.49), so the run missed the phase bound. Fitted on since the second refit."""
     rep = recorded()
     r = {r["run"]: r for r in rep["runs"]}["g2ppo-m32"]
-    assert r["role"] == "hold-out" and r["blind"] and r["commit"][:7] == "4ac40f3"
+    assert r["role"] == "fit" and r["blind"] and r["commit"][:7] == "4ac40f3"
     assert abs(r["step_error"]) <= 0.05
     ph = {p["phase"]: p for p in r["phases"] if p["held"]}
-    assert abs(ph["update_actor"]["error"]) <= 0.05 and abs(ph["update_critic"]["error"]) <= 0.10
+    assert abs(ph["update_actor"]["error"]) <= 0.05 and abs(ph["update_critic"]["error"]) <= 0.05
     assert ph["old_log_prob"]["error"] < -0.30 and not r["meets_target"]
     steps = json.loads((ROOT / "tests/fixtures/verl_runs/grid2_results/grid2-g2ppo-m32.json").read_text())["steps"]
     assert [round(steps[k]["timing_s/old_log_prob"], 2) for k in "2345"] == [1.87, 0.52, 0.51, 1.12]
     # a phase that misses lists its timed steps: one slow step, not a slow phase
-    assert "old_log_prob 0.49 / 1.00 (-51.0%; steps 1.87, 0.52, 0.51, 1.12)" in grid2.markdown(rep)
+    assert "old_log_prob 0.49 / 0.71 (-31.1%; steps 0.52, 0.51, 1.12)" in grid2.markdown(rep)
 
 
-def test_the_held_out_runs_after_the_refit():
+def test_the_held_out_runs_after_the_first_refit():
     """Batches D, E and F on 4 H200 (two 2-GPU clusters side by side), 2026-11-28, against round cbc88fc, committed
-    before they ran: every step within ±20% (-16.0 ... +12.2%; g2ppo-m32 -3.6% against 4ac40f3), so the model holds
-    on micro 2, padded or packed, PPO and the offload family it was never fitted on. Three runs miss the phase bound,
-    each on a phase under 1.4 s: g2off-m32's old_log_prob (3.34 s at step 2 against 0.63-0.68 after, the model's
-    0.52), g2ppo-m2's critic (values 0.96 s at step 3 against 0.39-0.42, the model's 0.33; update_critic 1.04-1.61
-    against 0.85) and g2ppo-m32's old_log_prob. 3 of 6 held-out runs meet the target: NOT met."""
+    before they ran, and Q's two (a7fd5e1): every step within ±20% (-9.6 ... +14.5%), so the model held on micro 2,
+    padded or packed, PPO and the offload family it was never fitted on. At steps 3 on (step 2's once-only
+    recompile left out) 5 of the 8 met the target; the misses are a phase under 1.2 s each: g2ppo-m2's critic (values
+    0.96 s at step 3 against 0.39-0.42), g2ppo-m32's and g2off-m32-gc's old_log_prob (a full collection's pause on one
+    step of three, and a steady 0.6-0.7 s against 0.49-0.53). All eight are fit runs since the second refit: the
+    target counts none of them."""
     rep = recorded()
     by = {r["run"]: r for r in rep["runs"]}
-    assert all(by[n]["role"] == "hold-out" and by[n]["blind"] for n in HELD_OUT)
+    held = HELD_OUT | HELD_OUT_Q
+    assert all(by[n]["role"] == "fit" and by[n]["blind"] for n in held)
     assert {by[n]["commit"][:7] for n in HELD_OUT - {"g2ppo-m32"}} == {"cbc88fc"}
-    assert all(abs(by[n]["step_error"]) <= 0.20 for n in HELD_OUT)
-    assert {n for n in HELD_OUT if by[n]["meets_target"]} == {"g2fa-m2", "g2pad-m2", "g2off-m8"}
-    off = {p["phase"]: p for p in by["g2off-m32"]["phases"] if p["held"]}
-    assert off["old_log_prob"]["error"] < -0.30 and abs(off["update_actor"]["error"]) <= 0.15
+    assert all(abs(by[n]["step_error"]) <= 0.20 for n in held)
+    assert {n for n in held if by[n]["meets_target"]} == {"g2fa-m2", "g2pad-m2", "g2off-m8", "g2off-m32",
+                                                          "g2ppo-m32-gc"}
     ppo = {p["phase"]: p for p in by["g2ppo-m2"]["phases"] if p["held"]}
     assert ppo["values"]["error"] < -0.30 and ppo["update_critic"]["error"] < -0.30
     assert abs(ppo["update_actor"]["error"]) <= 0.05
     t = rep["target"]
-    assert (t["held_out_runs"], t["held_out_families"], t["held_out_families_on_2_gpus"]) == (8, 4, 4)  # with Q's 2
-    assert t["families_never_fitted"] == 1 and t["held_out_runs_meeting"] == 3 and not t["met"]
+    assert (t["held_out_runs"], t["held_out_runs_meeting"], t["families_never_fitted"]) == (0, 0, 0) and not t["met"]
     fams = {(f["family"], f["role"]): f for f in rep["families"]}
-    assert fams[("2gpu-offload", "hold-out")]["runs"] == 3 and fams[("2gpu-packed", "fit")]["runs"] == 2  # Q: +1
+    assert fams[("2gpu-offload", "fit")]["runs"] == 3 and fams[("2gpu-packed", "fit")]["runs"] == 3
 
 
 def test_the_one_step_outliers_are_the_collectors_full_collections():
@@ -110,8 +117,8 @@ def test_the_one_step_outliers_are_the_collectors_full_collections():
     median on one step held a full collection of 0.50-0.68 s in the worker running that phase (Ray's process title
     names the method) - all but step 2's old_log_prob of the PPO run (2.31 s, no pause: once-only work). With every
     process freezing a full collection's survivors (g2ppo-m32-frz, a diagnosis) no pause of 50 ms fell in a timed
-    step, against 11 (5.9 s over both ranks) in the watched run. Both watched runs: step within ±20% (-12.6%, -9.6%),
-    old_log_prob -34% / -33% (the outliers and a steady 0.60-0.69 s against the model's 0.49-0.53)."""
+    step, against 11 (5.9 s over both ranks) in the watched run. Both watched runs: step within ±20% (-9.2%, -9.6% at
+    steps 3 on); g2off-m32-gc's old_log_prob -32% (the outliers and a steady 0.60-0.69 s against the model's 0.53)."""
     import gc_pauses
 
     pauses = json.loads((ROOT / "tests/fixtures/verl_runs/grid2_gc/Q.json").read_text())["pauses"]
@@ -144,7 +151,7 @@ def test_the_one_step_outliers_are_the_collectors_full_collections():
     by = {r["run"]: r for r in rep["runs"]}
     for name in HELD_OUT_Q:
         r = by[name]
-        assert r["role"] == "hold-out" and r["blind"] and r["commit"][:7] == "a7fd5e1" and not r["meets_target"]
+        assert r["role"] == "fit" and r["blind"] and r["commit"][:7] == "a7fd5e1"
         assert abs(r["step_error"]) <= 0.20
-        assert {p["phase"] for p in r["phases"] if p["held"] and not p["ok"]} == {"old_log_prob"}
+    assert {p["phase"] for p in by["g2off-m32-gc"]["phases"] if p["held"] and not p["ok"]} == {"old_log_prob"}
     assert "g2ppo-m32-frz" not in by  # a diagnosis: never reported or fitted

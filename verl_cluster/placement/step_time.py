@@ -7,7 +7,8 @@ Every phase is a fixed cost plus work over a rate:
   longer; continuous batching takes as many steps as the longest response; each generated token costs vLLM's and
   the agent loop's per-token work; the prompts' prefill is 2·N·tokens FLOPs; with enforce_eager (no CUDA graphs)
   every step costs a fixed part and a part per layer (its kernels launched from Python); verl's trainer sees the
-  end at its next poll of the rollout (every 2 s: half a period on average);
+  end at its next poll of the replay buffer (at once, then every 2 s: whole periods, polls()), then puts vLLM to
+  sleep;
 - forward phases (old log-prob, ref, critic values) and updates: per micro batch a pass through the layers with a
   floor per layer (FSDP's hooks around each unit, the layer's kernels, verl's syncs per micro batch), 2·N FLOPs a
   token computed forward and 6·N (+2·N recompute with gradient checkpointing) in an update; tokens computed are
@@ -79,49 +80,59 @@ INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures t
 
 # Fitted by scripts/calibration/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
 # calibration_runs.json (one H100), multi_gpu_runs.json and grid2_runs.json (docs/BENCHMARKS.md, "Step time").
-FORWARD_FIXED_S = 0.114  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
-UPDATE_FIXED_S = 0.591  # per update phase on one rank (FSDP1 NO_SHARD): clip and optimizer steps, the gathers
+FORWARD_FIXED_S = 0.152  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
+UPDATE_FIXED_S = 0.61  # per update phase on one rank (FSDP1 NO_SHARD): clip and optimizer steps, the gathers
 # the same on more ranks (FULL_SHARD), fitted on its own: the 2-GPU update at one micro batch a mini batch
 # (g2fa-m32, 0.83 s for 2 micro batches) leaves no room for one rank's fixed part
-UPDATE_FIXED_RANKS_S = 0.24
-FORWARD_PASS_S = 0.00138  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
-UPDATE_PASS_S = 0.0128  # per micro batch per layer in an update (forward, recompute, backward)
-UPDATE_LM_MICRO_S = 0.0749  # per micro batch of an update through the LM head (the actor's): the host's part
-FORWARD_LM_MICRO_S = 0.0909  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
+UPDATE_FIXED_RANKS_S = 0.346
+FORWARD_PASS_S = 0.000497  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
+UPDATE_PASS_S = 0.013  # per micro batch per layer in an update (forward, recompute, backward)
+UPDATE_LM_MICRO_S = 0.056  # per micro batch of an update through the LM head (the actor's): the host's part
+FORWARD_LM_MICRO_S = 0.1  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
 # trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
 # with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
 # per real token per vocab entry, at HBM speed: the log-probs' logits (and what else goes with the real tokens)
-LOGIT_FORWARD_BYTES = 175
+LOGIT_FORWARD_BYTES = 153
 # per token per vocab entry computed: the entropy, in the actor's log-prob only; packed verl calls it compiled
-# (torch.compile), padded the plain function (softmax, logsumexp, product, sum: a pass over the logits each). The
-# padded figure is high: on the padded runs (one step kept on two of them) it carries what their GPU side leaves
-ENTROPY_BYTES = 29.7
-ENTROPY_EAGER_BYTES = 223
+# (torch.compile), padded the plain function (softmax, logsumexp, product, sum: a pass over the logits each), about
+# twice the compiled one's bytes since the refit of 2026-11-29 left step 2 out (its once-only work was in the figure)
+ENTROPY_BYTES = 43
+ENTROPY_EAGER_BYTES = 81.7
 # per token computed per vocab entry: the logits and their backward in an update. Fitted to 0 since the grid2 runs:
 # the update's LM head is host-bound at these sizes, its bytes hidden under UPDATE_LM_MICRO_S
 LOGIT_UPDATE_BYTES = 0.0
 # without flash-attn verl's log-probs loop over the real tokens in Python (logprobs_from_logits_v2: a log_softmax
 # and a gather a row): per token, the host's launches, whatever the vocab or the GPU
-LOOP_FORWARD_TOKEN_S = 5.34e-05
-LOOP_UPDATE_TOKEN_S = 0.000185  # the same loop and its backward (a node a row), in an update
-GENERATE_FIXED_S = 0.498  # per generate: request fan-out, vLLM wake-up and sleep
+LOOP_FORWARD_TOKEN_S = 5.2e-05
+LOOP_UPDATE_TOKEN_S = 0.00018  # the same loop and its backward (a node a row), in an update
+GENERATE_FIXED_S = 0.95  # per generate: the requests' fan-out to the agent loops and their results back
 # with enforce_eager (no CUDA graphs) each decode step launches its kernels from Python: a part per step (sampling,
 # the step's inputs) and a part per layer; with graphs a step costs its reads only
-EAGER_STEP_S = 0.00253
-EAGER_LAYER_STEP_S = 0.000744
-DECODE_TOKEN_S = 7.49e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
-SYNC_FIXED_S = 0.3  # update_weights: resharding and handing the weights to vLLM
-SYNC_RANKS_S = 0.298  # with more than one rank: the ranks' exports and the barrier before the KV cache (measured)
-ADV_S = 0.0276  # advantages, rewards (rule-based)
-ADV_SEQ_S = 0.000622  # per sequence of the batch
-GAE_STEP_S = 0.00012  # per response position: GAE's loop (PPO)
+EAGER_STEP_S = 0.00217
+EAGER_LAYER_STEP_S = 0.000702
+DECODE_TOKEN_S = 6.14e-05  # per generated token: sampling, detokenizing, streaming to the agent loop
+SYNC_FIXED_S = 0.301  # update_weights: resharding and handing the weights to vLLM
+SYNC_RANKS_S = 0.329  # with more than one rank: the ranks' exports and the barrier before the KV cache (measured)
+ADV_S = 0.0283  # advantages, rewards (rule-based)
+ADV_SEQ_S = 0.000616  # per sequence of the batch
+GAE_STEP_S = 0.000104  # per response position: GAE's loop (PPO)
 # per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same few us a token
-VALUE_TOKEN_S = 7.51e-06
+VALUE_TOKEN_S = 7.28e-06
 # not fitted
-GEN_POLL_S = 2.0  # every recorded timing_s/gen is a multiple of 2.0 s (+0.05-0.1 s): verl polls the rollout
+# verl's ReplayBuffer.poll_interval (trainer/ppo/v1/replay_buffer.py, not a config key): the trainer's `gen` checks
+# for a whole batch at once, then after every sleep of it; every recorded timing_s/gen is a multiple (+0.05-0.25 s)
+GEN_POLL_S = 2.0
+# a step's generate time about the model's (lognormal sigma): the draw of response lengths, and how well the model
+# places the generate against the period. Held: fits at 0.05 to 0.15 differ by under 0.01 in the generate's rms error
+# on the fit runs; 0.1 keeps the one-H100 grid's held-out steps within ±20% (at 0.05 a generate the model puts just
+# past two periods, GRPO 3B n=8, costs a third); grid2's steps alone (1 in 68 past its period) would say ~0.05
+GEN_JITTER = 0.1
+# after the poll that saw the batch: the replicas put to sleep (checkpoint_manager.sleep_replicas). Measured: the
+# median of timing_s/gen past its whole periods over grid2's 68 steady steps (0.08-0.24 s)
+GEN_SLEEP_S = 0.14
 HBM_SHARE = 0.7  # of the HBM bandwidth a decode step's reads reach (not separable on the small runs)
 REF_PARAM_BYTES = 4  # verl's ref model_dtype (fp32 by default), what its forced CPUOffload keeps on the host
 SAVE_GBS = 0.55  # checkpoint write rate (fp32 params + Adam per GPU, torch.save to local disk)
@@ -215,6 +226,33 @@ SIDES = {"UPDATE_FIXED_S": (("UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "LOOP_UPDATE_
          "FORWARD_FIXED_S": (("FORWARD_PASS_S", "FORWARD_LM_MICRO_S", "LOOP_FORWARD_TOKEN_S"),
                              ("1/COMPUTE_SHARE", "LOGIT_FORWARD_BYTES", "ENTROPY_BYTES", "ENTROPY_EAGER_BYTES",
                               "VALUE_TOKEN_S", "COMM_S"))}
+
+
+def polls(raw_s: float, period: float = GEN_POLL_S, jitter: float = GEN_JITTER) -> float:
+    """The polls verl's `gen` waits, on average, for a generate of about RAW_S seconds: it checks the replay buffer
+    at once and then every PERIOD, so a generate of R seconds is seen after ceil(R / PERIOD) periods (at least one:
+    the first check comes before any result); R spread lognormally by JITTER about RAW_S. E[ceil(X)] = 1 + the sum
+    over k >= 1 of P(X > k)."""
+    if raw_s <= 0 or period <= 0:
+        return 1.0
+    out, k = 1.0, 1
+    while True:
+        z = math.log(k * period / raw_s) / (jitter * math.sqrt(2.0)) if jitter > 0 else math.copysign(
+            math.inf, k * period - raw_s)
+        p = 0.5 * math.erfc(z)
+        if p < 1e-9 and k * period > raw_s:
+            return out
+        out += p
+        k += 1
+
+
+def polled(t: Terms, value=None) -> Terms:
+    """The generate's terms with verl's wait for its poll: GEN_POLL_S's coefficient set so the phase takes whole
+    periods (polls()) beyond the raw work's seconds, then GEN_SLEEP_S. VALUE as in seconds()."""
+    value = value or const
+    raw = seconds({k: v for k, v in t.items() if k not in ("GEN_POLL_S", "GEN_SLEEP_S")}, value)
+    period = value("GEN_POLL_S")
+    return {**t, "GEN_POLL_S": polls(raw, period, value("GEN_JITTER")) - raw / period}
 
 
 def sides(t: Terms) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -377,7 +415,7 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     terms["gen"] = {"GENERATE_FIXED_S": 1.0, "EAGER_STEP_S": steps if s.enforce_eager else 0.0,
                     "EAGER_LAYER_STEP_S": steps * shape.layers if s.enforce_eager else 0.0,
                     "DECODE_TOKEN_S": generated, "1/COMPUTE_SHARE": 2.0 * shape.params * seqs_rep * s.prompt_len
-                    * fill / c.tp / (sp.tflops * 1e12), "": steps * read + GEN_POLL_S / 2}
+                    * fill / c.tp / (sp.tflops * 1e12), "": steps * read, "GEN_POLL_S": 0.0, "GEN_SLEEP_S": 1.0}
     bus = link_gbs(hw, n, sp)
     if n > 1:
         notes.append(bus_note(hw, n, sp, gpu_name or hw.gpu_name))
@@ -458,6 +496,7 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
                                "": cb * actor_p / (sp.hbm_gbs * 1e9 * HBM_SHARE)
                                + sync_comm_s(actor_p, n, bus, s.fsdp2) + offload_s(actor_p, m_a, False)}
     terms = {k: bound(v, n) for k, v in terms.items()}  # micro-batched phases: the longer of host and GPU
+    terms["gen"] = polled(terms["gen"])
     phases = {k: seconds(v) for k, v in terms.items()}
     trained = actor_p + (shape.value_model_params if s.critic else 0)
     save = 12.0 * trained / n / (SAVE_GBS * 1e9) if s.save_freq > 0 else 0.0
