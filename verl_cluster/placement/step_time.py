@@ -235,7 +235,9 @@ def polls(raw_s: float, period: float = GEN_POLL_S, jitter: float = GEN_JITTER) 
     over k >= 1 of P(X > k)."""
     if raw_s <= 0 or period <= 0:
         return 1.0
-    out, k = 1.0, 1
+    # periods far below the spread are passed for certain (P(X > k) = 1 to 1e-15 below exp(-8 sigma) of raw_s)
+    k = max(1, int(raw_s * math.exp(-8.0 * jitter) / period))
+    out = float(k)
     while True:
         z = math.log(k * period / raw_s) / (jitter * math.sqrt(2.0)) if jitter > 0 else math.copysign(
             math.inf, k * period - raw_s)
