@@ -44,6 +44,8 @@ SESSION_RUNS_S = 1350  # a session's seconds for runs: ~28 usable min less stagi
 FILLS = (0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.75, 1.0)  # the fills each run is predicted at (read at its own)
 STEP_BOUND, PHASE_BOUND, PHASE_MIN_S = 0.20, 0.30, 0.5  # the issue's target on held-out runs
 PADDED, PACKED = "padded, no flash-attn", "packed (flash-attn)"  # envelope.py's attention values
+SHAPE = "qwen2.5-0.5b"  # the grid's model: random init of the real shape (make_tiny_model.py --shape)
+PARAMS_B = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09}  # envelope.py's params_b of each shape
 
 
 # ---------------------------------------------------------------- the grid as data
@@ -64,6 +66,7 @@ class Run:
     submit_flags: tuple[str, ...] = ()  # the product's own options (`submit --gc-freeze`)
     ab: bool = False  # one side of an A/B of the product's options: a diagnosis
     held_out: bool = False  # held out although its family is fitted on (a setting the family's fit runs lack)
+    shape: str = SHAPE  # the model's shape (PARAMS_B): 24 layers, or 28 (1.5B) and 36 (3B)
 
     @property
     def diagnosis(self) -> bool:
@@ -85,10 +88,10 @@ class Run:
         return {"ranks": self.gpus, "nodes": 1, "attention": self.attention,
                 "algorithm": "grpo" if self.algo == "grpo" else "gae+critic",
                 "offload": "param+optimizer" if self.offload else "none", "micro_update": self.micro,
-                "micro_log_prob": self.log_prob}
+                "micro_log_prob": self.log_prob, "params_b": PARAMS_B[self.shape]}
 
     def line(self) -> list[str]:
-        model, data = VC / "models" / "qwen2.5-0.5b", VC / "data" / "gsm8k"
+        model, data = VC / "models" / self.shape, VC / "data" / "gsm8k"
         w = ["python3", "-m", "verl.trainer.main_ppo", f"algorithm.adv_estimator={self.algo}",
              f"data.train_files=[{data}/train.parquet]", f"data.val_files=[{data}/test.parquet]",
              "data.max_prompt_length=512", "data.max_response_length=384", f"actor_rollout_ref.model.path={model}",
@@ -163,7 +166,11 @@ FAMILIES = (
            {"nodes": 1, "ranks": 2, "attention": PADDED, "algorithm": "grpo", "offload": "none",
             "micro_update": (16, 64)}),
     Family("1gpu-packed", "fit", "1 GPU, packed flash-attn, GRPO, micro 2 and 8 (the one-H100 grid: 16-64)",
-           {"nodes": 1, "ranks": 1, "attention": PACKED, "algorithm": "grpo", "offload": "none"}),
+           {"nodes": 1, "ranks": 1, "attention": PACKED, "algorithm": "grpo", "offload": "none", "params_b": (0, 1)}),
+    # deeper models (28 and 36 layers): the one-H100 grid fitted 1.5B and 3B runs, so U's are held out by run
+    Family("1gpu-deep", "fit", "1 GPU, packed flash-attn, GRPO, the 1.5B and 3B shapes",
+           {"nodes": 1, "ranks": 1, "attention": PACKED, "algorithm": "grpo", "offload": "none",
+            "params_b": (1, 4)}),
     Family("1gpu-ppo", "fit", "1 GPU, PPO with a GAE critic (packed flash-attn)",
            {"nodes": 1, "ranks": 1, "algorithm": "gae+critic", "offload": "none"}),
     Family("2gpu-padded-small-micro", "hold-out", "2 GPUs at small micro batch (2, 8), sdpa padded, GRPO",
@@ -248,8 +255,13 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g1fa-m16", "1gpu-packed", "T", 1, "grpo", PACKED, 16, 32, steps=10, held_out=True),
     Run("g1ppo-m16", "1gpu-ppo", "T", 1, "gae", PACKED, 16, 32, steps=10, held_out=True),
     Run("g1pad-m16", "1gpu-padded", "T", 1, "grpo", PADDED, 16, 32, steps=8, held_out=True),
+    # U: depth, on 1 GPU. On the 24-layer 0.5B the fit cannot tell a micro batch's per-layer host floor from its LM
+    # head's (docs/placement.md, "The second refit": 0.5 ms and 100 ms by the fit, ~3-5 ms a layer by batch P's
+    # trace); 28 and 36 layers at micro 8 / 16, host-bound, say which
+    Run("g1fa3b-m8", "1gpu-deep", "U", 1, "grpo", PACKED, 8, 16, steps=10, held_out=True, shape="qwen2.5-3b"),
+    Run("g1fa15b-m8", "1gpu-deep", "U", 1, "grpo", PACKED, 8, 16, steps=10, held_out=True, shape="qwen2.5-1.5b"),
 )
-BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T")  # G: g2fa-m32, alone after C; H: 4 GPUs
+BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T", "U")  # G: g2fa-m32, alone after C; H: 4 GPUs
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run

@@ -364,6 +364,20 @@ def run_phase(runs: list[Run], card: str, flash_ok: bool, have_flash: bool, tota
                     f"over {m.get('steps', 0)} timed steps, fill {m.get('fill') or 0:.2f}")
 
 
+def make_shapes(batches: list[str], skip: tuple[str, ...] = ()) -> None:
+    """The model shapes the batches' runs need beyond the grid's own (setup makes the 0.5B): random init, written
+    once to /srv/vc/models/SHAPE (a 3B is ~6 GB)."""
+    g = gm()
+    shapes = sorted({r.shape for _, runs in grid2.phases(batches, skip) for r in runs} - {grid2.SHAPE})
+    for shape in shapes:
+        if (g.MODELS / shape / "config.json").exists():
+            continue
+        t = time.time()
+        r = sh(f"model-{shape}", [str(g.BIN / "python3"), "scripts/make_tiny_model.py", "--shape", shape, "-o",
+                                  str(g.MODELS / shape)], 600)
+        log(f"model {shape}: {time.time() - t:.0f}s (rc {r.returncode})")
+
+
 def run_batch(batches: list[str], skip: tuple[str, ...] = ()) -> None:
     """The batches' runs as grid2.phases orders them: padded runs (flash-attn out of the site), then the rest (in),
     runs of a phase side by side on the machine's GPUs."""
@@ -414,6 +428,7 @@ def chain(batches: list[str], skip: tuple[str, ...] = ()) -> None:
     try:
         log(f"chain {batch} (budget {BUDGET_S:.0f}s)")
         device_setup()
+        make_shapes(batches, skip)
         run_batch(batches, skip)
     except SystemExit as e:  # gpu_multinode's setup says what is missing (no staged site)
         log(f"chain {batch} stopped: {e}")

@@ -56,17 +56,21 @@ def test_the_run_at_micro_32_missed_and_the_refits_took_every_run_looked_at():
     the step +34.7% (steps 2 on). The refit that followed (batch P) took the four looked-at runs, the second (steps 3
     on, verl's poll in whole periods) every run held out from the first. Held out now: H (4 GPUs, three families no
     run had), S (2 GPUs: PPO with the actor offloaded, a family never fitted; micro 16 packed and PPO) and T (1 GPU,
-    micro 16 in the three 1-GPU families), each predicted by the round after the second refit before it runs."""
+    micro 16 in the three 1-GPU families) and U (1 GPU, the 1.5B and 3B shapes: depth), each predicted by a round
+    after the second refit before it runs."""
     rep = recorded()
     r = {r["run"]: r for r in rep["runs"]}["g2fa-m32"]
     worst = max((p for p in r["phases"] if p["held"]), key=lambda p: abs(p["error"]))
     assert not r["meets_target"] and r["step_error"] > 0.20 and worst["phase"] == "update_actor"
     upcoming = [r for r in grid2.RUNS if grid2.run_role(r) == "hold-out" and not r.diagnosis]
-    assert {r.batch for r in upcoming} == {"H", "S", "T"} and len(upcoming) == 9
+    assert {r.batch for r in upcoming} == {"H", "S", "T", "U"} and len(upcoming) == 11
     fitted = {x.family for x in grid2.RUNS if grid2.run_role(x) == "fit"}
     assert {r.family for r in upcoming} - fitted == {"2gpu-ppo-offload", "4gpu-packed", "4gpu-padded", "4gpu-ppo"}
-    assert len({r.family for r in upcoming if r.batch in "ST"}) == 6 and all(r.steps >= 8 for r in upcoming
-                                                                            if r.batch in "ST")
+    assert len({r.family for r in upcoming if r.batch in "STU"}) == 7 and all(r.steps >= 8 for r in upcoming
+                                                                             if r.batch in "STU")
+    # U: the depth the fit cannot tell on 24 layers (28 and 36), in a family the one-H100 grid fitted
+    assert {(r.shape, r.axes()["params_b"]) for r in upcoming if r.batch == "U"} == {("qwen2.5-1.5b", 1.54),
+                                                                                    ("qwen2.5-3b", 3.09)}
 
 
 def test_the_first_run_held_out_from_the_refit():
