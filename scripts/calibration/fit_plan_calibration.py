@@ -180,7 +180,8 @@ def fit_bound(runs: dict, figures: dict) -> tuple[dict, dict[str, float]]:
             return sum((predicted(x, t, n) / m - 1.0) ** 2 for t, m, n in rows)
 
         found = []
-        for at in (1.0, 0.5, 2.0):  # the whole-period wait has local minima: three starts, the best kept
+        starts = (1.0, 0.5, 2.0) if fixed == "GENERATE_FIXED_S" else (1.0,)  # whole periods have local minima
+        for at in starts:  # from each start the best kept
             best = np.full(len(names), at)
             for _ in range(3):  # restarted from its best: a simplex that collapsed early starts whole again
                 best = nelder_mead(loss, best)
