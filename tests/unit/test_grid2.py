@@ -360,3 +360,25 @@ def test_a_profiled_run_is_a_diagnosis_not_a_measurement():
            "steps": {str(k): {"timing_s/step": 12.0, "timing_s/gen": 4.0, "perf/total_num_tokens": 43000.0}
                      for k in range(1, 6)}}
     assert grid2.to_entry(doc, [doc]) is None and grid2.report([doc], [])["runs"] == []
+
+
+def test_the_chain_makes_the_shapes_a_batch_needs_once(tmp_path, monkeypatch):
+    """U's runs need the 1.5B and 3B shapes beside the setup's 0.5B: make_tiny_model.py for each one not written yet,
+    none for a batch of the 0.5B alone."""
+    from types import SimpleNamespace
+
+    models = tmp_path / "models"
+    (models / "qwen2.5-1.5b").mkdir(parents=True)
+    (models / "qwen2.5-1.5b" / "config.json").write_text("{}")  # written by an earlier chain on this machine
+    monkeypatch.setattr(grid2_device, "gm", lambda: SimpleNamespace(MODELS=models, BIN=tmp_path / "bin"))
+    calls, lines = [], []
+    monkeypatch.setattr(grid2_device, "sh", lambda name, argv, limit: calls.append((name, argv, limit)) or
+                        SimpleNamespace(returncode=0))
+    monkeypatch.setattr(grid2_device, "log", lines.append)
+    grid2_device.make_shapes(["U"])
+    assert [(n, a[1:4], a[-1]) for n, a, _ in calls] == [
+        ("model-qwen2.5-3b", ["scripts/make_tiny_model.py", "--shape", "qwen2.5-3b"], str(models / "qwen2.5-3b"))]
+    assert lines and lines[0].startswith("model qwen2.5-3b:")
+    calls.clear()
+    grid2_device.make_shapes(["S"])  # the grid's own shape only: nothing to make
+    assert calls == []
