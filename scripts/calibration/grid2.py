@@ -261,7 +261,8 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g1fa3b-m8", "1gpu-deep", "U", 1, "grpo", PACKED, 8, 16, steps=10, held_out=True, shape="qwen2.5-3b"),
     Run("g1fa15b-m8", "1gpu-deep", "U", 1, "grpo", PACKED, 8, 16, steps=10, held_out=True, shape="qwen2.5-1.5b"),
 )
-BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T", "U")  # G: g2fa-m32, alone after C; H: 4 GPUs
+# G: g2fa-m32, run alone after C; H: 4 GPUs; the held-out batches last
+BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T", "U")
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run

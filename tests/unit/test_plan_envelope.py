@@ -55,7 +55,8 @@ def test_the_shipped_envelope_is_the_fit_s():
     # the first refit, D-F and Q's two watched runs at the second); the frozen one is a diagnosis: no entry
     assert sum(1 for r in roles.values() if r == "hold-out") == 5
     assert all(roles[n] == "fit" for n in ("g2ppo-m32", "g2fa-m2", "g2pad-m2", "g2ppo-m2", "g2off-m8", "g2off-m32",
-                                           "g2ppo-m32-gc", "g2off-m32-gc", "g2pad-m8", "g2fa-m8", "g2ppo-m8", "g2fa-m32"))
+                                           "g2ppo-m32-gc", "g2off-m32-gc", "g2pad-m8", "g2fa-m8", "g2ppo-m8",
+                                           "g2fa-m32"))
     assert "g2ppo-m32-frz" not in roles
 
 
