@@ -14,6 +14,7 @@ import pytest
 from verl_cluster.cli import main
 from verl_cluster.errors import ConfigError
 from verl_cluster.job_list.job_pairs import pairs_of
+from verl_cluster.placement import check_run
 from verl_cluster.placement.check_run import STEP_PHASES
 from verl_cluster.placement.factors import apply_factors, read_factors
 
@@ -66,8 +67,12 @@ def test_a_recorded_log_gives_the_pairs_jobs_json_carries(pairs):
     plan, _ = CALIB.replay(RUNS["fit-grpo15"], FIX / "verl_logs", Path("/nonexistent"))
     text = (FIX / "verl_logs" / RUNS["fit-grpo15"]["logs"][0]).read_text()
     got = pairs_of(text, plan.predictions())
-    assert got == {"vs_plan": pairs["fit-grpo15"]} and "vs_plan_reason" not in got
-    assert row(got["vs_plan"], "time step (s)")["measured"] == pytest.approx(7.05)
+    # the calibration replays its recorded first steps (step 1); a job's pairs leave out both warm-up steps
+    steps = CALIB.progress(text.splitlines()).steps
+    assert got == {"vs_plan": check_run.pairs(plan.predictions(), check_run.measured(steps, (1, 2)))}
+    assert [r["what"] for r in got["vs_plan"]] == [r["what"] for r in pairs["fit-grpo15"]]
+    assert row(got["vs_plan"], "time step (s)")["measured"] == pytest.approx(7.05 - 0.51 / 2 - 0.01, abs=0.005)
+    assert row(got["vs_plan"], "time old_log_prob (s)")["measured"] == 0.5  # step 2's 1.01 s: a recompile
     first = "\n".join(line for line in text.splitlines() if "step:2 -" not in line and "step:3 -" not in line)
     assert pairs_of(first, plan.predictions())["vs_plan_reason"] == "no verl step after the first in its log yet"
     assert pairs_of("hello\n", plan.predictions()) == {"vs_plan": [], "vs_plan_reason": "no verl step in its log"}

@@ -122,7 +122,7 @@ def test_a_watched_attempt_is_held_against_its_plan(tmp_path, monkeypatch):
     from verl_cluster.submit.integrations import PlanInfo, plan_metadata, plan_predictions
 
     w, st = _watcher(tmp_path, monkeypatch, [])
-    measured = {"gen": 4.05, "old_log_prob": 0.76, "ref": 0.43, "update_actor": 1.48}  # the 1.5B GRPO run's means
+    measured = {"gen": 4.05, "old_log_prob": 0.5, "ref": 0.43, "update_actor": 1.48}  # the 1.5B GRPO run's step 3
     runs_ = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())["runs"]
     log = (LOGS / runs_["fit-grpo15"]["logs"][0]).read_text()
     predicted = {"phases_s": {**measured, "gen": 8.1}, "step_s": 10.8}  # gen twice what it was, the rest right

@@ -10,6 +10,17 @@ STEP_PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "
 WARN_OFF_BY = 0.25  # predicted vs measured: a pair further apart than this is worth a warning
 # the fills (tokens a step holds / its worst case) the plan's phases are kept at, to be read at the run's own
 BY_FILL = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
+# the steps after a start that pay for warm-up, left out of the means: the first compiles and fills the caches, the
+# second recompiles what the first step's shapes specialised (torch.compile's entropy kernel in old_log_prob); the
+# step-time model predicts the steps after them (docs/placement.md, "The second refit")
+WARMUP_STEPS = 2
+
+
+def warmup(first: int, steps: Iterable[int] = ()) -> tuple[int, ...]:
+    """The steps to leave out of a run's means when its log starts at FIRST: the WARMUP_STEPS from FIRST on, or only
+    FIRST while no step after the warm-up is in (STEPS: those logged), so a two-step run is still held to the plan."""
+    late = any(s >= first + WARMUP_STEPS for s in steps)
+    return tuple(range(first, first + WARMUP_STEPS)) if late else (first,)
 
 
 class StepMeans:

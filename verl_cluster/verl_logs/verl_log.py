@@ -239,7 +239,7 @@ class VerlProgress:
     partial: str = ""  # a line not yet ended by a newline
     predicted: Optional[dict[str, Any]] = None  # the plan's predictions (Plan.predictions()), to hold the run against
     keep_steps: Optional[int] = None  # None: every step kept whole (the scripts that read a finished run's steps)
-    first: Optional[int] = None  # the lowest step logged: vs_plan() leaves it out (it pays for the warm-up)
+    first: Optional[int] = None  # the lowest step logged: vs_plan() leaves it and the next out (check_run.warmup)
     folded: Folded = field(default_factory=Folded)
     eta: RunEta = field(default_factory=RunEta)  # the time per step and what is left (verl_logs/run_eta.py)
 
@@ -277,8 +277,11 @@ class VerlProgress:
         del self.window[:-self.window_lines]
 
     def _fold(self) -> None:
+        from verl_cluster.placement.check_run import warmup
+
         oldest = min(self.steps)
-        self.folded.add(self.steps.pop(oldest), counted=oldest != self.first)
+        skip = warmup(self.first if self.first is not None else oldest, self.steps)
+        self.folded.add(self.steps.pop(oldest), counted=oldest not in skip)
 
     def to_json(self) -> dict[str, Any]:
         """What a reader that resumes later needs (the window is rebuilt from the log's tail)."""
@@ -338,11 +341,11 @@ class VerlProgress:
         return self.eta.estimate(self.predicted)
 
     def vs_plan(self) -> list[dict[str, Any]]:
-        """Predicted vs measured (steps after the first; placement/check_run.py), once a step after the first is in."""
-        from verl_cluster.placement.check_run import StepMeans, measured, pairs
+        """Predicted vs measured (the steps after the warm-up, check_run.warmup), once a step after the first is in."""
+        from verl_cluster.placement.check_run import StepMeans, measured, pairs, warmup
 
         first = self.first if self.first is not None else 0
-        got = measured(self.steps, skip=(first,), before=StepMeans(self.folded.means))
+        got = measured(self.steps, skip=warmup(first, self.steps), before=StepMeans(self.folded.means))
         return pairs(self.predicted or {}, got) if got else []
 
     def failure(self) -> Optional[Failure]:
