@@ -452,11 +452,9 @@ _STEP = re.compile(r"step:(\d+) - (.*)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUM = re.compile(r"^(?:np\.\w+\()?(-?[0-9.]+(?:e[-+]?\d+)?)\)?$")
 KEEP = ("timing_s/", "response_length/mean", "prompt_length/mean")  # and every */perf/* key
-# verl's timing_s/* names of the phases a step is made of (placement/check_run.py STEP_PHASES): the step is their sum
 # Steps not timed: step 1 compiles and warms up; step 2 recompiles the compiled entropy once (old_log_prob, 0.2-2.7 s:
 # docs/placement.md, "One-step outliers"). The planner's step is a steady one.
-FIRST_STEPS = (1, 2)
-PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights")
+FIRST_STEPS = (1, 2)  # check_run.warmup, as the product holds a run to its plan
 
 
 def step_line(line: str) -> Optional[re.Match]:
@@ -482,21 +480,21 @@ def parse_steps(lines: list[str]) -> dict[int, dict[str, float]]:
 
 
 def measured(steps: dict[Any, dict[str, float]], sequences: int) -> dict[str, Any]:
-    """Means over the steps after FIRST_STEPS: seconds per phase (in every counted step), the step as their sum, the
-    fill."""
-    timed = [m for s, m in sorted((int(k), v) for k, v in steps.items())
-             if s not in FIRST_STEPS and "timing_s/step" in m]
-    if not timed:
+    """The product's means (check_run.measured) over the steps after FIRST_STEPS, with what the report adds: each
+    phase's seconds step by step, verl's own step time, the fill."""
+    from verl_cluster.placement.check_run import measured as means
+
+    steps = {int(k): v for k, v in steps.items()}
+    got = means(steps, FIRST_STEPS)
+    if not got:
         return {}
-    phases = {n: sum(m[f"timing_s/{n}"] for m in timed) / len(timed) for n in PHASES
-              if all(f"timing_s/{n}" in m for m in timed)}
-    toks = [m["perf/total_num_tokens"] for m in timed if "perf/total_num_tokens" in m]
-    reserved = [v for m in steps.values() for k, v in m.items() if k.endswith("max_memory_reserved_gb")]
-    return {"steps": len(timed), "phases_s": phases, "step_s": sum(phases.values()),
-            "per_step_s": {n: [round(m[f"timing_s/{n}"], 2) for m in timed] for n in phases},
+    timed = [m for s, m in sorted(steps.items()) if s not in FIRST_STEPS and "timing_s/step" in m]
+    toks = got.get("tokens_per_step")
+    return {"steps": got["steps"], "phases_s": got["phases_s"], "step_s": got["step_s"],
+            "per_step_s": {n: [round(m[f"timing_s/{n}"], 2) for m in timed] for n in got["phases_s"]},
             "verl_step_s": sum(m["timing_s/step"] for m in timed) / len(timed),
-            "fill": sum(toks) / len(toks) / (sequences * (512 + 384)) if toks else None,
-            "max_memory_reserved_gib": max(reserved) if reserved else None}
+            "fill": toks / (sequences * (512 + 384)) if toks else None,
+            "max_memory_reserved_gib": got.get("gpu_reserved_gib")}
 
 
 # ---------------------------------------------------------------- the measured runs as fixtures
