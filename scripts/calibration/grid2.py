@@ -479,13 +479,22 @@ def parse_steps(lines: list[str]) -> dict[int, dict[str, float]]:
     return out
 
 
+def _check_run() -> Any:
+    """The product's check_run, loaded from its file: the device chain runs under the machine's python3, which has
+    no verl_cluster installed, and check_run needs only the standard library."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("grid2_check_run", REPO / "verl_cluster/placement/check_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def measured(steps: dict[Any, dict[str, float]], sequences: int) -> dict[str, Any]:
     """The product's means (check_run.measured) over the steps after FIRST_STEPS, with what the report adds: each
     phase's seconds step by step, verl's own step time, the fill."""
-    from verl_cluster.placement.check_run import measured as means
-
     steps = {int(k): v for k, v in steps.items()}
-    got = means(steps, FIRST_STEPS)
+    got = _check_run().measured(steps, FIRST_STEPS)
     if not got:
         return {}
     timed = [m for s, m in sorted(steps.items()) if s not in FIRST_STEPS and "timing_s/step" in m]

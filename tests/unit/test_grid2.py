@@ -5,6 +5,7 @@ in verl 0.9.1's config, and the report's arithmetic on a small made-up set of re
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -382,3 +383,17 @@ def test_the_chain_makes_the_shapes_a_batch_needs_once(tmp_path, monkeypatch):
     calls.clear()
     grid2_device.make_shapes(["S"])  # the grid's own shape only: nothing to make
     assert calls == []
+
+
+def test_the_chain_measures_a_run_without_the_product_installed(tmp_path):
+    """The device chain runs grid2 under the machine's python3, where verl_cluster is not installed (2026-12-02: a
+    chain stopped after its first run on that import). -S: no site-packages, so only grid2's own loading counts."""
+    doc = tmp_path / "run.json"
+    doc.write_text((ROOT / "tests/fixtures/verl_runs/grid2_shared_queue/grid2-g2pad-m16.json").read_text())
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import grid2; "
+            "print(json.dumps(grid2.measured(json.load(open(sys.argv[2]))['steps'], 128)['step_s']))")
+    r = subprocess.run([sys.executable, "-S", "-c", code, str(ROOT / "scripts/calibration"), str(doc)],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    want = grid2.measured(json.loads(doc.read_text())["steps"], 128)["step_s"]
+    assert json.loads(r.stdout) == pytest.approx(want, rel=1e-9) and want > 0
