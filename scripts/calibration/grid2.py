@@ -624,8 +624,8 @@ def report(results: list[dict], rounds: list[dict]) -> dict[str, Any]:
     results = [r for r in results if r.get("run") in BY_NAME and not BY_NAME[r["run"]].diagnosis]
     runs = [{**judge(r, rounds), "beside": beside(r, results)} for r in results]
     fams = []
-    for f in FAMILIES:  # a held-out family's runs a refit took (FITTED_ON) get a fit row of their own
-        for role in dict.fromkeys((f.role, "fit")):
+    for f in FAMILIES:  # a family's runs of the other role (a refit took them, or held out on their own) get a row
+        for role in dict.fromkeys((f.role, "fit", "hold-out")):
             mine = [r for r in runs if r["family"] == f.name and r.get("blind") and r["role"] == role]
             if mine:
                 fams.append(_family_row(f, role, mine))
@@ -634,9 +634,10 @@ def report(results: list[dict], rounds: list[dict]) -> dict[str, Any]:
     target = {"held_out_runs": len(held), "held_out_families": len(held_fams),
               "held_out_families_on_2_gpus": len({r["family"] for r in held if r["gpus"] >= 2}),
               "held_out_runs_meeting": sum(r["meets_target"] for r in held)}
-    # held out by axis: a family with a blind held-out run and none of its runs ever fitted on
+    # held out by axis: a family with a blind held-out run and none of its runs ever fitted on (a fit family's runs
+    # held out on their own do not count)
     target["families_never_fitted"] = len({f for f in held_fams if not any(
-        r.family == f and r.name in FITTED_ON for r in RUNS)})
+        r.family == f and run_role(r) == "fit" for r in RUNS)})
     target["met"] = (target["held_out_runs"] >= 6 and target["held_out_families"] >= 3 and
                      target["held_out_families_on_2_gpus"] >= 2 and target["held_out_runs_meeting"] == len(held)
                      and target["families_never_fitted"] >= 1)

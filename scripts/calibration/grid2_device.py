@@ -97,6 +97,14 @@ def card_name() -> str:
     return (r.stdout.strip().splitlines() or ["unknown"])[0].strip()
 
 
+def host_cpu() -> dict[str, Any]:
+    """The machine's CPU (model, cores): the model's fixed and per-pass costs are the host's, so a run's errors are
+    read against it (batch T's log-prob passes on a one-GPU H200 machine ran ~30% over the grid's)."""
+    names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+             if ln.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    return {"model": names[0] if names else "unknown", "cores": os.cpu_count()}
+
+
 def device_setup() -> None:
     g = gm()
     g.setup()  # the staged site moved to /srv/vc/site, wrappers, the 0.5B shape and synthetic GSM8K
@@ -269,7 +277,7 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
             "rc": r.returncode, "status": product.get("status"), "submission_id": sid, "line": run.line(),
             "steps": grid2.parse_steps(lines), "product": product.get("verl"),
             "step_seen_t": {str(k): v for k, v in sorted(seen.items())}, "started_t": round(t, 3),
-            "gc_freeze": run.gc_freeze, "submit_flags": list(run.submit_flags)}
+            "gc_freeze": run.gc_freeze, "submit_flags": list(run.submit_flags), "host_cpu": host_cpu()}
 
 
 class StepTimes(threading.Thread):

@@ -397,3 +397,11 @@ def test_the_chain_measures_a_run_without_the_product_installed(tmp_path):
     assert r.returncode == 0, r.stderr
     want = grid2.measured(json.loads(doc.read_text())["steps"], 128)["step_s"]
     assert json.loads(r.stdout) == pytest.approx(want, rel=1e-9) and want > 0
+
+
+def test_each_run_records_the_host_cpu_its_fixed_costs_ran_on():
+    """The model's fixed and per-pass costs are the host's: a run's document names its machine's CPU."""
+    got = grid2_device.host_cpu()
+    first = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name"))
+    assert got == {"model": first, "cores": os.cpu_count()} and got["cores"] >= 1
