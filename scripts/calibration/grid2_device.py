@@ -100,9 +100,15 @@ def card_name() -> str:
 def host_cpu() -> dict[str, Any]:
     """The machine's CPU (model, cores): the model's fixed and per-pass costs are the host's, so a run's errors are
     read against it (batch T's log-prob passes on a one-GPU H200 machine ran ~30% over the grid's)."""
-    names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-             if ln.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
-    return {"model": names[0] if names else "unknown", "cores": os.cpu_count()}
+    info: dict[str, str] = {}
+    if Path("/proc/cpuinfo").exists():
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = ln.partition(":")
+            info.setdefault(k.strip(), v.strip())
+    # a VM's model name can be bare ("Intel(R) Xeon(R) Processor", the one-GPU H200 machine): the model number and
+    # the base clock (bogomips) still tell hosts apart
+    return {"model": info.get("model name", "unknown"), "model_number": info.get("model"),
+            "bogomips": info.get("bogomips"), "cores": os.cpu_count()}
 
 
 def device_setup() -> None:

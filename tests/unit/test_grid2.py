@@ -402,6 +402,8 @@ def test_the_chain_measures_a_run_without_the_product_installed(tmp_path):
 def test_each_run_records_the_host_cpu_its_fixed_costs_ran_on():
     """The model's fixed and per-pass costs are the host's: a run's document names its machine's CPU."""
     got = grid2_device.host_cpu()
-    first = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name"))
-    assert got == {"model": first, "cores": os.cpu_count()} and got["cores"] >= 1
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    first = {k: next(ln.split(":", 1)[1].strip() for ln in lines if ln.split(":")[0].strip() == k)
+             for k in ("model name", "model", "bogomips")}
+    assert got == {"model": first["model name"], "model_number": first["model"], "bogomips": first["bogomips"],
+                   "cores": os.cpu_count()} and got["cores"] >= 1 and float(got["bogomips"]) > 0
