@@ -99,7 +99,7 @@ def card_name() -> str:
 
 def host_cpu() -> dict[str, Any]:
     """The machine's CPU (model, cores): the model's fixed and per-pass costs are the host's, so a run's errors are
-    read against it (batch T's log-prob passes on a one-GPU H200 machine ran ~30% over the grid's)."""
+    read against it (batch T's log-prob passes on a one-GPU H200 machine ran ~30% past the model's)."""
     info: dict[str, str] = {}
     if Path("/proc/cpuinfo").exists():
         for ln in Path("/proc/cpuinfo").read_text().splitlines():
