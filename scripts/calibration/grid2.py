@@ -46,6 +46,9 @@ STEP_BOUND, PHASE_BOUND, PHASE_MIN_S = 0.20, 0.30, 0.5  # the issue's target on 
 PADDED, PACKED = "padded, no flash-attn", "packed (flash-attn)"  # envelope.py's attention values
 SHAPE = "qwen2.5-0.5b"  # the grid's model: random init of the real shape (make_tiny_model.py --shape)
 PARAMS_B = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09}  # envelope.py's params_b of each shape
+# each shape's attention head dim (hidden / heads, testdata/tiny_model.SHAPES): the kit's flash-attn wheel is built
+# for a few head dims only (FA_HDIMS), and a run on a shape it lacks fails in its first log-prob pass (batch U, 12-02)
+HEAD_DIM = {"qwen2.5-0.5b": 64, "qwen2.5-1.5b": 128, "qwen2.5-3b": 128}
 
 
 # ---------------------------------------------------------------- the grid as data
@@ -78,6 +81,10 @@ class Run:
         """flash-attn must be importable (packed; verl 0.9.1 loads a critic with flash_attention_2 regardless);
         padded runs run with it moved out of the site, as the issue's user lines ran."""
         return self.attention == PACKED or self.algo == "gae"
+
+    @property
+    def head_dim(self) -> int:
+        return HEAD_DIM[self.shape]
 
     @property
     def sequences(self) -> int:

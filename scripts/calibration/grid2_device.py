@@ -217,13 +217,35 @@ def write_cluster(gpus: tuple[int, ...], total: int) -> Path:
     return path
 
 
-def decide(run: Run, flash_ok: bool, left_s: float, need_s: float, gpus: int = 2) -> str:
+def flash_head_dims(wheel: Path) -> Optional[set[int]]:
+    """The head dims the carried flash-attn wheel was built for (its kit.env's FA_HDIMS); None when no kit wheel is
+    there (no flash-attn, or a full build: every head dim)."""
+    env = wheel / "kit.env"
+    if not env.exists():
+        return None
+    m = re.search(r'^FA_HDIMS="([^"]*)"', env.read_text(), re.M)
+    return {int(d) for d in m.group(1).split()} if m else None
+
+
+def head_dim_gap(run: Run, dims: Optional[set[int]]) -> str:
+    """'' when the run's model can use the flash-attn wheel, else why not and how to fix it."""
+    if not run.flash or dims is None or run.head_dim in dims:
+        return ""
+    have = " ".join(str(d) for d in sorted(dims))
+    return (f"{run.name} ({run.shape}) needs flash-attn head dim {run.head_dim}; the carried wheel has {have}: "
+            f"rebuild it with FA_HDIMS=\"{have} {run.head_dim}\" scripts/gpu/gpu_flash_attn_kit.sh --wheel-here")
+
+
+def decide(run: Run, flash_ok: bool, left_s: float, need_s: float, gpus: int = 2,
+           head_dims: Optional[set[int]] = None) -> str:
     """'' to run it, else the one line that says why it is skipped."""
     if run.gpus > gpus:
         return f"SKIP {run.name}: needs {run.gpus} GPUs, this machine has {gpus}"
     if run.flash and not flash_ok:
         return (f"SKIP {run.name} ({run.family}): flash-attn is not staged on this machine; carry "
                 ".stage/flashattn-wheel in the start call (scripts/gpu/gpu_flash_attn_kit.sh --wheel-here builds it)")
+    if head_dim_gap(run, head_dims):
+        return f"SKIP {head_dim_gap(run, head_dims)}"
     if left_s < need_s:
         return f"SKIP {run.name}: needs ~{need_s:.0f}s, {left_s:.0f}s left of BUDGET_S (run it with the next batch)"
     return ""
@@ -347,7 +369,8 @@ def run_phase(runs: list[Run], card: str, flash_ok: bool, have_flash: bool, tota
     with cf.ThreadPoolExecutor(max(total, 1)) as pool:
         while pending or active:
             for run in list(pending):
-                why = decide(run, flash_ok, BUDGET_S - (time.time() - T0), need_s(run), total)
+                why = decide(run, flash_ok, BUDGET_S - (time.time() - T0), need_s(run), total,
+                             flash_head_dims(VC / "flashattn-wheel"))
                 if why:
                     log(why)
                     pending.remove(run)
@@ -406,7 +429,11 @@ def run_batch(batches: list[str], skip: tuple[str, ...] = ()) -> None:
 
 def start(batches: list[str], skip: tuple[str, ...] = ()) -> None:
     """Copy the repo to /srv/vc/repo (a later call replaces the call's tree) and run `chain BATCH` detached."""
-    grid2.phases(batches, skip)  # unknown batches, runs or a fit/held-out mix: said here, not in the detached chain
+    phases = grid2.phases(batches, skip)  # unknown batches, runs or a fit/held-out mix: said here, not in the chain
+    dims = flash_head_dims(REPO / ".stage" / "flashattn-wheel")
+    gaps = [head_dim_gap(r, dims) for _, runs in phases for r in runs if head_dim_gap(r, dims)]
+    if gaps:  # said before any device time goes on a run that cannot start (batch U lost ~550 s so, 2026-12-02)
+        raise SystemExit("\n".join(gaps) + "\n(or leave those runs out with --skip RUN)")
     batch = "+".join(batches)
     dst = VC / "repo"
     OUT.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,8 @@
 # the GPU machine (x86_64, Ubuntu 24.04, Python 3.12, torch 2.11.0+cu130, 16 cores, H100) has no flash-attn
 # and no registry. PyPI has flash-attn only as an sdist whose setup.py downloads a prebuilt wheel from GitHub
 # (unreachable there) and otherwise compiles 72 kernel files for 4 GPU archs (hours). The kit compiles a
-# trimmed build there in a few minutes: bf16 only, head dims FA_HDIMS (default "32 64": the tiny test model
-# in verl_cluster/testdata/tiny_model.py has 128/4 = 32, Qwen2.5-0.5B has 896/14 = 64), sm_90 only.
+# trimmed build there in a few minutes: bf16 only, head dims FA_HDIMS (default "32 64 128": the tiny test model
+# in verl_cluster/testdata/tiny_model.py has 128/4 = 32, Qwen2.5-0.5B 896/14 = 64, 1.5B and 3B 128), sm_90 only.
 #
 # Here, from the repo root (networked, any CPU; needs curl, pip, apt-get, xz):
 #   scripts/gpu/gpu_flash_attn_kit.sh [--wheel-here]
@@ -18,7 +18,7 @@
 #   3. --wheel-here: compiles the wheel on this machine (python3.12 needed; ~25 min on 2 cores) and stages only the
 #      wheel (~10 MiB) with install.sh; otherwise packs kit/ as flashattn-kit.tar.xz + build.sh with ../shared/tools/gpu-stage.sh (parts <= 56 MiB)
 #      and prints the device calls
-# Env: FA_HDIMS="32 64" (among 32 64 96 128 192 256), FA_DISABLE="ALIBI SOFTCAP UNEVEN_K" (flash-attn's own
+# Env: FA_HDIMS="32 64 128" (among 32 64 96 128 192 256), FA_DISABLE="ALIBI SOFTCAP UNEVEN_K" (flash-attn's own
 #      FLASHATTENTION_DISABLE_* switches; each off-feature halves the template instances per kernel file).
 # There:  bash .stage/flashattn/s0/unpack.sh && bash /root/stage/flashattn/files/build.sh
 #   build.sh's header says what the GPU machine must have; it builds the wheel, installs it with --no-deps
@@ -27,7 +27,7 @@ set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"
 name=flashattn; src=.stage-src/$name; dl=$src/dl; kit=$src/kit
 FA_VERSION=2.8.3
-FA_HDIMS=${FA_HDIMS:-"32 64"}
+FA_HDIMS=${FA_HDIMS:-"32 64 128"}
 FA_DISABLE=${FA_DISABLE-"ALIBI SOFTCAP UNEVEN_K"}
 for p in /.stage/ /.stage-src/; do   # keep the downloads out of git and out of what a device call carries
   grep -qxF "$p" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo "$p" >> .git/info/exclude; }
@@ -195,7 +195,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-HDIMS = [int(d) for d in os.environ.get("FA_HDIMS", "32 64").split()]
+HDIMS = [int(d) for d in os.environ.get("FA_HDIMS", "32 64 128").split()]
 import flash_attn  # noqa: E402
 import flash_attn_2_cuda  # noqa: E402
 from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: E402

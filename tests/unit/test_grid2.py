@@ -184,6 +184,35 @@ def test_a_batch_skips_what_it_cannot_run_with_one_line_saying_why():
     assert "needs ~300s, 200s left" in grid2_device.decide(padded, flash_ok=True, left_s=200, need_s=300)
 
 
+def test_a_run_whose_head_dim_the_flash_attn_wheel_lacks_is_refused_before_it_costs_device_time(tmp_path,
+                                                                                                   monkeypatch):
+    """Batch U (2026-12-02): the wheel had head dims 32 and 64, the 1.5B and 3B shapes need 128 (hidden / heads);
+    each run failed in its first log-prob pass after ~270 s of start-up. Now `start` refuses it with the fix, and the
+    chain skips it with one line."""
+    from verl_cluster.testdata.tiny_model import SHAPES
+
+    assert grid2.HEAD_DIM == {n: s["hidden_size"] // s["num_attention_heads"] for n, s in SHAPES.items()
+                              if n in grid2.PARAMS_B}
+    wheel = tmp_path / ".stage" / "flashattn-wheel"
+    wheel.mkdir(parents=True)
+    (wheel / "kit.env").write_text('FA_VERSION=2.8.3\nFA_HDIMS="32 64"\nFA_DISABLE="ALIBI"\n')
+    dims = grid2_device.flash_head_dims(wheel)
+    assert dims == {32, 64} and grid2_device.flash_head_dims(tmp_path) is None  # no kit: nothing to check
+    deep, fa, pad = grid2.BY_NAME["g1fa3b-m8"], grid2.BY_NAME["g1fa-m16"], grid2.BY_NAME["g1pad-m16"]
+    why = grid2_device.decide(deep, True, 5000, 300, 1, dims)
+    assert why.startswith("SKIP g1fa3b-m8 (qwen2.5-3b) needs flash-attn head dim 128") and "\n" not in why
+    assert 'FA_HDIMS="32 64 128"' in why
+    assert grid2_device.decide(fa, True, 5000, 300, 1, dims) == "" == grid2_device.decide(deep, True, 5000, 300, 1)
+    assert grid2_device.head_dim_gap(pad, {32}) == ""  # a padded GRPO run never loads flash-attn
+    monkeypatch.setattr(grid2_device, "REPO", tmp_path)
+    monkeypatch.setattr(grid2_device, "OUT", tmp_path / "out")
+    with pytest.raises(SystemExit, match=r"g1fa15b-m8 \(qwen2.5-1.5b\) needs flash-attn head dim 128[\s\S]*--skip"):
+        grid2_device.start(["U"])
+    assert not (tmp_path / "out").exists()  # refused before anything was copied or started
+    (wheel / "kit.env").write_text('FA_HDIMS="32 64 128"\n')
+    assert grid2_device.head_dim_gap(deep, grid2_device.flash_head_dims(wheel)) == ""
+
+
 def test_a_session_runs_side_by_side_padded_first_and_never_mixes_fit_with_held_out(plans):
     (flash0, first), (flash1, second) = grid2.phases(["A", "B"])
     assert (flash0, flash1) == (False, True) and not any(r.flash for r in first) and all(r.flash for r in second)

@@ -23,7 +23,7 @@ def recorded() -> dict:
 LOOKED_AT = {"g2pad-m8", "g2fa-m8", "g2ppo-m8", "g2fa-m32"}  # held out when they ran, fitted on since (FITTED_ON)
 HELD_OUT = {"g2ppo-m32", "g2fa-m2", "g2pad-m2", "g2ppo-m2", "g2off-m8", "g2off-m32"}  # held out from the first refit
 HELD_OUT_Q = {"g2ppo-m32-gc", "g2off-m32-gc"}  # batch Q's watched runs, 15 steps, against round a7fd5e1
-HELD_OUT_T = {"g1pad-m16", "g1fa-m16"}  # batch T on one H200, 2026-12-02, against round 3278625 (g1ppo-m16 not run)
+HELD_OUT_T = {"g1pad-m16", "g1fa-m16", "g1ppo-m16"}  # batch T on one H200, 2026-12-02 (two sessions), round 3278625
 # Every figure below is at the steps the model predicts, 3 on (grid2.FIRST_STEPS, since the refit of 2026-11-29);
 # docs/BENCHMARKS.md keeps them as they were first reported, at steps 2 on.
 
@@ -57,22 +57,21 @@ def test_the_run_at_micro_32_missed_and_the_refits_took_every_run_looked_at():
     """g2fa-m32 (one micro batch a mini batch): the actor's update took 0.83 s where round dea32d7 said 1.60 (+92%),
     the step +34.7% (steps 2 on). The refit that followed (batch P) took the four looked-at runs, the second (steps 3
     on, verl's poll in whole periods) every run held out from the first. Held out now: H (4 GPUs, three families no
-    run had), S (2 GPUs: PPO with the actor offloaded, a family never fitted; micro 16 packed and PPO) and T (1 GPU,
-    micro 16 in the three 1-GPU families) and U (1 GPU, the 1.5B and 3B shapes: depth), each predicted by a round
-    after the second refit before it runs."""
+    run had), S (2 GPUs: PPO with the actor offloaded, a family never fitted; micro 16 packed and PPO) and U (1 GPU,
+    the 1.5B and 3B shapes: depth), each predicted by a round after the second refit before it runs (T ran)."""
     rep = recorded()
     r = {r["run"]: r for r in rep["runs"]}["g2fa-m32"]
     worst = max((p for p in r["phases"] if p["held"]), key=lambda p: abs(p["error"]))
     assert not r["meets_target"] and r["step_error"] > 0.20 and worst["phase"] == "update_actor"
     ran = {r["run"] for r in rep["runs"]}
     upcoming = [r for r in grid2.RUNS if grid2.run_role(r) == "hold-out" and not r.diagnosis and r.name not in ran]
-    assert {r.batch for r in upcoming} == {"H", "S", "T", "U"} and len(upcoming) == 9
+    assert {r.batch for r in upcoming} == {"H", "S", "U"} and len(upcoming) == 8
     envelope = json.loads((ROOT / "verl_cluster/catalog/step_time_envelope.json").read_text())["runs"]
     fit_axes = [r["axes"] for r in envelope if r["role"] == "fit"]  # both grids' fit runs, as the model saw them
     fitted = {f.name for f in grid2.FAMILIES if any(f.matches(a) for a in fit_axes)}
     assert {r.family for r in upcoming} - fitted == {"2gpu-ppo-offload", "4gpu-packed", "4gpu-padded", "4gpu-ppo"}
-    assert len({r.family for r in upcoming if r.batch in "STU"}) == 5 and all(r.steps >= 8 for r in upcoming
-                                                                             if r.batch in "STU")
+    assert len({r.family for r in upcoming if r.batch in "SU"}) == 4 and all(r.steps >= 8 for r in upcoming
+                                                                            if r.batch in "SU")
     # U: the depth the fit cannot tell on 24 layers (28 and 36), in a family the one-H100 grid fitted
     assert {(r.shape, r.axes()["params_b"]) for r in upcoming if r.batch == "U"} == {("qwen2.5-1.5b", 1.54),
                                                                                     ("qwen2.5-3b", 3.09)}
@@ -122,9 +121,10 @@ def test_batch_t_held_out_on_one_h200_the_step_held_and_the_log_prob_passes_ran_
     """Batch T (one H200, 2026-12-02), against round 3278625 committed before: the step held on both runs (padded
     -9.9%, packed -2.9%), the actor's update too (-3.2%, +4.7%), but the forward passes at log-prob micro 32 ran long:
     g1fa-m16's old_log_prob 0.92 s against 0.60 (-34.8%, every step 0.73-1.41 s), so that run misses the phase bound;
-    g1pad-m16's -25.1% stays inside it. g1ppo-m16 did not run (the chain stopped on an import after the first run;
-    the second session's budget ran out during it). Two held-out runs in two families the grid had fitted: the
-    target counts them, and is not met."""
+    g1pad-m16's -25.1% stays inside it. g1ppo-m16 ran in a later session (the first two lost it to an import and
+    the budget): step +0.4%, the critic's phases within ±8%, old_log_prob -31.5% again (0.88 s against 0.60), so it
+    misses the phase bound as g1fa-m16 does. Three held-out runs in three families the grid had fitted: the target
+    counts them, and is not met."""
     rep = recorded()
     by = {r["run"]: r for r in rep["runs"]}
     assert all(by[n]["role"] == "hold-out" and by[n]["blind"] and by[n]["commit"][:7] == "3278625"
@@ -133,11 +133,17 @@ def test_batch_t_held_out_on_one_h200_the_step_held_and_the_log_prob_passes_ran_
     assert pad["meets_target"] and abs(pad["step_error"]) <= 0.10
     assert not fa["meets_target"] and abs(fa["step_error"]) <= 0.05
     ph = {n: {p["phase"]: p for p in by[n]["phases"] if p["held"]} for n in HELD_OUT_T}
-    assert all(abs(ph[n]["update_actor"]["error"]) <= 0.05 and abs(ph[n]["gen"]["error"]) <= 0.05 for n in ph)
+    assert all(abs(ph[n]["update_actor"]["error"]) <= 0.05 for n in ("g1pad-m16", "g1fa-m16"))
+    assert all(abs(ph[n]["gen"]["error"]) <= 0.05 for n in ph)
     assert ph["g1fa-m16"]["old_log_prob"]["error"] < -0.30 and ph["g1fa-m16"]["ref"]["error"] < -0.25
     assert -0.30 < ph["g1pad-m16"]["old_log_prob"]["error"] < -0.20
+    ppo = by["g1ppo-m16"]
+    assert not ppo["meets_target"] and abs(ppo["step_error"]) <= 0.02
+    assert -0.35 < ph["g1ppo-m16"]["old_log_prob"]["error"] < -0.30  # the same pass at log-prob 32, the same miss
+    assert abs(ph["g1ppo-m16"]["update_critic"]["error"]) <= 0.05 and abs(ph["g1ppo-m16"]["values"]["error"]) <= 0.10
+    assert 0.10 < ph["g1ppo-m16"]["update_actor"]["error"] < 0.20  # over-predicted here, under on g1pad: within 20%
     t = rep["target"]
-    assert (t["held_out_runs"], t["held_out_runs_meeting"], t["held_out_families"]) == (2, 1, 2)
+    assert (t["held_out_runs"], t["held_out_runs_meeting"], t["held_out_families"]) == (3, 1, 3)
     assert (t["held_out_families_on_2_gpus"], t["families_never_fitted"]) == (0, 0) and not t["met"]
     fams = {(f["family"], f["role"]): f for f in rep["families"]}
     assert fams[("1gpu-packed", "hold-out")]["runs"] == 1 and not fams[("1gpu-packed", "hold-out")]["meets_target"]
