@@ -294,7 +294,7 @@ try:
 except Exception as e:  # noqa: BLE001
     print(f"  transformers not importable ({e}): model check skipped")
 else:
-    for hidden, heads in ((128, 4), (256, 4)):  # head_dim 32 (the tiny test model) and 64 (Qwen2.5-0.5B)
+    for hidden, heads in ((128, 4), (256, 4), (512, 4)):  # head_dim 32 (the tiny model), 64 (0.5B), 128 (1.5B, 3B)
         if hidden // heads not in HDIMS:
             continue
         cfg = Qwen2Config(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=2,
