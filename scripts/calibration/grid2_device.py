@@ -244,8 +244,9 @@ def decide(run: Run, flash_ok: bool, left_s: float, need_s: float, gpus: int = 2
     if run.flash and not flash_ok:
         return (f"SKIP {run.name} ({run.family}): flash-attn is not staged on this machine; carry "
                 ".stage/flashattn-wheel in the start call (scripts/gpu/gpu_flash_attn_kit.sh --wheel-here builds it)")
-    if head_dim_gap(run, head_dims):
-        return f"SKIP {head_dim_gap(run, head_dims)}"
+    gap = head_dim_gap(run, head_dims)
+    if gap:
+        return f"SKIP {gap}"
     if left_s < need_s:
         return f"SKIP {run.name}: needs ~{need_s:.0f}s, {left_s:.0f}s left of BUDGET_S (run it with the next batch)"
     return ""
@@ -431,7 +432,7 @@ def start(batches: list[str], skip: tuple[str, ...] = ()) -> None:
     """Copy the repo to /srv/vc/repo (a later call replaces the call's tree) and run `chain BATCH` detached."""
     phases = grid2.phases(batches, skip)  # unknown batches, runs or a fit/held-out mix: said here, not in the chain
     dims = flash_head_dims(REPO / ".stage" / "flashattn-wheel")
-    gaps = [head_dim_gap(r, dims) for _, runs in phases for r in runs if head_dim_gap(r, dims)]
+    gaps = [g for _, runs in phases for r in runs for g in [head_dim_gap(r, dims)] if g]
     if gaps:  # said before any device time goes on a run that cannot start (batch U lost ~550 s so, 2026-12-02)
         raise SystemExit("\n".join(gaps) + "\n(or leave those runs out with --skip RUN)")
     batch = "+".join(batches)
