@@ -367,11 +367,11 @@ def run_phase(runs: list[Run], card: str, flash_ok: bool, have_flash: bool, tota
     """RUNS side by side, each started in order on the first free GPU set of its size (grid2.gpu_sets: a Ray
     cluster each), once Ray on that cluster lists the GPUs free."""
     pending, active = list(runs), {}
+    dims = flash_head_dims(VC / "flashattn-wheel")  # the staged wheel's, fixed for the chain
     with cf.ThreadPoolExecutor(max(total, 1)) as pool:
         while pending or active:
             for run in list(pending):
-                why = decide(run, flash_ok, BUDGET_S - (time.time() - T0), need_s(run), total,
-                             flash_head_dims(VC / "flashattn-wheel"))
+                why = decide(run, flash_ok, BUDGET_S - (time.time() - T0), need_s(run), total, dims)
                 if why:
                     log(why)
                     pending.remove(run)
