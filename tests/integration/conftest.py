@@ -1,13 +1,14 @@
 """Integration modules run side by side under pytest-xdist (`--dist loadgroup`, see scripts/test.sh): each module
 stays in one worker with its own lab and cluster, and every test on the session's shared cluster goes to one
 worker, so that cluster is started once. The tests mostly wait on Ray and sshd (a serial run keeps a 2-core
-machine about a third busy). pytest 9.2 drops the group xdist 3.8 puts in a test's id (pytest-dev/pytest-xdist#1386):
-loadgroup then runs as plain load, every module's fixtures built on both workers; pyproject pins pytest below 9.2
-and the hook below stops a run where the groups were lost."""
+machine about a third busy). The groups must be marked before xdist's own hook reads them, and pytest 9.2 drops
+the group xdist 3.8 puts in a test's id (pytest-dev/pytest-xdist#1386; pyproject pins pytest below it): either way
+loadgroup runs as plain load, every module's fixtures built on both workers, so the last hook stops such a run."""
 
 import pytest
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which appends each test's group to its id
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = "shared-cluster" if "shared_cluster" in getattr(item, "fixturenames", ()) else item.module.__name__
