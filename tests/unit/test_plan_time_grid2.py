@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from verl_cluster.placement import step_time
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "calibration"))
 
@@ -27,6 +29,11 @@ HELD_OUT_T = {"g1pad-m16", "g1fa-m16", "g1ppo-m16"}  # batch T on one H200, 2026
 HELD_OUT_U = {"g1fa15b-m8", "g1fa3b-m8"}  # batch U on one H200, 2026-12-02 (third session), round 3278625
 # Every figure below is at the steps the model predicts, 3 on (grid2.FIRST_STEPS, since the refit of 2026-11-29);
 # docs/BENCHMARKS.md keeps them as they were first reported, at steps 2 on.
+
+
+def full_collection_in(pauses: list[dict], method: str) -> bool:
+    """A full collection of 0.45 s or more in the Ray worker running METHOD (its process title names it)."""
+    return any(p["s"] >= 0.45 and p["gen"] == 2 and method in p["title"] for p in pauses)
 
 
 def test_every_recorded_run_was_predicted_before_it_ran():
@@ -171,16 +178,16 @@ def test_batch_u_held_out_deeper_shapes_the_step_and_update_held_the_log_prob_pa
     for n in HELD_OUT_U:
         doc = json.loads((ROOT / f"tests/fixtures/verl_runs/grid2_results/grid2-{n}.json").read_text())
         windows = gc_pauses.by_step(pauses, doc["step_seen_t"])
-        lp = dict(zip(range(max(grid2.FIRST_STEPS) + 1, 11), ph[n]["old_log_prob"]["per_step"]))
-        collected = {s for s in lp if any(p["gen"] == 2 and p["s"] >= 0.45 and "compute_log_prob" in p["title"]
-                                          for p in windows[s])}
+        lp = {int(k): m["timing_s/old_log_prob"] for k, m in doc["steps"].items() if int(k) > max(grid2.FIRST_STEPS)}
+        collected = {s for s in lp if full_collection_in(windows[s], "compute_log_prob")}
         med = sorted(lp.values())[len(lp) // 2]
         assert len(collected) == 2 and all(lp[s] - med > 0.5 for s in collected)  # each outlier holds a collection
         assert all(lp[s] - med < 0.25 for s in set(lp) - collected)  # and no other step is one
         rest = [v for s, v in lp.items() if s not in collected]
         steady[n] = sum(rest) / len(rest)
         assert -0.30 < ph[n]["old_log_prob"]["predicted"] / steady[n] - 1 < -0.20
-    per_micro = {n: (steady[n] - 0.152) / 8 for n in steady}  # 128 sequences, log-prob micro 16; the phase's fixed part
+    runs = {n: grid2.BY_NAME[n] for n in HELD_OUT_U}  # beyond the phase's fixed part, per log-prob micro batch
+    per_micro = {n: (steady[n] - step_time.FORWARD_FIXED_S) / (r.sequences / r.log_prob) for n, r in runs.items()}
     assert 0 < per_micro["g1fa3b-m8"] - per_micro["g1fa15b-m8"] < 0.015 and 0.15 < per_micro["g1fa15b-m8"] < 0.17
     t = rep["target"]
     assert (t["held_out_runs"], t["held_out_runs_meeting"], t["held_out_families"]) == (5, 1, 4)
@@ -215,7 +222,7 @@ def test_the_one_step_outliers_are_the_collectors_full_collections():
             for s, v in vals.items():
                 if v - med < 0.3:
                     continue
-                if any(p["s"] >= 0.45 and p["gen"] == 2 and method in p["title"] for p in windows[s]):
+                if full_collection_in(windows[s], method):
                     explained += 1
                 else:
                     unexplained.append((name, phase, s))
