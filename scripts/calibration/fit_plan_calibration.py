@@ -132,10 +132,10 @@ def replays(runs: dict, figures: dict | None = None) -> dict:
 
 def bound_consts(fixed: str) -> tuple[str, ...]:
     """The fitted constants of a micro-batched phase kind (step_time.SIDES): its fixed costs (one rank's, more
-    ranks') and both sides' terms."""
+    ranks'), both sides' terms and its tail's (step_time.TAIL: serial, after the last layer)."""
     host, gpu = step_time.SIDES[fixed]
     ranks = ("UPDATE_FIXED_RANKS_S",) if fixed == "UPDATE_FIXED_S" else ()
-    return (fixed,) + ranks + tuple(k for k in host + gpu if k.lstrip("1/") not in HELD)
+    return (fixed,) + ranks + tuple(k for k in host + gpu + step_time.TAIL[fixed] if k.lstrip("1/") not in HELD)
 
 
 def half_period(t: dict, value=None) -> dict:

@@ -80,33 +80,35 @@ INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures t
 
 # Fitted by scripts/calibration/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
 # calibration_runs.json (one H100), multi_gpu_runs.json and grid2_runs.json (docs/BENCHMARKS.md, "Step time").
-FORWARD_FIXED_S = 0.152  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
+FORWARD_FIXED_S = 0.146  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
 UPDATE_FIXED_S = 0.61  # per update phase on one rank (FSDP1 NO_SHARD): clip and optimizer steps, the gathers
 # the same on more ranks (FULL_SHARD), fitted on its own: the 2-GPU update at one micro batch a mini batch
 # (g2fa-m32, 0.83 s for 2 micro batches) leaves no room for one rank's fixed part
 UPDATE_FIXED_RANKS_S = 0.346
-FORWARD_PASS_S = 0.000497  # per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels, verl's syncs
+# per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels. A third of what it was before the
+# logits became the tail (2026-12-07): the layers' host part had stood in for them (U: under ~1 ms a layer)
+FORWARD_PASS_S = 0.000143
 UPDATE_PASS_S = 0.013  # per micro batch per layer in an update (forward, recompute, backward)
 UPDATE_LM_MICRO_S = 0.056  # per micro batch of an update through the LM head (the actor's): the host's part
-FORWARD_LM_MICRO_S = 0.1  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
+FORWARD_LM_MICRO_S = 0.0987  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
 # trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
 # with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
 # per real token per vocab entry, at HBM speed: the log-probs' logits (and what else goes with the real tokens)
-LOGIT_FORWARD_BYTES = 153
+LOGIT_FORWARD_BYTES = 156
 # per token per vocab entry computed: the entropy, in the actor's log-prob only; packed verl calls it compiled
-# (torch.compile), padded the plain function (softmax, logsumexp, product, sum: a pass over the logits each), about
-# twice the compiled one's bytes since the refit of 2026-11-29 left step 2 out (its once-only work was in the figure)
-ENTROPY_BYTES = 43
-ENTROPY_EAGER_BYTES = 81.7
+# (torch.compile: one fused pass), padded the plain function (softmax, logsumexp, product, sum: a pass over the
+# logits each, softmax in fp32 under autocast): ~2.4x the compiled one's bytes
+ENTROPY_BYTES = 30.8
+ENTROPY_EAGER_BYTES = 73
 # per token computed per vocab entry: the logits and their backward in an update. Fitted to 0 since the grid2 runs:
 # the update's LM head is host-bound at these sizes, its bytes hidden under UPDATE_LM_MICRO_S
 LOGIT_UPDATE_BYTES = 0.0
 # without flash-attn verl's log-probs loop over the real tokens in Python (logprobs_from_logits_v2: a log_softmax
 # and a gather a row): per token, the host's launches, whatever the vocab or the GPU
-LOOP_FORWARD_TOKEN_S = 5.2e-05
+LOOP_FORWARD_TOKEN_S = 5.3e-05
 LOOP_UPDATE_TOKEN_S = 0.00018  # the same loop and its backward (a node a row), in an update
 GENERATE_FIXED_S = 0.95  # per generate: the requests' fan-out to the agent loops and their results back
 # with enforce_eager (no CUDA graphs) each decode step launches its kernels from Python: a part per step (sampling,
@@ -120,7 +122,7 @@ ADV_S = 0.0283  # advantages, rewards (rule-based)
 ADV_SEQ_S = 0.000616  # per sequence of the batch
 GAE_STEP_S = 0.000104  # per response position: GAE's loop (PPO)
 # per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same few us a token
-VALUE_TOKEN_S = 7.28e-06
+VALUE_TOKEN_S = 7.48e-06
 # not fitted
 # verl's ReplayBuffer.poll_interval (trainer/ppo/v1/replay_buffer.py, not a config key): the trainer's `gen` checks
 # for a whole batch at once, then after every sleep of it; every recorded timing_s/gen is a multiple (+0.05-0.25 s)
@@ -224,8 +226,16 @@ def update_terms(params: float, tokens: float, tflops: float, recompute: bool, e
 SIDES = {"UPDATE_FIXED_S": (("UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "LOOP_UPDATE_TOKEN_S"),
                             ("1/COMPUTE_SHARE", "LOGIT_UPDATE_BYTES", "COMM_S")),
          "FORWARD_FIXED_S": (("FORWARD_PASS_S", "FORWARD_LM_MICRO_S", "LOOP_FORWARD_TOKEN_S"),
-                             ("1/COMPUTE_SHARE", "LOGIT_FORWARD_BYTES", "ENTROPY_BYTES", "ENTROPY_EAGER_BYTES",
-                              "VALUE_TOKEN_S", "COMM_S"))}
+                             ("1/COMPUTE_SHARE", "ENTROPY_EAGER_BYTES", "VALUE_TOKEN_S", "COMM_S"))}
+# A forward pass's tail, after its last layer: the logits' passes over tokens x vocab (flash-attn's cross-entropy, the
+# compiled entropy), a few launches the host then waits on at verl's per-micro-batch `.item()` (forward_step).
+# Packed, transformers rebuilds the packing from position_ids in every attention layer (a nonzero() and a tensor's
+# truth: two syncs a layer), so the host is never a micro batch ahead to hide them under its launches: they add to
+# whichever side binds (docs/placement.md, "The logits after the last sync"). Padded (SDPA, no per-layer sync) the
+# host runs a micro batch ahead and they are the GPU's side, as before. Fitted with the group.
+TAIL = {"UPDATE_FIXED_S": (), "FORWARD_FIXED_S": ("LOGIT_FORWARD_BYTES", "ENTROPY_BYTES")}
+# A forward pass's terms carry this key (coefficient 0: no seconds) when it runs packed, its layers syncing
+LAYER_SYNC = 0.0
 
 
 def polls(raw_s: float, period: float = GEN_POLL_S, jitter: float = GEN_JITTER) -> float:
@@ -258,8 +268,13 @@ def polled(t: Terms, value=None) -> Terms:
 
 
 def sides(t: Terms) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(host terms, GPU terms) of a micro-batched phase's terms; ((), ()) for another phase."""
-    return next((v for k, v in SIDES.items() if k in t), ((), ()))
+    """(host terms, GPU terms) of a micro-batched phase's terms; ((), ()) for another phase. A packed pass's TAIL
+    is neither (serial); a padded one's is the GPU's."""
+    kind = next((k for k in SIDES if k in t), None)
+    if kind is None:
+        return (), ()
+    host, gpu = SIDES[kind]
+    return host, gpu + (() if "LAYER_SYNC" in t else TAIL[kind])
 
 
 def overlapped(ranks: int, host: tuple[str, ...]) -> tuple[str, ...]:
@@ -284,8 +299,8 @@ def bound(t: Terms, ranks: int = 1, value=None) -> Terms:
     """A micro-batched phase takes the longer of the host's and the GPU's work where they overlap, not their sum: the
     host runs ahead of the GPU until verl's per-micro-batch syncs (`loss.detach().item()` in forward_step, forward-only
     passes included; the policy loss's metric `.item()`s) make it wait. The terms of the longer side are kept (with
-    the fixed and the serial ones), the other side's zeroed, so Plan.terms shows which side binds. VALUE as in
-    side_seconds."""
+    the fixed and the serial ones: a forward pass's TAIL), the other side's zeroed, so Plan.terms shows which side
+    binds. VALUE as in side_seconds."""
     host_keys, gpu_keys, host, gpu = side_seconds(t, ranks, value)
     drop = gpu_keys if host >= gpu else host_keys
     return {k: (0.0 if k in drop else v) for k, v in t.items()}
@@ -453,6 +468,8 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
             out["ENTROPY_BYTES" if packed else "ENTROPY_EAGER_BYTES"] = t * vocab / (sp.hbm_gbs * 1e9)
         out["COMM_S"] = exposed(fsdp_forward_comm_s(params, root, cb, n, micros(phase), bus), out)
         out[""] = 0.0  # serial seconds: offload, the ref's uploads
+        if packed:
+            out["LAYER_SYNC"] = 0.0  # its TAIL after the layers' syncs: serial (sides())
         return out
 
     def update(params: float, root: float, phase: Phase, vocab: int, recompute: bool) -> Terms:
