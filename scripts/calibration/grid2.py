@@ -280,12 +280,21 @@ REFIT_2 = "looked at (held out) before the refit of 2026-11-29 (steps 3+, batch 
 FITTED_ON: dict[str, str] = {"g2pad-m8": REFIT_1, "g2fa-m8": REFIT_1, "g2ppo-m8": REFIT_1, "g2fa-m32": REFIT_1,
                              **{n: REFIT_2 for n in ("g2pad-m2", "g2fa-m2", "g2ppo-m32", "g2ppo-m2", "g2off-m8",
                                                      "g2off-m32", "g2ppo-m32-gc", "g2off-m32-gc")}}
+# Held-out runs looked at before a refit that did not fit on them: seen (neither fitted nor blind) from then on. The
+# refit of 2026-12-07 took its form from T's and U's log-prob passes; fitted on as well, it put a 3B's per-layer floor
+# where U measured none and took the one-H100 grid's held-out padded run's old_log_prob to +53% (docs/placement.md).
+REFIT_3 = ("looked at (held out, predicted by round 3278625) before the refit of 2026-12-07, which took its form "
+           "from these runs' log-prob passes (a packed pass's logits serial after its layers' syncs); not fitted on")
+SEEN: dict[str, str] = {n: REFIT_3 for n in ("g1fa-m16", "g1ppo-m16", "g1pad-m16", "g1fa3b-m8", "g1fa15b-m8")}
 
 
 def run_role(run: Run) -> str:
-    """fit or hold-out: its family's, unless a refit took it (FITTED_ON) or it is held out on its own."""
+    """fit, hold-out or seen: its family's, unless a refit took it (FITTED_ON) or looked at it (SEEN), or it is held
+    out on its own."""
     if run.name in FITTED_ON:
         return "fit"
+    if run.name in SEEN:
+        return "seen"
     return "hold-out" if run.held_out else FAMILY[run.family].role
 
 

@@ -462,3 +462,30 @@ def test_an_update_takes_the_longer_of_host_and_gpu_by_hand():
     two = st.bound({**t, "1/COMPUTE_SHARE": 4.0}, 2)  # sharded: the LM head's host work is serial all the same
     assert two["UPDATE_LM_MICRO_S"] == 16 and two["UPDATE_PASS_S"] == 0.0 and two["1/COMPUTE_SHARE"] == 4.0
     assert st.seconds(two) > st.seconds(big)
+
+
+SEEN_T_U = ("g1fa-m16", "g1ppo-m16", "g1pad-m16", "g1fa15b-m8", "g1fa3b-m8")  # grid2.SEEN
+
+
+def test_the_logits_are_a_packed_passs_tail_and_take_t_and_u_unfitted():
+    """A packed forward pass syncs in every layer (transformers rebuilds the packing from position_ids) and at the
+    end of each micro batch (verl's `.item()`), so its logits' passes (flash-attn's cross-entropy, the compiled
+    entropy) run after the host's launches, not under them: the plan adds them to whichever side binds
+    (step_time.TAIL; docs/placement.md, "The logits after the last sync"). Refitted on the same fit runs, T's and U's
+    five (one H200, 2026-12-02; old_log_prob -25...-35% by round 3278625, not fitted on: seen) come within the target's
+    bounds: step within ±10%, every phase over half a second within ±30% (old_log_prob -7...-27%); the padded pass
+    (SDPA, no per-layer sync) keeps them on the GPU's side (hold-padded05's ref -5%)."""
+    _, rows, _ = FIT.fit(FIT.CALIB.RUNS_FILE)
+    by = {r["run"]: {x["what"]: x for x in r["rows"]} for r in rows}
+    roles = {r["run"]: r["time"] for r in rows}
+    for n in SEEN_T_U:
+        assert roles[n] == "seen"
+        assert abs(by[n]["step"]["error"]) <= 0.10, by[n]
+        phases = {w: x for w, x in by[n].items() if w != "step" and x["measured"] >= SHORT_S}
+        assert all(abs(x["error"]) <= 0.30 for x in phases.values()), by[n]
+        assert -0.28 < by[n]["old_log_prob"]["error"] < -0.03
+    assert abs(by["hold-padded05"]["ref"]["error"]) <= 0.10
+    host, gpu = st.sides({"FORWARD_FIXED_S": 1.0, "LAYER_SYNC": 0.0})  # packed: the tail is on neither side
+    assert set(st.TAIL["FORWARD_FIXED_S"]).isdisjoint(host + gpu)
+    _, padded_gpu = st.sides({"FORWARD_FIXED_S": 1.0})
+    assert set(st.TAIL["FORWARD_FIXED_S"]) <= set(padded_gpu)
