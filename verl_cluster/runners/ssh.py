@@ -222,8 +222,12 @@ class SshRunner:
                                    banner_timeout=t.connect_timeout_s, auth_timeout=t.connect_timeout_s,
                                    channel_timeout=t.connect_timeout_s, sock=sock)
                 except (paramiko.SSHException, EOFError, OSError):
-                    if sock is not None and _proxy_gone(sock):  # the ProxyCommand gave up: say why
-                        raise _proxy_exited(t.host, proxy, sock) from None
+                    gave_up = _proxy_exited(t.host, proxy, sock) if sock is not None and _proxy_gone(sock) else None
+                    # closed here, its transport thread ends now, not at interpreter exit (where, on a loaded
+                    # machine, it could still print to the terminal)
+                    client.close()
+                    if gave_up:  # the ProxyCommand gave up: say why
+                        raise gave_up from None
                     raise
             except paramiko.BadHostKeyException:
                 raise HostKeyError(t.host, f"host key for {hostname}:{port} does not match {known} — refusing",
