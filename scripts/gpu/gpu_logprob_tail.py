@@ -7,7 +7,8 @@ Also counts the host<->GPU syncs of the layers (torch's sync debug mode) with po
 and with the varlen arguments given (no per-layer sync), and times both.
 
     PYTHONPATH=/root/stage/verl/site python3 scripts/gpu/gpu_logprob_tail.py [--seqs 32 16] [--repeat 5]   # JSON lines
-Needs a GPU, torch, transformers, flash-attn and verl (the staged site and the carried flash-attn wheel)."""
+Needs a GPU, torch, transformers, flash-attn and verl (the staged site and the carried flash-attn wheel).
+`--cpu` runs a 2-layer shape with SDPA on the CPU (no syncs to count): the script's own check, for the tests."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import statistics
 import sys
 import time
 import warnings
+from typing import Optional
 
 
 def lengths(seqs: int) -> list[int]:
@@ -26,18 +28,22 @@ def lengths(seqs: int) -> list[int]:
 
 def timed(torch, fn, repeat: int) -> tuple[float, float]:
     """(median wall seconds to the GPU's end, median seconds until fn returned on the host)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     wall, host = [], []
     for _ in range(repeat):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         fn()
         host.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
+        sync()
         wall.append(time.perf_counter() - t0)
     return statistics.median(wall), statistics.median(host)
 
 
-def syncs(torch, fn) -> int:
+def syncs(torch, fn) -> Optional[int]:
+    """Host<->GPU syncs while FN runs (torch's sync debug mode warns at each); None without a GPU."""
+    if not torch.cuda.is_available():
+        return None
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
@@ -53,6 +59,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", type=int, nargs="+", default=[32, 16])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cpu", action="store_true", help="a 2-layer shape with SDPA on the CPU: the script's own check")
     a = ap.parse_args(argv)
     try:
         import torch
@@ -61,32 +68,40 @@ def main(argv=None) -> int:
     except ImportError as e:
         print(json.dumps({"error": f"{e}: run with the staged site on PYTHONPATH"}))
         return 2
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "no GPU"}))
+    if not a.cpu and not torch.cuda.is_available():
+        print(json.dumps({"error": "no GPU (--cpu checks the script on the CPU)"}))
         return 2
-    cfg = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                      num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True)
-    cfg._attn_implementation = "flash_attention_2"
+    dev = "cpu" if a.cpu else "cuda"
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1000) if a.cpu else dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        vocab_size=151936)  # the 0.5B shape grid2 runs
+    cfg = Qwen2Config(max_position_embeddings=32768, tie_word_embeddings=True, **shape)
+    cfg._attn_implementation = "sdpa" if a.cpu else "flash_attention_2"
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(dev):
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
-    entropy = torch.compile(entropy_from_logits, dynamic=True)  # as verl's FSDP engine does (use_torch_compile)
+    entropy, how = entropy_from_logits, "eager"
+    if not a.cpu:  # as verl's FSDP engine does (use_torch_compile); said, not fatal, if Inductor fails here
+        entropy, how = torch.compile(entropy_from_logits, dynamic=True), "compiled"
     for seqs in a.seqs:
         lens = lengths(seqs)
         n = sum(lens)
-        ids = torch.randint(0, cfg.vocab_size, (1, n), device="cuda")
-        pos = torch.cat([torch.arange(x, device="cuda") for x in lens]).unsqueeze(0)
-        cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(seqs)], dtype=torch.int32, device="cuda")
-        varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens), "max_length_k": max(lens)}
+        ids = torch.randint(0, cfg.vocab_size, (1, n), device=dev)
+        pos = torch.cat([torch.arange(x, device=dev) for x in lens]).unsqueeze(0)
+        cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(seqs)], dtype=torch.int32, device=dev)
+        # flash-attn's varlen arguments given: transformers skips rebuilding them from position_ids in each layer
+        varlen = {} if a.cpu else {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens),
+                                   "max_length_k": max(lens)}
         labels = torch.roll(ids, -1, dims=1)
         keep = {}
 
         def layers(**kw):
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
                 keep["h"] = model.model(input_ids=ids, position_ids=pos, **kw).last_hidden_state
 
         def tail():
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
                 logits = model.lm_head(keep["h"]).squeeze(0)
                 lp = logprobs_from_logits(logits, labels.squeeze(0), inplace_backward=False)  # as with the entropy
                 ent = entropy(logits)
@@ -95,17 +110,24 @@ def main(argv=None) -> int:
         def whole():  # verl's forward_step: the layers, the tail, then loss.detach().item()
             layers()
             tail()
-            torch.tensor(1.0, device="cuda").item()
+            torch.tensor(1.0, device=dev).item()
 
-        for _ in range(3):  # warm-up: the compile, flash-attn's and the allocator's first calls
-            whole()
+        try:
+            for _ in range(3):  # warm-up: the compile, flash-attn's and the allocator's first calls
+                whole()
+        except Exception as e:  # noqa: BLE001 - Inductor missing a compiler here: the eager entropy, said
+            if how != "compiled":
+                raise
+            entropy, how = entropy_from_logits, f"eager (torch.compile failed: {str(e)[:200]})"
+            for _ in range(3):
+                whole()
         layers_s, layers_host_s = timed(torch, layers, a.repeat)
         varlen_s, varlen_host_s = timed(torch, lambda: layers(**varlen), a.repeat)
         layers()
-        torch.cuda.synchronize()
         tail_s, _ = timed(torch, tail, a.repeat)
         whole_s, _ = timed(torch, whole, a.repeat)
-        doc = {"card": torch.cuda.get_device_name(0), "torch": torch.__version__, "seqs": seqs, "tokens": n,
+        doc = {"card": "cpu" if a.cpu else torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "entropy": how, "seqs": seqs, "tokens": n,
                "layers": cfg.num_hidden_layers, "syncs_layers_position_ids": syncs(torch, layers),
                "syncs_layers_varlen": syncs(torch, lambda: layers(**varlen)),
                "layers_s": round(layers_s, 4), "layers_host_s": round(layers_host_s, 4),
