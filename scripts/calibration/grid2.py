@@ -640,8 +640,8 @@ def report(results: list[dict], rounds: list[dict]) -> dict[str, Any]:
     results = [r for r in results if r.get("run") in BY_NAME and not BY_NAME[r["run"]].diagnosis]
     runs = [{**judge(r, rounds), "beside": beside(r, results)} for r in results]
     fams = []
-    for f in FAMILIES:  # a family's runs of the other role (a refit took them, or held out on their own) get a row
-        for role in dict.fromkeys((f.role, "fit", "hold-out")):
+    for f in FAMILIES:  # a family's runs of another role (a refit took or saw them, or held out on their own): a row
+        for role in dict.fromkeys((f.role, "fit", "hold-out", "seen")):
             mine = [r for r in runs if r["family"] == f.name and r.get("blind") and r["role"] == role]
             if mine:
                 fams.append(_family_row(f, role, mine))

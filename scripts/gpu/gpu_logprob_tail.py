@@ -89,10 +89,10 @@ def main(argv=None) -> int:
         n = sum(lens)
         ids = torch.randint(0, cfg.vocab_size, (1, n), device=dev)
         pos = torch.cat([torch.arange(x, device=dev) for x in lens]).unsqueeze(0)
-        cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(seqs)], dtype=torch.int32, device=dev)
-        # flash-attn's varlen arguments given: transformers skips rebuilding them from position_ids in each layer
-        varlen = {} if a.cpu else {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens),
-                                   "max_length_k": max(lens)}
+        varlen = {}  # flash-attn's varlen arguments given: transformers skips rebuilding them in each layer
+        if not a.cpu:
+            cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(seqs)], dtype=torch.int32, device=dev)
+            varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens), "max_length_k": max(lens)}
         labels = torch.roll(ids, -1, dims=1)
         keep = {}
 

@@ -149,7 +149,9 @@ def test_batch_t_held_out_on_one_h200_the_step_held_and_the_log_prob_passes_ran_
     assert abs(ph["g1ppo-m16"]["update_critic"]["error"]) <= 0.05 and abs(ph["g1ppo-m16"]["values"]["error"]) <= 0.10
     assert 0.10 < ph["g1ppo-m16"]["update_actor"]["error"] < 0.20  # over-predicted here, under on g1pad: within 20%
     fams = {(f["family"], f["role"]): f for f in rep["families"]}
-    assert ("1gpu-packed", "hold-out") not in fams and fams[("1gpu-padded", "fit")]["runs"] == 1  # seen: no row
+    assert fams[("1gpu-packed", "seen")]["runs"] == 1 and not fams[("1gpu-packed", "seen")]["meets_target"]
+    assert fams[("1gpu-padded", "seen")]["meets_target"] and fams[("1gpu-padded", "fit")]["runs"] == 1
+    assert not [f for f in fams if f[1] == "hold-out" and f[0].startswith("1gpu")]  # seen is not held out
 
 
 def test_batch_u_held_out_deeper_shapes_the_step_and_update_held_the_log_prob_pass_ran_long_again():
