@@ -267,9 +267,16 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     # trace); 28 and 36 layers at micro 8 / 16, host-bound, say which
     Run("g1fa3b-m8", "1gpu-deep", "U", 1, "grpo", PACKED, 8, 16, steps=10, held_out=True, shape="qwen2.5-3b"),
     Run("g1fa15b-m8", "1gpu-deep", "U", 1, "grpo", PACKED, 8, 16, steps=10, held_out=True, shape="qwen2.5-1.5b"),
+    # V: held out from the third refit (2026-12-07), predicted by the round after it, on 1 GPU (the only kind lent
+    # three sessions running): settings no run had, one a family. The critic at 28 layers, the packed update at
+    # micro 4 (2 and 8 fitted, 16 seen), the padded pass at 28 layers (every padded run was 24); 8 steps, 6 timed.
+    # ~450, 500 and 560 s: a session holds the first two
+    Run("g1ppo15b-m8", "1gpu-ppo", "V", 1, "gae", PACKED, 8, 16, steps=8, held_out=True, shape="qwen2.5-1.5b"),
+    Run("g1fa-m4", "1gpu-packed", "V", 1, "grpo", PACKED, 4, 8, steps=8, held_out=True),
+    Run("g1pad15b-m8", "1gpu-padded", "V", 1, "grpo", PADDED, 8, 16, steps=8, held_out=True, shape="qwen2.5-1.5b"),
 )
 # G: g2fa-m32, run alone after C; H: 4 GPUs; the held-out batches last
-BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T", "U")
+BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T", "U", "V")
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run
