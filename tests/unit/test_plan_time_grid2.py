@@ -81,7 +81,10 @@ def test_the_run_at_micro_32_missed_and_the_refits_took_every_run_looked_at():
     assert {r.family for r in upcoming} - fitted == {"2gpu-ppo-offload", "4gpu-packed", "4gpu-padded", "4gpu-ppo"}
     assert len({r.family for r in upcoming if r.batch == "S"}) == 3 and all(r.steps >= 8 for r in upcoming
                                                                            if r.batch == "S")
-    assert all(r.gpus >= 2 for r in upcoming)  # what is left to run is what the target's 2+ GPU families need
+    # what is left to run on 2+ GPUs is what the target's 2+ GPU families need; V is 1 GPU, one run a fitted family
+    assert all(r.gpus >= 2 for r in upcoming if r.batch != "V")
+    v = [r for r in upcoming if r.batch == "V"]
+    assert all(r.gpus == 1 for r in v) and len({r.family for r in v}) == 3 and {r.family for r in v} <= fitted
 
 
 def test_the_first_run_held_out_from_the_refit():
