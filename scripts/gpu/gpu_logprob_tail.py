@@ -100,11 +100,11 @@ def main(argv=None) -> int:
             with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
                 keep["h"] = model.model(input_ids=ids, position_ids=pos, **kw).last_hidden_state
 
-        def tail():
+        def tail(ent_fn=None):
             with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
                 logits = model.lm_head(keep["h"]).squeeze(0)
                 lp = logprobs_from_logits(logits, labels.squeeze(0), inplace_backward=False)  # as with the entropy
-                ent = entropy(logits)
+                ent = (ent_fn or entropy)(logits)
             keep["out"] = (lp, ent)
 
         def whole():  # verl's forward_step: the layers, the tail, then loss.detach().item()
@@ -125,6 +125,8 @@ def main(argv=None) -> int:
         varlen_s, varlen_host_s = timed(torch, lambda: layers(**varlen), a.repeat)
         layers()
         tail_s, _ = timed(torch, tail, a.repeat)
+        # the same tail with verl's entropy uncompiled (fsdp_config.use_torch_compile=false): what compiling buys
+        tail_eager_s, _ = timed(torch, lambda: tail(entropy_from_logits), a.repeat)
         whole_s, _ = timed(torch, whole, a.repeat)
         doc = {"card": "cpu" if a.cpu else torch.cuda.get_device_name(0), "torch": torch.__version__,
                "entropy": how, "seqs": seqs, "tokens": n,
@@ -132,7 +134,7 @@ def main(argv=None) -> int:
                "syncs_layers_varlen": syncs(torch, lambda: layers(**varlen)),
                "layers_s": round(layers_s, 4), "layers_host_s": round(layers_host_s, 4),
                "layers_varlen_s": round(varlen_s, 4), "layers_varlen_host_s": round(varlen_host_s, 4),
-               "tail_s": round(tail_s, 4), "whole_s": round(whole_s, 4),
+               "tail_s": round(tail_s, 4), "tail_eager_entropy_s": round(tail_eager_s, 4), "whole_s": round(whole_s, 4),
                "whole_less_parts_s": round(whole_s - layers_s - tail_s, 4)}
         print(json.dumps(doc), flush=True)
     return 0
