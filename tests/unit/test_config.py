@@ -76,12 +76,15 @@ def test_overrides(tmp_path):
     ("cluster_name: c\nhead: {host: localhost}\nworkers: {host: a}\n", ["workers", "a list"]),
     ("cluster_name: c\nhead: {host: localhost}\nworkers: [{host: a, gpus: two}]\n", ["workers[0].gpus", "c.yaml:3"]),
     ("cluster_name: c\nhead: [1, 2\n", ["invalid YAML", "c.yaml:"]),
+    ("cluster_name: c\nhead:\n\thost: localhost\n", ["c.yaml:3", "invalid YAML", "tab at column 1", "spaces"]),
     ("- a\n- b\n", ["expected a mapping"]),
     ("cluster_name: 'bad name!'\nhead: {host: localhost}\n", ["cluster_name", "letters"]),
     ("cluster_name: c\nhead: {host: localhost}\nworkers: [{host: a}]\n", ["node_ip", "127.0.0.1"]),
     ("cluster_name: c\nhead: {host: 10.0.0.1}\nworkers: [{host: 10.0.0.1}]\n", ["same address"]),
     ("cluster_name: c\nhead: {host: localhost}\nray: {temp_dir: tmp/x}\n", ["absolute"]),
     ("cluster_name: c\nhead: {host: localhost}\nssh: {accept_new_host_keys: maybe}\n", ["true or false"]),
+    ("cluster_name: c\nhead: {host: localhost}\nssh: {connect_timeout_s: 0}\n", ["ssh.connect_timeout_s", "above 0"]),
+    ("cluster_name: c\nhead: {host: localhost}\nssh: {keepalive_s: -5}\n", ["ssh.keepalive_s", "at least 0"]),
 ])
 def test_bad_input_names_field_and_line(tmp_path, text, expect):
     p = write(tmp_path, text)
@@ -142,3 +145,14 @@ def test_fuzzed_text_never_traceback(tmp_path, text):
         load_cluster(p)
     except ConfigError as e:
         assert str(e)
+
+
+@pytest.mark.parametrize("value", ["@run1", "{a", "[a,b", '"unterminated', "%x", "`cmd`"])
+def test_an_override_yaml_cannot_read_is_its_plain_string(tmp_path, value):
+    """A value YAML's scanner refuses (an `@`, an open bracket or quote) is the string the user wrote, in every
+    command that takes overrides; never an internal error."""
+    p = write(tmp_path, "cluster_name: c\nhead: {host: localhost}\n")
+    spec = load_cluster(p, [f"ray.env.NAME={value}"])
+    assert spec.ray.env == {"NAME": value}
+    with pytest.raises(ConfigError, match="at most"):
+        load_cluster(p, ["ray.env.NAME=[" + "a" * 2_000_000])

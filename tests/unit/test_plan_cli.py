@@ -64,6 +64,35 @@ def test_facts_file(tmp_path, capsys):
     assert main(["plan", GRPO, "--facts", str(facts)]) == 2
 
 
+def test_facts_of_the_wrong_type_name_the_field(tmp_path, capsys):
+    """A facts file edited by hand: each wrong value is exit 2 naming its path, never an internal error; what
+    `doctor --json` prints is itself a facts file."""
+    node = to_dict(parse_gpus("1x2xH100-80GB")[0])
+    facts = tmp_path / "facts.json"
+    for edit, says in ((("gpus", 0, "memory_total_mib", "big"), "[0].gpus[0].memory_total_mib must be an integer"),
+                       (("gpus", 0, "memory_total_mib", 0), "memory_total_mib must be above 0"),
+                       (("gpus", 1, "memory_total_mib", -80000), "memory_total_mib must be above 0"),
+                       (("gpus", 0, "compute_capability", "abc"), "compute_capability must be like"),
+                       (("gpus", "lots"), "[0].gpus must be a list, got a string"),
+                       (("gpus", 0, "name", None), "[0].gpus[0].name is missing")):
+        doc = json.loads(json.dumps(node))
+        target = doc
+        for k in edit[:-2]:
+            target = target[k]
+        if edit[-1] is None:
+            del target[edit[-2]]
+        else:
+            target[edit[-2]] = edit[-1]
+        facts.write_text(json.dumps([doc]))
+        capsys.readouterr()
+        assert main(["plan", GRPO, "--facts", str(facts)]) == 2, edit
+        got = capsys.readouterr().err
+        assert says in got and "internal error" not in got and "doctor --json" in got, (edit, got)
+    facts.write_text(json.dumps({"ok": True, "problems": [], "facts": node}))
+    assert main(["plan", GRPO, "--facts", str(facts), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["overrides"]["trainer.n_gpus_per_node"] == 2
+
+
 def test_no_gpus_here_suggests_gpus_flag(capsys, monkeypatch):
     from verl_cluster.diagnostics import gather
     from verl_cluster.facts.model import NodeFacts

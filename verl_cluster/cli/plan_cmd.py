@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,14 +83,26 @@ def read_facts_file(path: str) -> list[NodeFacts]:
         raise ConfigError(f"--facts {path}: invalid JSON: {e.msg} (line {e.lineno})")
     except RecursionError:
         raise ConfigError(f"--facts {path}: invalid JSON: nested too deep")
+    if isinstance(data, dict) and isinstance(data.get("facts"), dict):  # `verl-cluster doctor --json` as it prints
+        data = data["facts"]
     if isinstance(data, dict):
         data = data.get("nodes", [data]) if "host" in data or "nodes" in data else None
+    how = "record them on each node with `verl-cluster doctor --json > NODE.json` (a list of them, or one)"
     if not isinstance(data, list) or not all(isinstance(d, dict) and "host" in d for d in data):
-        raise ConfigError(f"--facts {path}: expected a JSON list of node facts (objects with `host`)")
+        raise ConfigError(f"--facts {path}: expected a JSON list of node facts (objects with `host`)", how)
     try:
-        return [from_dict(NodeFacts, d) for d in data]
+        nodes = [from_dict(NodeFacts, d, f"[{i}]") for i, d in enumerate(data)]
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"--facts {path}: not node facts: {e}")
+        raise ConfigError(f"--facts {path}: not node facts: {e}", how)
+    for i, n in enumerate(nodes):  # values the planner divides by or parses
+        for j, g in enumerate(n.gpus):
+            at = f"--facts {path}: [{i}].gpus[{j}]"
+            if g.memory_total_mib <= 0 or (g.memory_free_mib or 0) < 0:
+                raise ConfigError(f"{at}: memory_total_mib must be above 0 and memory_free_mib not below 0, got "
+                                  f"{g.memory_total_mib} and {g.memory_free_mib}", how)
+            if not re.fullmatch(r"\d+(\.\d+)?", g.compute_capability):
+                raise ConfigError(f"{at}.compute_capability must be like \"9.0\", got {g.compute_capability!r}", how)
+    return nodes
 
 
 def local_node_facts() -> NodeFacts:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import stat
 import types
 import typing
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import yaml
 from omegaconf import OmegaConf
@@ -37,8 +38,11 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 20x faster, 
 def read_text_bounded(path: str | os.PathLike, what: str = "file") -> str:
     """A config/script file's text, refused (not read) when larger than MAX_BYTES."""
     p = Path(path)
-    try:
-        with open(p, "rb") as f:
+    try:  # non-blocking open and a look before reading: a FIFO without a writer would hang the read
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            _refuse(fd, p)
+        with os.fdopen(fd, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{short(p)}: file not found", "check the path (relative paths are from the current directory)")
@@ -55,9 +59,29 @@ def read_text_bounded(path: str | os.PathLike, what: str = "file") -> str:
         raise ConfigError(f"{short(p)}: cannot read: not UTF-8 text (byte {e.start})")
 
 
+def _refuse(fd: int, p: Path) -> None:
+    """A directory, pipe, socket or device given as a file: said, after closing what was opened."""
+    mode = os.fstat(fd).st_mode
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(p)
+    raise ConfigError(f"{short(p)}: not a regular file (a pipe, socket or device)", "save it to a file and name that")
+
+
 def read_yaml(path: str | os.PathLike) -> tuple[Any, Lines]:
     """Parse a YAML file; return the data and the line of every mapping key / list item."""
     return parse_yaml_text(read_text_bounded(path, "YAML file"), short(path))
+
+
+def _tab_hint(text: str, mark: Any) -> Optional[str]:
+    """A tab where YAML wants spaces: the one mistake its message does not show (the tab is invisible)."""
+    if mark is None:
+        return None
+    line = (text.splitlines()[mark.line:mark.line + 1] or [""])[0]
+    if "\t" not in line:
+        return None
+    return (f"line {mark.line + 1} has a tab at column {line.index(chr(9)) + 1}: YAML indents with spaces only; "
+            "replace the tab with spaces")
 
 
 def parse_yaml_text(text: str, source: str) -> tuple[Any, Lines]:
@@ -79,7 +103,7 @@ def parse_yaml_text(text: str, source: str) -> tuple[Any, Lines]:
         mark = getattr(e, "problem_mark", None)
         where_ = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{where_}: invalid YAML: {short(problem)}")
+        raise ConfigError(f"{where_}: invalid YAML: {short(problem)}", _tab_hint(text, mark))
     except (RecursionError, ValueError, OverflowError, MemoryError) as e:
         raise ConfigError(f"{source}: invalid YAML: {type(e).__name__}: {short(str(e))}")
     return data, lines
@@ -247,6 +271,11 @@ class Validator:
         }.get(tp, True)
         if not ok:
             self.fail(path, f"`{dotted(path)}` must be {_type_name(tp)}, got {_describe(value)}")
+        name = str(path[-1]) if path and meta is not None else ""  # a field, not a mapping's entry
+        if name.endswith("_s") and ok and isinstance(value, (int, float)) and (
+                value <= 0 if name.endswith("timeout_s") else value < 0):
+            self.fail(path, f"`{dotted(path)}` must be {'above' if name.endswith('timeout_s') else 'at least'} 0 "
+                            f"seconds, got {value}", "leave it out for the default")
         kind = (meta or {}).get("kind")
         if kind and isinstance(value, str) and KINDS[kind](value):
             self.fail(path, f"`{dotted(path)}` {short(repr(value), 80)} {KINDS[kind](value)}", HINTS[kind])
@@ -339,10 +368,13 @@ def apply_dotlist(data: dict, dotlist: list[str], source: str) -> dict:
         key, _, raw = item.partition("=")
         if key.count(".") >= MAX_DEPTH or len(key) > 1000:
             raise ConfigError(f"override `{short(key, 80)}`: key nested too deep or too long")
-        _check_bounds(raw, f"override `{short(key, 80)}`")
-        try:
+        try:  # a value YAML cannot read (`@run1`, `a: b`, `[a,b`) is the plain string it was written as
+            _check_bounds(raw, f"override `{short(key, 80)}`")
             value = yaml.load(raw, Loader=_Loader) if raw else ""
         except yaml.YAMLError:
+            if len(raw) > MAX_SCALAR:
+                raise ConfigError(f"override `{short(key, 80)}`: a value of {len(raw)} characters (at most "
+                                  f"{MAX_SCALAR} are read)", "put it in the file instead") from None
             value = raw
         try:
             OmegaConf.update(out, key.strip(), value, merge=True, force_add=True)

@@ -27,7 +27,7 @@ def gather_node_facts(spec: ClusterSpec, *, runners=None, timeout: float = 90.0)
         reason = e.reason if isinstance(e, RunnerError) else (str(e) if e else "no facts came back")
         others = ", ".join(h for h, _ in failed[1:])
         hint = (f"also unreachable: {others}. " if others else "") + \
-            "`verl-cluster doctor CLUSTER.yaml` shows why; or plan from recorded facts with --facts FILE.json"
+            "`verl-cluster check CLUSTER.yaml` shows why; or plan from recorded facts with --facts FILE.json"
         raise RunnerError(host, f"cannot gather facts for the plan: {reason}", hint)
     # the GPUs Ray is given on each node (its `gpus:` / the allocation's count, its CUDA_VISIBLE_DEVICES), not
     # every GPU NVML lists: verl's placement groups ask Ray for them

@@ -107,31 +107,51 @@ def to_dict(obj: Any) -> Any:
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
 
 
-def from_dict(cls: type, data: Any) -> Any:
-    """Rebuild a (nested) dataclass from plain data, ignoring unknown keys (newer recordings)."""
+def from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """Rebuild a (nested) dataclass from plain data, ignoring unknown keys (newer recordings). A value of the wrong
+    type, or a required field missing, is a ValueError naming the field's path (`gpus[0].memory_total_mib`)."""
     if not dataclasses.is_dataclass(cls):
         return data
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or cls.__name__} must be an object, got {_kind(data)}")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
+        at = f"{where}.{f.name}" if where else f.name
         if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{at} is missing")
             continue
-        kwargs[f.name] = _convert(hints[f.name], data[f.name])
+        kwargs[f.name] = _convert(hints[f.name], data[f.name], at)
     return cls(**kwargs)
 
 
-def _convert(tp: Any, value: Any) -> Any:
+_SCALARS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), type(value).__name__)
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
     if value is None:
         return None
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
         inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value) if inner else value
+        return _convert(inner[0], value, where) if inner else value
+    if origin in (list, dict) and not isinstance(value, origin):
+        raise ValueError(f"{where} must be {'a list' if origin is list else 'an object'}, got {_kind(value)}")
     if origin is list and args:
-        return [_convert(args[0], v) for v in value]
+        return [_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value)
+        return from_dict(tp, value, where)
+    if tp in _SCALARS:
+        ok = isinstance(value, bool) if tp is bool else (
+            isinstance(value, (int, float) if tp is float else tp) and not isinstance(value, bool))
+        if not ok:
+            raise ValueError(f"{where} must be {_SCALARS[tp]}, got {_kind(value)} {json.dumps(value)[:40]}")
     return value
 
 

@@ -108,9 +108,10 @@ def _read_regular(path: str) -> str:
         raise ConfigError(f"--factors {path}: file not found", "make it with scripts/plan_factors.py --out FILE")
     except OSError as e:
         raise ConfigError(f"--factors {path}: cannot read: {e.strerror or e}")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen: it refuses a directory with its own error
+        os.close(fd)
+        raise ConfigError(f"--factors {path}: not a regular file", "name the JSON file plan_factors.py wrote")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ConfigError(f"--factors {path}: not a regular file", "name the JSON file plan_factors.py wrote")
         raw = f.read(MAX_FILE_BYTES + 1)
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(f"--factors {path}: larger than 1 MiB; not a factors file")

@@ -52,7 +52,7 @@ def cluster_file(env: Optional[dict] = None) -> str:
     check_tools()
     jid = job_id_from(os.environ if env is None else env)
     path = Path(os.path.expanduser(CLUSTER_DIR)) / f"cluster-{safe_name(jid)}.yaml"
-    text = (f"# written by `verl-cluster --slurm` inside Slurm job {jid}\ncluster_name: slurm-{safe_name(jid)}\n"
+    text = (f"# written by `verl-cluster up --slurm` inside Slurm job {jid}\ncluster_name: slurm-{safe_name(jid)}\n"
             f"launcher: slurm\nslurm:\n  job_id: \"{jid}\"  # so jobs/logs/stop -c THIS_FILE work from other shells\n")
     if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
