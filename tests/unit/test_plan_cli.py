@@ -93,6 +93,21 @@ def test_facts_of_the_wrong_type_name_the_field(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["overrides"]["trainer.n_gpus_per_node"] == 2
 
 
+def test_a_key_a_letter_from_one_the_plan_reads_is_warned(capsys):
+    """`data.train_batch_sise=256`: verl's own check runs only at submit; the plan says it planned by the key it
+    reads, in the table and --json, for a typo in a key (`sise`) or in a group (`rolout`). Keys verl has that the
+    plan does not read, and keys it reads, are not warned of."""
+    typo = ["data.train_batch_sise=256", "actor_rollout_ref.rolout.n=4", "+actor_rollout_ref.actor.ppo_epochs=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=8", "critic.model.lora_rank=0"]
+    assert main(["plan", PPO, "--gpus", "1x8xH100-80GB", "--json", *typo]) == 0
+    warned = [w for w in json.loads(capsys.readouterr().out)["warnings"] if "did you mean" in w]
+    assert len(warned) == 2
+    assert "`data.train_batch_sise`" in warned[1] and "`data.train_batch_size`" in warned[1]
+    assert "`actor_rollout_ref.rolout.n`" in warned[0] and "`actor_rollout_ref.rollout.n`" in warned[0]
+    assert main(["plan", PPO, "--gpus", "1x8xH100-80GB", "data.train_batch_size=256"]) == 0
+    assert "did you mean" not in capsys.readouterr().out
+
+
 def test_no_gpus_here_suggests_gpus_flag(capsys, monkeypatch):
     from verl_cluster.diagnostics import gather
     from verl_cluster.facts.model import NodeFacts

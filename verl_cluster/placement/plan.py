@@ -295,6 +295,9 @@ def plan(job: JobSpec, facts: list[NodeFacts], *, strategy: Optional[str] = None
         reasons.append(f"host RAM {_gib(hw.host_mem_bytes)} per node (the facts' RAM; for --gpus the GPU catalog's "
                        "typical server, or --host-mem)")
     options: list[Option] = []
+    warnings += [f"`{given}` is not a key the plan reads: did you mean `{meant}`? The plan went by `{meant}` as the "
+                 "job sets it elsewhere, else verl's default (`submit` checks every key against verl's own config)"
+                 for given, meant in s.near_misses]
     if s.critic and s.critic_packs and s.critic_micro is not None and not s.dynamic_bsz:
         warnings.append(f"critic.ppo_micro_batch_size_per_gpu={s.critic_micro} does not size the critic's micro "
                         "batches: verl 0.9 packs them by tokens (planned so); to hold its memory down set "

@@ -90,6 +90,9 @@ class Settings:
     at_limit: bool = True  # placement.at_limit: a phase may run at the GPU's limit when nothing fits with room
     save_freq: int = -1  # trainer.save_freq: > 0 saves checkpoints (the CPU copy of the states at each save)
     megatron: bool = False  # verl's Megatron workers: the memory model (FSDP) does not cover them
+    # (written, meant): keys the job sets a letter or two away from one the plan reads, which it did not find: the
+    # plan took verl's default for `meant` (`data.train_batch_sise=256` plans at 1024)
+    near_misses: tuple[tuple[str, str], ...] = ()
 
     @property
     def shape(self) -> JobShape:
@@ -120,6 +123,34 @@ class Settings:
         return self.train_batch_size * self.n
 
 
+def _near_misses(r: _Reader) -> tuple[tuple[str, str], ...]:
+    """Keys set but not read that are at most 2 edits from a key the plan reads (set too or not: a typo'd key
+    beside the file's own spelling leaves the file's value in force)."""
+    missing = sorted(r.asked)
+    out = []
+    for key in r.ov:
+        bare = key.lstrip("+")
+        if bare in r.asked:
+            continue
+        near = [m for m in missing if abs(len(m) - len(bare)) <= 2 and _edits(bare, m, 2) <= 2]
+        if near:
+            out.append((bare, min(near)))
+    return tuple(sorted(out))
+
+
+def _edits(a: str, b: str, most: int) -> int:
+    """Levenshtein distance of a and b, or most + 1 once it is over `most`."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        if min(cur) > most:
+            return most + 1
+        prev = cur
+    return prev[-1]
+
+
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 
 
@@ -142,8 +173,10 @@ class _Reader:
     def __init__(self, job: JobSpec):
         self.ov = job.verl_overrides()
         self.used: set[str] = set()
+        self.asked: set[str] = set()
 
     def raw(self, key: str) -> Any:
+        self.asked.add(key)
         for k in (key, "+" + key, "++" + key):
             if k in self.ov:
                 self.used.add(k)
@@ -286,7 +319,7 @@ def read_settings(job: JobSpec) -> Settings:
     if job.placement.lora_rank <= 0:
         raise ConfigError(f"placement.lora_rank must be a positive rank, got {job.placement.lora_rank}",
                           "use 16, 32 or 64")
-    s = replace(s, megatron=uses_megatron(job), save_freq=r.get("trainer.save_freq", int, -1), lora_rank=lora, critic_lora_rank=critic_lora, lora_targets=_targets(r.raw(f"{AR}.model.target_modules")),
+    s = replace(s, megatron=uses_megatron(job), save_freq=r.get("trainer.save_freq", int, -1), near_misses=_near_misses(r), lora_rank=lora, critic_lora_rank=critic_lora, lora_targets=_targets(r.raw(f"{AR}.model.target_modules")),
                 allow_lora=job.placement.allow_lora, lora_offer=job.placement.lora_rank,
                 at_limit=job.placement.at_limit)
     if s.ppo_mini_batch_size > s.train_batch_size:
