@@ -29,3 +29,27 @@ def test_the_micro_batch_is_timed_in_its_parts_on_the_cpu():
 def test_without_a_gpu_it_says_so_and_exits_2():
     r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert r.returncode == 2 and "no GPU" in json.loads(r.stdout)["error"]
+
+
+RECORDED = ROOT / "tests/fixtures/gpu/logprob_tail_h100.jsonl"  # 2026-12-07, one H100, verl 0.9.1's site
+
+
+def test_the_recorded_h100_micro_batch_runs_its_tail_after_its_layers():
+    """What step_time.TAIL says of a packed log-prob pass, on the device: the whole micro batch took the layers'
+    time plus the tail's (within 2.3 ms), not the larger of the two; the layers were host-bound (the same ~50 ms
+    from 1,341 to 10,861 tokens), with 5 syncs a layer from position_ids alone and none with the varlen arguments;
+    verl's compiled entropy made the tail 3-4x shorter than the eager one (use_torch_compile=false)."""
+    from verl_cluster.placement import step_time
+
+    docs = [json.loads(line) for line in RECORDED.read_text().splitlines()]
+    assert [d["seqs"] for d in docs] == [32, 16, 4] and all(d["entropy"] == "compiled" for d in docs)
+    for d in docs:
+        parts = d["layers_s"] + d["tail_s"]
+        assert abs(d["whole_s"] - parts) <= 0.05 * d["whole_s"]  # serial: the sum, not the larger part
+        assert d["whole_s"] - max(d["layers_s"], d["tail_s"]) >= 0.5 * d["tail_s"]
+        assert d["syncs_layers_position_ids"] == 5 * d["layers"] and d["syncs_layers_varlen"] == 0
+        assert d["layers_host_s"] >= 0.95 * d["layers_s"]  # the host's launches are the layers' time
+        assert d["tail_eager_entropy_s"] >= 3 * d["tail_s"]
+    layers = [d["layers_s"] for d in docs]
+    assert max(layers) <= 1.1 * min(layers) and docs[0]["tokens"] >= 8 * docs[-1]["tokens"]
+    assert set(step_time.TAIL["FORWARD_FIXED_S"]) == {"LOGIT_FORWARD_BYTES", "ENTROPY_BYTES"}
