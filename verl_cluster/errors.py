@@ -53,5 +53,11 @@ class ClusterError(VerlClusterError):
     """The cluster (or a job) is not healthy."""
 
 
+class NoSuchJob(ClusterError):
+    """A job ID the cluster does not know: the user's input, not the cluster's health (exit 2)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
 class PlanError(VerlClusterError):
     """The placement cannot fit; the message carries the numbers."""

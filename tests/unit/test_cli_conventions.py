@@ -264,3 +264,22 @@ def test_submit_shows_preflight_running_on_a_terminal_only(monkeypatch):
     with submit_cmd.preflight_progress(enabled=False):
         pass
     assert piped.file.getvalue() == ""
+
+
+def test_an_unknown_job_id_is_bad_input_exit_2():
+    """The Jobs API's 404 for a job ID (`logs`/`stop`/`status JOB`): the user's input, exit 2 (README's exit
+    codes), with the way to list the real ones; still a ClusterError to the code that catches those."""
+    from verl_cluster.errors import EXIT_BAD_INPUT, ClusterError, NoSuchJob
+    from verl_cluster.jobs.ray_jobs import JobsApi
+
+    def gone(job_id):
+        raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
+
+    api = JobsApi(client=None, where="http://127.0.0.1:8265")
+    try:
+        api.call(gone, "nosuchjob-1")
+    except NoSuchJob as e:
+        assert isinstance(e, ClusterError) and e.exit_code == EXIT_BAD_INPUT
+        assert "nosuchjob-1 does not exist" in str(e) and "verl-cluster jobs" in e.hint
+    else:
+        raise AssertionError("no error")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from verl_cluster.config.cluster import ClusterSpec
-from verl_cluster.errors import ClusterError
+from verl_cluster.errors import ClusterError, NoSuchJob
 from verl_cluster.jobs.request import RayJobRequest
 from verl_cluster.launchers import runner_for
 from verl_cluster.nodes.token_bind import token_for_sending
@@ -117,7 +117,7 @@ class JobsApi:
             if isinstance(e, REPLY_ERRORS):
                 raise self.not_ray(f"{type(e).__name__}: {str(e)[:200]}") from None
             if "does not exist" in str(e):
-                raise ClusterError(f"no such job on this cluster: {str(e).splitlines()[0][:200]}",
+                raise NoSuchJob(f"no such job on this cluster: {str(e).splitlines()[0][:200]}",
                                    "list them with `verl-cluster jobs`")
             raise _explain(e, self.where) from e
         want = RETURNS.get(getattr(fn, "__name__", ""))
