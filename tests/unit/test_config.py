@@ -156,3 +156,14 @@ def test_an_override_yaml_cannot_read_is_its_plain_string(tmp_path, value):
     assert spec.ray.env == {"NAME": value}
     with pytest.raises(ConfigError, match="at most"):
         load_cluster(p, ["ray.env.NAME=[" + "a" * 2_000_000])
+
+
+def test_a_pipe_or_fifo_as_a_file_is_refused_not_read(tmp_path):
+    """A FIFO without a writer would hang a read: refused at once, saying what to do; a directory is named so."""
+    import os
+
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file") as e:
+        load_cluster(fifo)
+    assert "save it to a file" in e.value.hint

@@ -9,6 +9,7 @@ attempt of a run) exactly as `submit` loaded it:
 from __future__ import annotations
 
 from dataclasses import dataclass
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -50,7 +51,8 @@ class JobInput:
         kind = "script" if is_script(first) else "spec"
         if kind == "script" and not Path(first).is_file():
             raise ConfigError(f"{first}: script not found")
-        return cls(kind, path=str(Path(first).resolve()) if Path(first).exists() else first, overrides=tuple(rest))
+        # absolute, links kept: resolve() would turn /dev/fd/63 (`<(...)`) into a `pipe:[...]` path that is no file
+        return cls(kind, path=os.path.abspath(first) if Path(first).exists() else first, overrides=tuple(rest))
 
     def load(self, extra: list[str] = ()) -> tuple[JobSpec, Any]:
         """(JobSpec, ImportedJob or None) with `extra` key=value words applied after the recorded ones."""
