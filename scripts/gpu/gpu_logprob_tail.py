@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Optional
 
 
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", type=int, nargs="+", default=[32, 16])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--shape", default="qwen2.5-0.5b", help="a shape of verl_cluster/testdata/tiny_model.SHAPES (GPU)")
     ap.add_argument("--cpu", action="store_true", help="a 2-layer shape with SDPA on the CPU: the script's own check")
     a = ap.parse_args(argv)
     try:
@@ -72,10 +74,14 @@ def main(argv=None) -> int:
         print(json.dumps({"error": "no GPU (--cpu checks the script on the CPU)"}))
         return 2
     dev = "cpu" if a.cpu else "cuda"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from verl_cluster.testdata.tiny_model import SHAPES
+
+    if a.shape not in SHAPES or SHAPES[a.shape]["vocab_size"] is None:
+        print(json.dumps({"error": f"--shape {a.shape}: one of {', '.join(k for k in SHAPES if k != 'tiny')}"}))
+        return 2
     shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1000) if a.cpu else dict(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-        vocab_size=151936)  # the 0.5B shape grid2 runs
+                 num_key_value_heads=2, vocab_size=1000) if a.cpu else dict(SHAPES[a.shape])  # grid2 runs 0.5B
     cfg = Qwen2Config(max_position_embeddings=32768, tie_word_embeddings=True, **shape)
     cfg._attn_implementation = "sdpa" if a.cpu else "flash_attention_2"
     torch.manual_seed(0)
@@ -129,6 +135,7 @@ def main(argv=None) -> int:
         tail_eager_s, _ = timed(torch, lambda: tail(entropy_from_logits), a.repeat)
         whole_s, _ = timed(torch, whole, a.repeat)
         doc = {"card": "cpu" if a.cpu else torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "shape": "cpu-2-layer" if a.cpu else a.shape, "hidden": cfg.hidden_size,
                "entropy": how, "seqs": seqs, "tokens": n,
                "layers": cfg.num_hidden_layers, "syncs_layers_position_ids": syncs(torch, layers),
                "syncs_layers_varlen": syncs(torch, lambda: layers(**varlen)),

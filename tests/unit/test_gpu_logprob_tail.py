@@ -20,10 +20,16 @@ def test_the_micro_batch_is_timed_in_its_parts_on_the_cpu():
     for d in docs:
         # the batch's lengths about grid2's (300-380 tokens a sequence), fixed
         assert 300 * d["seqs"] <= d["tokens"] <= 380 * d["seqs"]
-        assert d["card"] == "cpu" and d["entropy"] == "eager" and d["layers"] == 2
+        assert d["card"] == "cpu" and d["entropy"] == "eager" and d["layers"] == 2 and d["shape"] == "cpu-2-layer"
         assert d["syncs_layers_position_ids"] is None and d["syncs_layers_varlen"] is None  # counted on a GPU only
         assert all(d[k] > 0 for k in ("layers_s", "layers_varlen_s", "tail_s", "tail_eager_entropy_s", "whole_s"))
         assert abs(d["whole_less_parts_s"] - (d["whole_s"] - d["layers_s"] - d["tail_s"])) <= 2e-4  # rounded to 0.1 ms
+
+
+def test_an_unknown_shape_is_exit_2_naming_the_shapes():
+    r = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--shape", "qwen9-1t"], capture_output=True, text=True,
+                       timeout=240, cwd=ROOT)
+    assert r.returncode == 2 and "qwen2.5-3b" in json.loads(r.stdout)["error"]
 
 
 def test_without_a_gpu_it_says_so_and_exits_2():
