@@ -243,3 +243,23 @@ def test_a_plan_at_the_gpus_limit_says_so_first_and_placement_at_limit_false_ref
     assert main(["plan", qwen3, "placement.at_limit=false", "--json"]) == 1  # room only: the pinned micro 32 has none
     doc = json.loads(capsys.readouterr().out)
     assert doc["binding"].startswith("actor update memory") and "at the least" not in doc["binding"]
+
+
+def test_the_edit_distance_is_levenshtein_within_its_band():
+    """settings._edits against the plain dynamic programme on every pair of short strings over 3 letters."""
+    import itertools
+
+    from verl_cluster.placement.settings import _edits
+
+    def full(a, b):
+        prev = list(range(len(b) + 1))
+        for i, ca in enumerate(a, 1):
+            cur = [i]
+            for j, cb in enumerate(b, 1):
+                cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+            prev = cur
+        return prev[-1]
+
+    words = ["".join(w) for n in range(6) for w in itertools.product("ab_", repeat=n)]
+    for a, b in itertools.product(words[::3], words[::2]):
+        assert _edits(a, b, 2) == min(full(a, b), 3), (a, b)

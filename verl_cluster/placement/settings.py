@@ -139,16 +139,29 @@ def _near_misses(r: _Reader) -> tuple[tuple[str, str], ...]:
 
 
 def _edits(a: str, b: str, most: int) -> int:
-    """Levenshtein distance of a and b, or most + 1 once it is over `most`."""
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        if min(cur) > most:
-            return most + 1
+    """Levenshtein distance of a and b, or most + 1 once it is over `most` (a band of 2 x most + 1 diagonals: a
+    plan reads every override against every key it asks for, so this runs thousands of times a plan)."""
+    if abs(len(a) - len(b)) > most:
+        return most + 1
+    n = 0  # the keys share long prefixes (actor_rollout_ref.actor.): what both start and end with costs nothing
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    a, b = a[n:], b[n:]
+    while a and b and a[-1] == b[-1]:
+        a, b = a[:-1], b[:-1]
+    far = most + 1
+    prev = {j: j for j in range(min(len(b), most) + 1)}
+    for i in range(1, len(a) + 1):
+        cur = {}
+        for j in range(max(0, i - most), min(len(b), i + most) + 1):
+            if j == 0:
+                cur[j] = i
+                continue
+            cur[j] = min(prev.get(j, far) + 1, cur.get(j - 1, far) + 1, prev.get(j - 1, far) + (a[i - 1] != b[j - 1]))
+        if min(cur.values()) > most:
+            return far
         prev = cur
-    return prev[-1]
+    return min(prev.get(len(b), far), far)
 
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
