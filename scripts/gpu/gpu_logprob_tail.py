@@ -63,7 +63,13 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="qwen2.5-0.5b", help="a shape of verl_cluster/testdata/tiny_model.SHAPES (GPU)")
     ap.add_argument("--cpu", action="store_true", help="a 2-layer shape with SDPA on the CPU: the script's own check")
     a = ap.parse_args(argv)
-    try:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from verl_cluster.testdata.tiny_model import SHAPES
+
+    if a.shape not in SHAPES or SHAPES[a.shape]["vocab_size"] is None:
+        print(json.dumps({"error": f"--shape {a.shape}: one of {', '.join(k for k in SHAPES if k != 'tiny')}"}))
+        return 2
+    try:  # said before torch's import (seconds)
         import torch
         from transformers import Qwen2Config, Qwen2ForCausalLM
         from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
@@ -74,12 +80,6 @@ def main(argv=None) -> int:
         print(json.dumps({"error": "no GPU (--cpu checks the script on the CPU)"}))
         return 2
     dev = "cpu" if a.cpu else "cuda"
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from verl_cluster.testdata.tiny_model import SHAPES
-
-    if a.shape not in SHAPES or SHAPES[a.shape]["vocab_size"] is None:
-        print(json.dumps({"error": f"--shape {a.shape}: one of {', '.join(k for k in SHAPES if k != 'tiny')}"}))
-        return 2
     shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000) if a.cpu else dict(SHAPES[a.shape])  # grid2 runs 0.5B
     cfg = Qwen2Config(max_position_embeddings=32768, tie_word_embeddings=True, **shape)
