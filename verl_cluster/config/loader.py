@@ -13,7 +13,7 @@ import stat
 import types
 import typing
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, BinaryIO, Optional, Union
 
 import yaml
 from omegaconf import OmegaConf
@@ -38,16 +38,15 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 20x faster, 
 def read_text_bounded(path: str | os.PathLike, what: str = "file") -> str:
     """A config/script file's text, refused (not read) when larger than MAX_BYTES."""
     p = Path(path)
-    try:  # non-blocking open and a look before reading: a FIFO without a writer would hang the read
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            _refuse(fd, p)
-        with os.fdopen(fd, "rb") as f:
+    try:
+        with open_regular(p) as f:
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{short(p)}: file not found", "check the path (relative paths are from the current directory)")
     except IsADirectoryError:
         raise ConfigError(f"{short(p)}: is a directory, expected a YAML file")
+    except NotRegularFile:
+        raise ConfigError(f"{short(p)}: not a regular file (a pipe, socket or device)", "save it to a file and name that")
     except OSError as e:
         raise ConfigError(f"{short(p)}: cannot read: {e.__class__.__name__}: {e.strerror or e}")
     if len(raw) > MAX_BYTES:
@@ -59,13 +58,20 @@ def read_text_bounded(path: str | os.PathLike, what: str = "file") -> str:
         raise ConfigError(f"{short(p)}: cannot read: not UTF-8 text (byte {e.start})")
 
 
-def _refuse(fd: int, p: Path) -> None:
-    """A directory, pipe, socket or device given as a file: said, after closing what was opened."""
+class NotRegularFile(OSError):
+    """A pipe, socket or device named where a file is wanted."""
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """The file, open for reading once it is known to be a regular one: opened non-blocking and looked at before
+    any read (a FIFO without a writer would hang the read, a device never end). IsADirectoryError for a folder,
+    NotRegularFile for the rest, FileNotFoundError and other OSErrors as the open raised them."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     mode = os.fstat(fd).st_mode
-    os.close(fd)
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(p)
-    raise ConfigError(f"{short(p)}: not a regular file (a pipe, socket or device)", "save it to a file and name that")
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise IsADirectoryError(path) if stat.S_ISDIR(mode) else NotRegularFile(path)
+    return os.fdopen(fd, "rb")
 
 
 def read_yaml(path: str | os.PathLike) -> tuple[Any, Lines]:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from dataclasses import replace
 from typing import Any, Iterable, Optional
 
+from verl_cluster.config.loader import NotRegularFile, open_regular
 from verl_cluster.errors import ConfigError
 from verl_cluster.placement.check_run import STEP_PHASES
 
@@ -103,16 +102,14 @@ def read_factors(path: str) -> dict[str, tuple[float, Optional[int], bool]]:
 def _read_regular(path: str) -> str:
     """The factors file's text: a regular file (a FIFO would hang the read, a device never end), at most 1 MiB."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open_regular(path) as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"--factors {path}: file not found", "make it with scripts/plan_factors.py --out FILE")
+    except (IsADirectoryError, NotRegularFile):
+        raise ConfigError(f"--factors {path}: not a regular file", "name the JSON file plan_factors.py wrote")
     except OSError as e:
         raise ConfigError(f"--factors {path}: cannot read: {e.strerror or e}")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen: it refuses a directory with its own error
-        os.close(fd)
-        raise ConfigError(f"--factors {path}: not a regular file", "name the JSON file plan_factors.py wrote")
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(MAX_FILE_BYTES + 1)
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(f"--factors {path}: larger than 1 MiB; not a factors file")
     try:

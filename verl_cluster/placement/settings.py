@@ -126,13 +126,13 @@ class Settings:
 def _near_misses(r: _Reader) -> tuple[tuple[str, str], ...]:
     """Keys set but not read that are at most 2 edits from a key the plan reads (set too or not: a typo'd key
     beside the file's own spelling leaves the file's value in force)."""
-    missing = sorted(r.asked)
+    asked = sorted(r.asked)
     out = []
     for key in r.ov:
         bare = key.lstrip("+")
         if bare in r.asked:
             continue
-        near = [m for m in missing if abs(len(m) - len(bare)) <= 2 and _edits(bare, m, 2) <= 2]
+        near = [m for m in asked if _edits(bare, m, 2) <= 2]
         if near:
             out.append((bare, min(near)))
     return tuple(sorted(out))

@@ -8,8 +8,8 @@ attempt of a run) exactly as `submit` loaded it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
