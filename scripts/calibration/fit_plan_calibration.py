@@ -54,8 +54,9 @@ ENVELOPE_COMMENT = ("The step-time model's calibration envelope (placement/envel
                     "on it. Written by scripts/calibration/fit_plan_calibration.py --write-envelope; --check fails when it "
                     "differs from the fit.")
 # kept at the module's value: priors the runs cannot tell (step_time.py says why), verl's poll period, its spread and
-# the sleep after it (measured)
-HELD = ("COMPUTE_SHARE", "COMM_S", "GEN_POLL_S", "GEN_JITTER", "GEN_SLEEP_S")
+# the sleep after it, a forward layer's host floor and the eager entropy's bytes (measured)
+HELD = ("COMPUTE_SHARE", "COMM_S", "GEN_POLL_S", "GEN_JITTER", "GEN_SLEEP_S", "FORWARD_PASS_S", "FORWARD_SYNC_PASS_S",
+        "ENTROPY_EAGER_BYTES")
 GEN = ("GENERATE_FIXED_S", "DECODE_TOKEN_S", "EAGER_STEP_S", "EAGER_LAYER_STEP_S")  # the generate's fitted constants
 GPU_ROLES = ("worker_dict", "vllm_worker", "vllm_engine", "vllm_server")  # the sampler's roles of one GPU's processes
 

@@ -59,3 +59,25 @@ def test_the_recorded_h100_micro_batch_runs_its_tail_after_its_layers():
     layers = [d["layers_s"] for d in docs]
     assert max(layers) <= 1.1 * min(layers) and docs[0]["tokens"] >= 8 * docs[-1]["tokens"]
     assert set(step_time.TAIL["FORWARD_FIXED_S"]) == {"LOGIT_FORWARD_BYTES", "ENTROPY_BYTES"}
+
+
+def test_the_step_time_model_holds_the_recorded_layer_floors_and_eager_entropy():
+    """The fourth refit holds what this run measured rather than fitting it (docs/placement.md, "The fourth refit"):
+    a packed pass's layer at the host floor with position_ids' syncs, a padded pass's at the launches alone (the varlen
+    pass: no syncs), and the eager entropy's bytes between the eager tail less the compiled tail and the eager tail."""
+    import importlib.util
+
+    from verl_cluster.placement import step_time
+
+    spec = importlib.util.spec_from_file_location("fit", ROOT / "scripts/calibration/fit_plan_calibration.py")
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    assert {"FORWARD_PASS_S", "FORWARD_SYNC_PASS_S", "ENTROPY_EAGER_BYTES"} <= set(fit.HELD)
+    h100 = step_time.gpu_speed("NVIDIA H100 80GB HBM3")[0]
+    vocab = 151936  # the 0.5B shape's, the run's
+    for d in (json.loads(line) for line in RECORDED.read_text().splitlines()):
+        assert abs(step_time.FORWARD_SYNC_PASS_S / (d["layers_s"] / d["layers"]) - 1) <= 0.05
+        assert abs(step_time.FORWARD_PASS_S / (d["layers_varlen_s"] / d["layers"]) - 1) <= 0.05
+        per_byte = d["tokens"] * vocab / (h100.hbm_gbs * 1e9)  # seconds per byte a token a vocab entry
+        lo, hi = (d["tail_eager_entropy_s"] - d["tail_s"]) / per_byte, d["tail_eager_entropy_s"] / per_byte
+        assert lo <= step_time.ENTROPY_EAGER_BYTES <= hi

@@ -485,7 +485,7 @@ def test_the_logits_are_a_packed_passs_tail_and_take_t_and_u_unfitted():
         assert all(abs(x["error"]) <= 0.30 for x in phases.values()), by[n]
         assert -0.28 < by[n]["old_log_prob"]["error"] < -0.03
     assert abs(by["hold-padded05"]["ref"]["error"]) <= 0.10
-    host, gpu = st.sides({"FORWARD_FIXED_S": 1.0, "LAYER_SYNC": 0.0})  # packed: the tail is on neither side
+    host, gpu = st.sides({"FORWARD_FIXED_S": 1.0, "FORWARD_SYNC_PASS_S": 0.0})  # packed: the tail is on neither side
     assert set(st.TAIL["FORWARD_FIXED_S"]).isdisjoint(host + gpu)
     _, padded_gpu = st.sides({"FORWARD_FIXED_S": 1.0})
     assert set(st.TAIL["FORWARD_FIXED_S"]) <= set(padded_gpu)

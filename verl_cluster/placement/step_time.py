@@ -80,35 +80,45 @@ INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures t
 
 # Fitted by scripts/calibration/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
 # calibration_runs.json (one H100), multi_gpu_runs.json and grid2_runs.json (docs/BENCHMARKS.md, "Step time").
-FORWARD_FIXED_S = 0.146  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
+FORWARD_FIXED_S = 0.169  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
 UPDATE_FIXED_S = 0.61  # per update phase on one rank (FSDP1 NO_SHARD): clip and optimizer steps, the gathers
 # the same on more ranks (FULL_SHARD), fitted on its own: the 2-GPU update at one micro batch a mini batch
 # (g2fa-m32, 0.83 s for 2 micro batches) leaves no room for one rank's fixed part
 UPDATE_FIXED_RANKS_S = 0.346
-# per micro batch per layer, forward: FSDP's unit hooks, the layer's kernels. A third of what it was before the
-# logits became the tail (2026-12-07): the layers' host part had stood in for them (U: under ~1 ms a layer)
-FORWARD_PASS_S = 0.000143
+# Per micro batch per layer, forward: the host's launches of a layer's kernels (and FSDP's unit hooks). Held, not
+# fitted: measured on an H100 host (scripts/gpu/gpu_logprob_tail.py, tests/fixtures/gpu/logprob_tail_h100.jsonl, the
+# same at 1,341 and 10,861 tokens). Packed, transformers rebuilds the packing from position_ids in every attention
+# layer, 5 syncs a layer the host waits on: 2.0 ms a layer. Padded (SDPA) nothing syncs: the launches alone, as the
+# packed pass measured them with flash-attn's varlen arguments given (no syncs either): 1.6 ms. Fitted free, the
+# split goes to the fit's per-micro-batch term (FORWARD_LM_MICRO_S), which the layers' count on the grid's shapes
+# (24-36) cannot tell from it; held, that term comes to verl's own ~60 ms a micro batch the device run left over.
+FORWARD_PASS_S = 0.0016
+FORWARD_SYNC_PASS_S = 0.002
 UPDATE_PASS_S = 0.013  # per micro batch per layer in an update (forward, recompute, backward)
 UPDATE_LM_MICRO_S = 0.056  # per micro batch of an update through the LM head (the actor's): the host's part
-FORWARD_LM_MICRO_S = 0.0987  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
+FORWARD_LM_MICRO_S = 0.0573  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
 # trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
 # with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
-# per real token per vocab entry, at HBM speed: the log-probs' logits (and what else goes with the real tokens)
-LOGIT_FORWARD_BYTES = 156
+# per real token per vocab entry, at HBM speed: the log-probs' logits and what else goes with the real tokens. Of
+# the ~7 us a token this is on an H100, the device run's tail (logits, cross-entropy, compiled entropy) was 1.2 us:
+# the rest is verl's own work per token around the model's forward (un-padding, the batch's moves), fitted here
+LOGIT_FORWARD_BYTES = 151
 # per token per vocab entry computed: the entropy, in the actor's log-prob only; packed verl calls it compiled
 # (torch.compile: one fused pass), padded the plain function (softmax, logsumexp, product, sum: a pass over the
-# logits each, softmax in fp32 under autocast): ~2.4x the compiled one's bytes
-ENTROPY_BYTES = 30.8
-ENTROPY_EAGER_BYTES = 73
+# logits each, softmax in fp32 under autocast). The eager one held at the device run's: its tail with the eager
+# entropy less the compiled tail's whole, and the eager tail's whole, bound it at 69-100 (the middle kept); the
+# compiled one fitted, within that run's whole tail (26.6-31.2)
+ENTROPY_BYTES = 26.5
+ENTROPY_EAGER_BYTES = 83
 # per token computed per vocab entry: the logits and their backward in an update. Fitted to 0 since the grid2 runs:
 # the update's LM head is host-bound at these sizes, its bytes hidden under UPDATE_LM_MICRO_S
 LOGIT_UPDATE_BYTES = 0.0
 # without flash-attn verl's log-probs loop over the real tokens in Python (logprobs_from_logits_v2: a log_softmax
 # and a gather a row): per token, the host's launches, whatever the vocab or the GPU
-LOOP_FORWARD_TOKEN_S = 5.3e-05
+LOOP_FORWARD_TOKEN_S = 5.61e-05
 LOOP_UPDATE_TOKEN_S = 0.00018  # the same loop and its backward (a node a row), in an update
 GENERATE_FIXED_S = 0.95  # per generate: the requests' fan-out to the agent loops and their results back
 # with enforce_eager (no CUDA graphs) each decode step launches its kernels from Python: a part per step (sampling,
@@ -122,7 +132,7 @@ ADV_S = 0.0283  # advantages, rewards (rule-based)
 ADV_SEQ_S = 0.000616  # per sequence of the batch
 GAE_STEP_S = 0.000104  # per response position: GAE's loop (PPO)
 # per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same few us a token
-VALUE_TOKEN_S = 7.48e-06
+VALUE_TOKEN_S = 6.72e-06
 # not fitted
 # verl's ReplayBuffer.poll_interval (trainer/ppo/v1/replay_buffer.py, not a config key): the trainer's `gen` checks
 # for a whole batch at once, then after every sleep of it; every recorded timing_s/gen is a multiple (+0.05-0.25 s)
@@ -200,11 +210,11 @@ class StepTime:
 
 
 def forward_terms(params: float, tokens: float, tflops: float, logit_reads: float = 0.0, passes: float = 0.0,
-                  loop_tokens: float = 0.0, lm_micros: float = 0.0) -> Terms:
+                  loop_tokens: float = 0.0, lm_micros: float = 0.0, synced: bool = False) -> Terms:
     """A forward phase. tokens: computed per GPU; logit_reads: real tokens x vocab over the HBM bandwidth; passes:
     micro batches x layers; loop_tokens: real tokens verl's log-prob loop runs over (no flash-attn); lm_micros: micro
-    batches through the LM head (a log-prob pass, not the critic's values)."""
-    return {"FORWARD_FIXED_S": 1.0, "FORWARD_PASS_S": passes,
+    batches through the LM head (a log-prob pass, not the critic's values); synced: packed, its layers syncing."""
+    return {"FORWARD_FIXED_S": 1.0, "FORWARD_SYNC_PASS_S" if synced else "FORWARD_PASS_S": passes,
             "1/COMPUTE_SHARE": 2.0 * params * tokens / (tflops * 1e12), "LOGIT_FORWARD_BYTES": logit_reads,
             "LOOP_FORWARD_TOKEN_S": loop_tokens, "FORWARD_LM_MICRO_S": lm_micros}
 
@@ -225,7 +235,7 @@ def update_terms(params: float, tokens: float, tflops: float, recompute: bool, e
 # micro batch and verl's per-token loop without flash-attn) and the GPU's (FLOPs, bytes over HBM, exposed collectives)
 SIDES = {"UPDATE_FIXED_S": (("UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "LOOP_UPDATE_TOKEN_S"),
                             ("1/COMPUTE_SHARE", "LOGIT_UPDATE_BYTES", "COMM_S")),
-         "FORWARD_FIXED_S": (("FORWARD_PASS_S", "FORWARD_LM_MICRO_S", "LOOP_FORWARD_TOKEN_S"),
+         "FORWARD_FIXED_S": (("FORWARD_PASS_S", "FORWARD_SYNC_PASS_S", "FORWARD_LM_MICRO_S", "LOOP_FORWARD_TOKEN_S"),
                              ("1/COMPUTE_SHARE", "ENTROPY_EAGER_BYTES", "VALUE_TOKEN_S", "COMM_S"))}
 # A forward pass's tail, after its last layer: the logits' passes over tokens x vocab (flash-attn's cross-entropy, the
 # compiled entropy), a few launches the host then waits on at verl's per-micro-batch `.item()` (forward_step).
@@ -234,8 +244,8 @@ SIDES = {"UPDATE_FIXED_S": (("UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "LOOP_UPDATE_
 # whichever side binds (docs/placement.md, "The logits after the last sync"). Padded (SDPA, no per-layer sync) the
 # host runs a micro batch ahead and they are the GPU's side, as before. Fitted with the group.
 TAIL = {"UPDATE_FIXED_S": (), "FORWARD_FIXED_S": ("LOGIT_FORWARD_BYTES", "ENTROPY_BYTES")}
-# A forward pass's terms carry this key (coefficient 0: no seconds) when it runs packed, its layers syncing
-LAYER_SYNC = 0.0
+# the layers' launches: the host terms that overlap the GPU's on more ranks too (overlapped())
+LAYER_TERMS = ("UPDATE_PASS_S", "FORWARD_PASS_S", "FORWARD_SYNC_PASS_S")
 
 
 def polls(raw_s: float, period: float = GEN_POLL_S, jitter: float = GEN_JITTER) -> float:
@@ -269,12 +279,12 @@ def polled(t: Terms, value=None) -> Terms:
 
 def sides(t: Terms) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(host terms, GPU terms) of a micro-batched phase's terms; ((), ()) for another phase. A packed pass's TAIL
-    is neither (serial); a padded one's is the GPU's."""
+    is neither (serial: its terms carry FORWARD_SYNC_PASS_S, its layers syncing); a padded one's is the GPU's."""
     kind = next((k for k in SIDES if k in t), None)
     if kind is None:
         return (), ()
     host, gpu = SIDES[kind]
-    return host, gpu + (() if "LAYER_SYNC" in t else TAIL[kind])
+    return host, gpu + (() if "FORWARD_SYNC_PASS_S" in t else TAIL[kind])
 
 
 def overlapped(ranks: int, host: tuple[str, ...]) -> tuple[str, ...]:
@@ -282,7 +292,7 @@ def overlapped(ranks: int, host: tuple[str, ...]) -> tuple[str, ...]:
     the host launches a whole micro batch ahead of the GPU: all of them. On more ranks FSDP1's rate limiter
     (limit_all_gathers, on by default; verl does not set it) holds the host within two layer units of the GPU, so
     only the layers' launches overlap; the LM head's host work starts with the GPU's queue drained."""
-    return host if ranks <= 1 else host[:1]
+    return host if ranks <= 1 else tuple(k for k in host if k in LAYER_TERMS)
 
 
 def side_seconds(t: Terms, ranks: int, value=None) -> tuple[tuple[str, ...], tuple[str, ...], float, float]:
@@ -461,15 +471,14 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         t = tokens(phase)
         reads = real_gpu * vocab / (sp.hbm_gbs * 1e9) if vocab > 1 else 0.0
         out = forward_terms(params, t, sp.tflops, reads, micros(phase) * shape.layers,
-                            real_gpu if vocab > 1 and not flash else 0.0, micros(phase) if vocab > 1 else 0)
+                            real_gpu if vocab > 1 and not flash else 0.0, micros(phase) if vocab > 1 else 0,
+                            synced=packed)  # its TAIL after the layers' syncs: serial (sides())
         # the entropy over every logit computed (verl asks it of the actor's log-prob only): packed, a compiled (fused)
         # function; padded, the plain one (softmax, logsumexp, product and sum, each a pass over the logits)
         if entropy:
             out["ENTROPY_BYTES" if packed else "ENTROPY_EAGER_BYTES"] = t * vocab / (sp.hbm_gbs * 1e9)
         out["COMM_S"] = exposed(fsdp_forward_comm_s(params, root, cb, n, micros(phase), bus), out)
         out[""] = 0.0  # serial seconds: offload, the ref's uploads
-        if packed:
-            out["LAYER_SYNC"] = 0.0  # its TAIL after the layers' syncs: serial (sides())
         return out
 
     def update(params: float, root: float, phase: Phase, vocab: int, recompute: bool) -> Terms:
