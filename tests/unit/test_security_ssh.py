@@ -108,6 +108,18 @@ def test_recorded_key_is_what_ssh_keygen_looks_up(server, tmp_path, monkeypatch)
         SshRunner(_target(server, tmp_path)).connect()
 
 
+def test_a_proxycommand_reaped_before_close_is_closed_quietly():
+    """The error path waits on a ProxyCommand that exited (_proxy_gone reaps it); paramiko then closes the socket,
+    and its own close() signals the bare pid: ProcessLookupError in its transport thread (a traceback on a loaded
+    machine), or another process's pid by then. Ours is closed through its Popen."""
+    from verl_cluster.runners import ssh
+
+    sock = ssh._start_proxy("jumpy", 'sh -c "exit 3"')
+    assert ssh._proxy_gone(sock) and sock.process.returncode == 3
+    sock.close()  # paramiko.ProxyCommand.close would raise ProcessLookupError here
+    assert sock.closed
+
+
 @pytest.mark.parametrize("proxy, why", [
     ('sh -c "echo no route >&2; exit 1"', "exited"),  # starts, then fails: paramiko's thread printed a traceback
     ("/nonexistent/proxy %h", "could not start"),

@@ -117,9 +117,18 @@ def _key_file(host: str, key_file: str) -> str:
 PROXY_HINT = "run the ProxyCommand by hand to see why, or fix or remove its line for this host in ~/.ssh/config"
 
 
+class _Proxy(paramiko.ProxyCommand):
+    """paramiko's ProxyCommand, closed by its Popen: paramiko's close() signals the bare pid, which once the command
+    has exited and been reaped (_proxy_gone waits on it) fails in paramiko's transport thread with a traceback on
+    the terminal, or, the pid taken by another process since, would signal that one."""
+
+    def close(self) -> None:
+        self.process.terminate()  # nothing once reaped; a pid gone meanwhile is let be
+
+
 def _start_proxy(host: str, proxy: str) -> paramiko.ProxyCommand:
     try:
-        return paramiko.ProxyCommand(proxy)
+        return _Proxy(proxy)
     except (OSError, ValueError) as e:
         raise ConnectError(host, f"the ProxyCommand for {host} in ~/.ssh/config (`{proxy[:120]}`) could not start: "
                                  f"{getattr(e, 'strerror', None) or e}", PROXY_HINT)
