@@ -421,7 +421,7 @@ def test_gae_offloaded_sync_and_the_critics_tokens_by_hand(tmp_path):
     # the critic's values pass: a per-token cost on the run's packed tokens, verl's perf/total_num_tokens of
     # steps 2-5 (66172, 61315, 71090, 67920: mean 66624.25), the tokens its FLOPs are counted on too
     values = ppo.terms["time"]["values"]
-    assert values["VALUE_TOKEN_S"] == pytest.approx(66624.25)
+    assert values["FORWARD_TOKEN_S"] == pytest.approx(66624.25)
     critic = catalog_shape("qwen2.5-0.5b").value_model_params
     assert values["1/COMPUTE_SHARE"] == pytest.approx(2 * critic * 66624.25 / 989e12)
     # with param offload update_weights loads the fp32 params and offloads them again over 55 GB/s:
@@ -473,8 +473,8 @@ def test_the_logits_are_a_packed_passs_tail_and_take_t_and_u_unfitted():
     entropy) run after the host's launches, not under them: the plan adds them to whichever side binds
     (step_time.TAIL; docs/placement.md, "The logits after the last sync"). Refitted on the same fit runs, T's and U's
     five (one H200, 2026-12-02; old_log_prob -25...-35% by round 3278625, not fitted on: seen) come within the target's
-    bounds: step within ±10%, every phase over half a second within ±30% (old_log_prob -7...-27%); the padded pass
-    (SDPA, no per-layer sync) keeps them on the GPU's side (hold-padded05's ref -5%)."""
+    bounds: step within ±10%, every phase over half a second within ±30% (old_log_prob -3...-22% since the fourth
+    refit); the padded pass (SDPA, no per-layer sync) keeps them on the GPU's side (hold-padded05's ref -5%)."""
     _, rows, _ = FIT.fit(FIT.CALIB.RUNS_FILE)
     by = {r["run"]: {x["what"]: x for x in r["rows"]} for r in rows}
     roles = {r["run"]: r["time"] for r in rows}
@@ -483,7 +483,7 @@ def test_the_logits_are_a_packed_passs_tail_and_take_t_and_u_unfitted():
         assert abs(by[n]["step"]["error"]) <= 0.10, by[n]
         phases = {w: x for w, x in by[n].items() if w != "step" and x["measured"] >= SHORT_S}
         assert all(abs(x["error"]) <= 0.30 for x in phases.values()), by[n]
-        assert -0.28 < by[n]["old_log_prob"]["error"] < -0.03
+        assert -0.25 < by[n]["old_log_prob"]["error"] < 0.05
     assert abs(by["hold-padded05"]["ref"]["error"]) <= 0.10
     host, gpu = st.sides({"FORWARD_FIXED_S": 1.0, "FORWARD_SYNC_PASS_S": 0.0})  # packed: the tail is on neither side
     assert set(st.TAIL["FORWARD_FIXED_S"]).isdisjoint(host + gpu)

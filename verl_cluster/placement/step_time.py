@@ -10,10 +10,11 @@ Every phase is a fixed cost plus work over a rate:
   end at its next poll of the replay buffer (at once, then every 2 s: whole periods, polls()), then puts vLLM to
   sleep;
 - forward phases (old log-prob, ref, critic values) and updates: per micro batch a pass through the layers with a
-  floor per layer (FSDP's hooks around each unit, the layer's kernels, verl's syncs per micro batch), 2·N FLOPs a
-  token computed forward and 6·N (+2·N recompute with gradient checkpointing) in an update; tokens computed are
-  the real ones with use_remove_padding, else each micro batch padded to its longest sequence; the log-probs' logits
-  over HBM; without flash-attn verl's log-probs loop over the real tokens in Python; the actor's log-prob computes
+  floor per layer (FSDP's hooks around each unit, the layer's kernels, verl's syncs per micro batch; a forward
+  layer's held at the device's, packed and padded apart), 2·N FLOPs a token computed forward and 6·N (+2·N
+  recompute with gradient checkpointing) in an update; tokens computed are the real ones with use_remove_padding,
+  else each micro batch padded to its longest sequence; verl's work per real token in every forward pass; without
+  flash-attn verl's log-probs loop over the real tokens in Python; the actor's log-prob computes
   the entropy over every logit computed (compiled when packed, the plain function when padded); a micro batch
   takes the longer of the host's work (the layers' launches, the LM head's per-micro-batch cost and loop) and the
   GPU's (FLOPs, bytes, exposed collectives), on 2+ ranks with the LM head's host work serial (bound, overlapped);
@@ -80,7 +81,7 @@ INTER_NODE_GBS = 12.5  # per GPU, 100 Gb/s; on a live cluster `check` measures t
 
 # Fitted by scripts/calibration/fit_plan_calibration.py on the runs tagged time "fit" in tests/fixtures/verl_runs/
 # calibration_runs.json (one H100), multi_gpu_runs.json and grid2_runs.json (docs/BENCHMARKS.md, "Step time").
-FORWARD_FIXED_S = 0.169  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
+FORWARD_FIXED_S = 0.147  # per forward phase (log-prob, ref, values): dispatch to the workers, the batch to the GPU
 UPDATE_FIXED_S = 0.61  # per update phase on one rank (FSDP1 NO_SHARD): clip and optimizer steps, the gathers
 # the same on more ranks (FULL_SHARD), fitted on its own: the 2-GPU update at one micro batch a mini batch
 # (g2fa-m32, 0.83 s for 2 micro batches) leaves no room for one rank's fixed part
@@ -96,29 +97,33 @@ FORWARD_PASS_S = 0.0016
 FORWARD_SYNC_PASS_S = 0.002
 UPDATE_PASS_S = 0.013  # per micro batch per layer in an update (forward, recompute, backward)
 UPDATE_LM_MICRO_S = 0.056  # per micro batch of an update through the LM head (the actor's): the host's part
-FORWARD_LM_MICRO_S = 0.0573  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
+FORWARD_LM_MICRO_S = 0.0509  # per micro batch of a log-prob pass (the LM head's; not the critic's values): the host's
 # Held, not fitted: of the GPU's peak dense FLOPs, forward and backward alike (vLLM's prefill too). The fit runs
 # cannot tell it: even on the two 3B runs the update's FLOPs are a fifth of it at this share, and left free the fit
 # trades it for fixed costs (0.90 of peak, not credible); verl's own perf/mfu/actor reached 0.23 on the 1.5B run
 # with its fixed costs; 0.4 is a usual FSDP bf16 figure for 7B-class models. A 7B+ run on more GPUs would pin it.
 COMPUTE_SHARE = 0.4
-# per real token per vocab entry, at HBM speed: the log-probs' logits and what else goes with the real tokens. Of
-# the ~7 us a token this is on an H100, the device run's tail (logits, cross-entropy, compiled entropy) was 1.2 us:
-# the rest is verl's own work per token around the model's forward (un-padding, the batch's moves), fitted here
-LOGIT_FORWARD_BYTES = 151
+# per real token per vocab entry, at HBM speed: the log-probs' logits. Fitted to 0 since FORWARD_TOKEN_S: the
+# device run's whole tail (logits, cross-entropy, compiled entropy) was 1.2 us a token on an H100, within what the
+# entropy's term takes on its own; a term of its own for a run with another vocab to tell it from verl's per token
+LOGIT_FORWARD_BYTES = 0.0
+# per real token of every forward pass (log-probs, ref, the critic's values: one function, forward_step): verl's work
+# around the model's forward. Fitted free beside the logits' bytes it went to ~7 us a token and they to 0, on H100
+# and H200 runs alike, so it follows the tokens, not the HBM; the critic's own per-token term had come to the same
+FORWARD_TOKEN_S = 7.39e-06
 # per token per vocab entry computed: the entropy, in the actor's log-prob only; packed verl calls it compiled
 # (torch.compile: one fused pass), padded the plain function (softmax, logsumexp, product, sum: a pass over the
 # logits each, softmax in fp32 under autocast). The eager one held at the device run's: its tail with the eager
 # entropy less the compiled tail's whole, and the eager tail's whole, bound it at 69-100 (the middle kept); the
 # compiled one fitted, within that run's whole tail (26.6-31.2)
-ENTROPY_BYTES = 26.5
+ENTROPY_BYTES = 23.8
 ENTROPY_EAGER_BYTES = 83
 # per token computed per vocab entry: the logits and their backward in an update. Fitted to 0 since the grid2 runs:
 # the update's LM head is host-bound at these sizes, its bytes hidden under UPDATE_LM_MICRO_S
 LOGIT_UPDATE_BYTES = 0.0
 # without flash-attn verl's log-probs loop over the real tokens in Python (logprobs_from_logits_v2: a log_softmax
 # and a gather a row): per token, the host's launches, whatever the vocab or the GPU
-LOOP_FORWARD_TOKEN_S = 5.61e-05
+LOOP_FORWARD_TOKEN_S = 5.75e-05
 LOOP_UPDATE_TOKEN_S = 0.00018  # the same loop and its backward (a node a row), in an update
 GENERATE_FIXED_S = 0.95  # per generate: the requests' fan-out to the agent loops and their results back
 # with enforce_eager (no CUDA graphs) each decode step launches its kernels from Python: a part per step (sampling,
@@ -131,8 +136,6 @@ SYNC_RANKS_S = 0.329  # with more than one rank: the ranks' exports and the barr
 ADV_S = 0.0283  # advantages, rewards (rule-based)
 ADV_SEQ_S = 0.000616  # per sequence of the batch
 GAE_STEP_S = 0.000104  # per response position: GAE's loop (PPO)
-# per token in the critic's values pass, beyond its FLOPs: the 0.5B and 1.5B critics took the same few us a token
-VALUE_TOKEN_S = 6.72e-06
 # not fitted
 # verl's ReplayBuffer.poll_interval (trainer/ppo/v1/replay_buffer.py, not a config key): the trainer's `gen` checks
 # for a whole batch at once, then after every sleep of it; every recorded timing_s/gen is a multiple (+0.05-0.25 s)
@@ -236,14 +239,14 @@ def update_terms(params: float, tokens: float, tflops: float, recompute: bool, e
 SIDES = {"UPDATE_FIXED_S": (("UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "LOOP_UPDATE_TOKEN_S"),
                             ("1/COMPUTE_SHARE", "LOGIT_UPDATE_BYTES", "COMM_S")),
          "FORWARD_FIXED_S": (("FORWARD_PASS_S", "FORWARD_SYNC_PASS_S", "FORWARD_LM_MICRO_S", "LOOP_FORWARD_TOKEN_S"),
-                             ("1/COMPUTE_SHARE", "ENTROPY_EAGER_BYTES", "VALUE_TOKEN_S", "COMM_S"))}
+                             ("1/COMPUTE_SHARE", "ENTROPY_EAGER_BYTES", "COMM_S"))}
 # A forward pass's tail, after its last layer: the logits' passes over tokens x vocab (flash-attn's cross-entropy, the
-# compiled entropy), a few launches the host then waits on at verl's per-micro-batch `.item()` (forward_step).
+# compiled entropy) and verl's work per token, which the host then waits on at the per-micro-batch `.item()`.
 # Packed, transformers rebuilds the packing from position_ids in every attention layer (a nonzero() and a tensor's
 # truth: two syncs a layer), so the host is never a micro batch ahead to hide them under its launches: they add to
 # whichever side binds (docs/placement.md, "The logits after the last sync"). Padded (SDPA, no per-layer sync) the
 # host runs a micro batch ahead and they are the GPU's side, as before. Fitted with the group.
-TAIL = {"UPDATE_FIXED_S": (), "FORWARD_FIXED_S": ("LOGIT_FORWARD_BYTES", "ENTROPY_BYTES")}
+TAIL = {"UPDATE_FIXED_S": (), "FORWARD_FIXED_S": ("LOGIT_FORWARD_BYTES", "ENTROPY_BYTES", "FORWARD_TOKEN_S")}
 # the layers' launches: the host terms that overlap the GPU's on more ranks too (overlapped())
 LAYER_TERMS = ("UPDATE_PASS_S", "FORWARD_PASS_S", "FORWARD_SYNC_PASS_S")
 
@@ -477,6 +480,7 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
         # function; padded, the plain one (softmax, logsumexp, product and sum, each a pass over the logits)
         if entropy:
             out["ENTROPY_BYTES" if packed else "ENTROPY_EAGER_BYTES"] = t * vocab / (sp.hbm_gbs * 1e9)
+        out["FORWARD_TOKEN_S"] = real_gpu
         out["COMM_S"] = exposed(fsdp_forward_comm_s(params, root, cb, n, micros(phase), bus), out)
         out[""] = 0.0  # serial seconds: offload, the ref's uploads
         return out
@@ -505,7 +509,6 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     if s.critic:
         cp, m_c = shape.value_model_params, s.master_dtype_bytes_critic
         values = forward(cp, shape.value_root_params, Phase.CRITIC_VALUES, 1)
-        values["VALUE_TOKEN_S"] = tokens(Phase.CRITIC_VALUES)
         values[""] += offload_s(cp, m_c, False)
         terms["values"] = values
         uc = update(cp, shape.value_root_params, Phase.CRITIC_UPDATE, 1, s.grad_ckpt_critic)
