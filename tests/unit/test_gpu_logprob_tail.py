@@ -84,3 +84,32 @@ def test_the_step_time_model_holds_the_recorded_layer_floors_and_eager_entropy()
         # fitted, the logits' and the compiled entropy's bytes stay within the compiled tail this run measured whole
         # (the rest of a pass's per-token time is verl's: FORWARD_TOKEN_S)
         assert step_time.LOGIT_FORWARD_BYTES + step_time.ENTROPY_BYTES <= d["tail_s"] / per_byte
+
+
+SHAPES = ROOT / "tests/fixtures/gpu/logprob_tail_h100_shapes.jsonl"  # 2026-12-07 (later), another H100, three shapes
+
+
+def test_the_layers_host_floor_is_a_micro_batchs_not_a_layers():
+    """The same micro batch at 24, 28 and 36 layers (the 0.5B, 1.5B and 3B shapes) on one H100: with few tokens,
+    where the host binds, the layers took 52, 37 and 49 ms — flat in depth, so the 2.0 ms a layer that
+    FORWARD_SYNC_PASS_S holds is the 24-layer pass's floor spread over its layers, not a cost each layer adds
+    (docs/placement.md, "The fourth refit"); with more tokens the 3B pass is the GPU's (90 ms at 16 sequences, the
+    host 52% of it with the varlen arguments). The tail stays serial and the eager entropy within its bounds."""
+    from verl_cluster.placement import step_time
+
+    docs = [json.loads(line) for line in SHAPES.read_text().splitlines()]
+    by = {(d["shape"], d["seqs"]): d for d in docs}
+    assert {d["layers"] for d in docs} == {24, 28, 36} and all(d["card"].startswith("NVIDIA H100") for d in docs)
+    few = {d["layers"]: d for d in docs if d["seqs"] == 4}
+    assert all(d["layers_host_s"] >= 0.95 * d["layers_s"] for d in few.values())  # host-bound
+    assert few[36]["layers_s"] <= 1.1 * few[24]["layers_s"]  # 1.5x the layers, no more time
+    big = by[("qwen2.5-3b", 16)]
+    assert big["layers_s"] >= 1.7 * few[36]["layers_s"] and big["layers_varlen_host_s"] <= 0.6 * big["layers_varlen_s"]
+    h100 = step_time.gpu_speed("NVIDIA H100 80GB HBM3")[0]
+    for d in docs:
+        assert d["syncs_layers_position_ids"] == 5 * d["layers"] and d["syncs_layers_varlen"] == 0
+        if d["whole_s"] >= d["layers_s"]:  # one 0.5B row's whole timed below its layers: the host's noise
+            assert abs(d["whole_less_parts_s"]) <= 0.05 * d["whole_s"]
+        per_byte = d["tokens"] * 151936 / (h100.hbm_gbs * 1e9)
+        lo, hi = (d["tail_eager_entropy_s"] - d["tail_s"]) / per_byte, d["tail_eager_entropy_s"] / per_byte
+        assert lo <= step_time.ENTROPY_EAGER_BYTES <= hi

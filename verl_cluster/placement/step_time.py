@@ -93,6 +93,9 @@ UPDATE_FIXED_RANKS_S = 0.346
 # packed pass measured them with flash-attn's varlen arguments given (no syncs either): 1.6 ms. Fitted free, the
 # split goes to the fit's per-micro-batch term (FORWARD_LM_MICRO_S), which the layers' count on the grid's shapes
 # (24-36) cannot tell from it; held, that term comes to verl's own ~60 ms a micro batch the device run left over.
+# The same pass at 28 and 36 layers (logprob_tail_h100_shapes.jsonl) took no longer than at 24 where the host binds:
+# the floor is a micro batch's, and per layer it stands in for what depth costs through the GPU's layers under verl's
+# serial work (docs/placement.md, "The fourth refit": that form tried, the one-H100 grid's held-out runs against it).
 FORWARD_PASS_S = 0.0016
 FORWARD_SYNC_PASS_S = 0.002
 UPDATE_PASS_S = 0.013  # per micro batch per layer in an update (forward, recompute, backward)
