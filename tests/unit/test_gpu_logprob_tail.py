@@ -61,6 +61,19 @@ def test_the_recorded_h100_micro_batch_runs_its_tail_after_its_layers():
     assert set(step_time.TAIL["FORWARD_FIXED_S"]) == {"LOGIT_FORWARD_BYTES", "ENTROPY_BYTES", "FORWARD_TOKEN_S"}
 
 
+def _per_byte(d: dict) -> float:
+    """Seconds a byte a token a vocab entry at the H100's HBM, for a recorded batch of the grid's vocab (151,936)."""
+    from verl_cluster.placement import step_time
+
+    return d["tokens"] * 151936 / (step_time.gpu_speed("NVIDIA H100 80GB HBM3")[0].hbm_gbs * 1e9)
+
+
+def _eager_entropy_bounds(d: dict) -> tuple[float, float]:
+    """The eager entropy's bytes as a batch bounds them: its eager tail less the compiled tail's whole, and the
+    eager tail's whole."""
+    return (d["tail_eager_entropy_s"] - d["tail_s"]) / _per_byte(d), d["tail_eager_entropy_s"] / _per_byte(d)
+
+
 def test_the_step_time_model_holds_the_recorded_layer_floors_and_eager_entropy():
     """The fourth refit holds what this run measured rather than fitting it (docs/placement.md, "The fourth refit"):
     a packed pass's layer at the host floor with position_ids' syncs, a padded pass's at the launches alone (the varlen
@@ -73,17 +86,14 @@ def test_the_step_time_model_holds_the_recorded_layer_floors_and_eager_entropy()
     fit = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fit)
     assert {"FORWARD_PASS_S", "FORWARD_SYNC_PASS_S", "ENTROPY_EAGER_BYTES"} <= set(fit.HELD)
-    h100 = step_time.gpu_speed("NVIDIA H100 80GB HBM3")[0]
-    vocab = 151936  # the 0.5B shape's, the run's
     for d in (json.loads(line) for line in RECORDED.read_text().splitlines()):
         assert abs(step_time.FORWARD_SYNC_PASS_S / (d["layers_s"] / d["layers"]) - 1) <= 0.05
         assert abs(step_time.FORWARD_PASS_S / (d["layers_varlen_s"] / d["layers"]) - 1) <= 0.05
-        per_byte = d["tokens"] * vocab / (h100.hbm_gbs * 1e9)  # seconds per byte a token a vocab entry
-        lo, hi = (d["tail_eager_entropy_s"] - d["tail_s"]) / per_byte, d["tail_eager_entropy_s"] / per_byte
+        lo, hi = _eager_entropy_bounds(d)
         assert lo <= step_time.ENTROPY_EAGER_BYTES <= hi
         # fitted, the logits' and the compiled entropy's bytes stay within the compiled tail this run measured whole
         # (the rest of a pass's per-token time is verl's: FORWARD_TOKEN_S)
-        assert step_time.LOGIT_FORWARD_BYTES + step_time.ENTROPY_BYTES <= d["tail_s"] / per_byte
+        assert step_time.LOGIT_FORWARD_BYTES + step_time.ENTROPY_BYTES <= d["tail_s"] / _per_byte(d)
 
 
 SHAPES = ROOT / "tests/fixtures/gpu/logprob_tail_h100_shapes.jsonl"  # 2026-12-07 (later), another H100, three shapes
@@ -105,11 +115,9 @@ def test_the_layers_host_floor_is_a_micro_batchs_not_a_layers():
     assert few[36]["layers_s"] <= 1.1 * few[24]["layers_s"]  # 1.5x the layers, no more time
     big = by[("qwen2.5-3b", 16)]
     assert big["layers_s"] >= 1.7 * few[36]["layers_s"] and big["layers_varlen_host_s"] <= 0.6 * big["layers_varlen_s"]
-    h100 = step_time.gpu_speed("NVIDIA H100 80GB HBM3")[0]
     for d in docs:
         assert d["syncs_layers_position_ids"] == 5 * d["layers"] and d["syncs_layers_varlen"] == 0
         if d["whole_s"] >= d["layers_s"]:  # one 0.5B row's whole timed below its layers: the host's noise
             assert abs(d["whole_less_parts_s"]) <= 0.05 * d["whole_s"]
-        per_byte = d["tokens"] * 151936 / (h100.hbm_gbs * 1e9)
-        lo, hi = (d["tail_eager_entropy_s"] - d["tail_s"]) / per_byte, d["tail_eager_entropy_s"] / per_byte
+        lo, hi = _eager_entropy_bounds(d)
         assert lo <= step_time.ENTROPY_EAGER_BYTES <= hi

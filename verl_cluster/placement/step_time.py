@@ -245,8 +245,8 @@ SIDES = {"UPDATE_FIXED_S": (("UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "LOOP_UPDATE_
                              ("1/COMPUTE_SHARE", "ENTROPY_EAGER_BYTES", "COMM_S"))}
 # A forward pass's tail, after its last layer: the logits' passes over tokens x vocab (flash-attn's cross-entropy, the
 # compiled entropy) and verl's work per token, which the host then waits on at the per-micro-batch `.item()`.
-# Packed, transformers rebuilds the packing from position_ids in every attention layer (a nonzero() and a tensor's
-# truth: two syncs a layer), so the host is never a micro batch ahead to hide them under its launches: they add to
+# Packed, transformers rebuilds the packing from position_ids in every attention layer (a nonzero(), a tensor's
+# truth: 5 syncs a layer on the device), so the host is never a micro batch ahead to hide them under its launches: they add to
 # whichever side binds (docs/placement.md, "The logits after the last sync"). Padded (SDPA, no per-layer sync) the
 # host runs a micro batch ahead and they are the GPU's side, as before. Fitted with the group.
 TAIL = {"UPDATE_FIXED_S": (), "FORWARD_FIXED_S": ("LOGIT_FORWARD_BYTES", "ENTROPY_BYTES", "FORWARD_TOKEN_S")}
