@@ -107,14 +107,34 @@ def host_cpu() -> dict[str, Any]:
             info.setdefault(k.strip(), v.strip())
     # a VM's model name can be bare ("Intel(R) Xeon(R) Processor", the one-GPU H200 machine): the model number and
     # the base clock (bogomips) still tell hosts apart
+    from verl_cluster.diagnostics.probe_node import host_python_ms
+
     return {"model": info.get("model name", "unknown"), "model_number": info.get("model"),
-            "bogomips": info.get("bogomips"), "cores": os.cpu_count()}
+            "bogomips": info.get("bogomips"), "cores": os.cpu_count(), "host_python_ms": host_python_ms()}
+
+
+def host_probe(when: str) -> str:
+    """scripts/gpu/gpu_host_probe.py in the site's Python (the Python probe, a launch, an `.item()`), appended to
+    host_probe.jsonl: the host's speed beside each batch's runs, which the card's name does not tell."""
+    g = gm()
+    r = subprocess.run([g.PY, str(REPO / "scripts/gpu/gpu_host_probe.py"), "--repeats", "2"], capture_output=True,
+                       text=True, timeout=120, env=g.env())
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    with open(OUT / "host_probe.jsonl", "a") as fh:
+        for row in rows:
+            fh.write(json.dumps({"when": when, **row}) + "\n")
+    if not rows:
+        return f"host probe ({when}) gave nothing (rc {r.returncode}): {r.stderr.strip()[-200:]}"
+    last = rows[-1]
+    return (f"host probe ({when}): python {last.get('host_python_ms')} ms, launch {last.get('launch_us')} us, "
+            f".item() {last.get('sync_us')} us")
 
 
 def device_setup() -> None:
     g = gm()
     g.setup()  # the staged site moved to /srv/vc/site, wrappers, the 0.5B shape and synthetic GSM8K
     log(gc_watch(g.SITE))
+    log(host_probe("setup"))  # before compileall takes every core
     comp = subprocess.Popen([g.PY, "-m", "compileall", "-q", "-j", "0", str(g.SITE)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # staged --no-compile: else every verl process compiles
     wheel = VC / "flashattn-wheel"
@@ -478,6 +498,10 @@ def chain(batches: list[str], skip: tuple[str, ...] = ()) -> None:
         log(f"chain {batch} failed: {type(e).__name__}: {e}")
         raise
     finally:
+        try:
+            log(host_probe("end"))
+        except (OSError, subprocess.SubprocessError, SystemExit) as e:  # the chain's end is logged whatever
+            log(f"host probe (end) failed: {e}")
         log(gc_summary())
         log("end")
         (OUT / f"grid2-{batch}.done").touch()

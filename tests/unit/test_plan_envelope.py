@@ -53,11 +53,13 @@ def test_the_shipped_envelope_is_the_fit_s():
     assert roles["2node-grpo05"] == "fit" and roles["node2-grpo05"] == roles["2node-grpo-tiny"] == "seen"
     # 5 of the first grid and none of the second: its earlier runs were fitted on after the look (grid2.FITTED_ON:
     # its first 4 at the first refit, D-F and Q's two watched runs at the second), batches T and U (one H200,
-    # 2026-12-02) were looked at before the third and are seen (grid2.SEEN); the frozen one is a diagnosis: no entry
-    assert not [n for n, r in roles.items() if r == "hold-out" and n.startswith("g")]
+    # 2026-12-02) were looked at before the third and are seen (grid2.SEEN); batch V (one H100, 2026-12-07) is held
+    # out from the fourth; the frozen one is a diagnosis: no entry
+    assert sorted(n for n, r in roles.items() if r == "hold-out" and n.startswith("g")) == [
+        "g1fa-m4", "g1pad15b-m8", "g1ppo15b-m8"]
     assert sorted(n for n, r in roles.items() if r == "seen" and n.startswith("g")) == [
         "g1fa-m16", "g1fa15b-m8", "g1fa3b-m8", "g1pad-m16", "g1ppo-m16"]
-    assert sum(1 for r in roles.values() if r == "hold-out") == 5
+    assert sum(1 for r in roles.values() if r == "hold-out") == 8
     assert all(roles[n] == "fit" for n in ("g2ppo-m32", "g2fa-m2", "g2pad-m2", "g2ppo-m2", "g2off-m8", "g2off-m32",
                                            "g2ppo-m32-gc", "g2off-m32-gc", "g2pad-m8", "g2fa-m8", "g2ppo-m8",
                                            "g2fa-m32"))
@@ -105,16 +107,16 @@ def test_a_job_outside_every_family_is_uncalibrated_with_its_nearest():
     """The line on 2 GPUs of one node with an eager rollout: no family has it (the eager 2-GPU runs crossed two
     nodes); the nearest is the 2-GPU one-node family with CUDA graphs, one axis away, the one-axis tie with the
     two-node family going to the family with more runs; the bar is the largest step error on any run not fitted on
-    (node2-grpo05, -22.6%; every second-grid run was fitted on after the look) -> ±25%."""
+    (g1fa-m4, +51.8%, batch V on one H100: no second-grid run on 2 GPUs is held out) -> ±55%."""
     job = user_line(1)
     facts = from_json(NodeFacts, (ROOT / "tests/fixtures/facts/h200x2_recorded.json").read_text())
     bar = plan_job(job, [facts], fill=0.5).time["error_bar"]
-    assert not bar["calibrated"] and bar["pct"] == 25
+    assert not bar["calibrated"] and bar["pct"] == 55
     assert bar["outside"] == ["rollout"]
     assert bar["why"].startswith("uncalibrated: enforce_eager is outside the calibrated range (nearest family: H200, "
                                  "2 GPUs, 1 node, padded, no flash-attn attention, GRPO, no offload, CUDA graphs, "
                                  "micro 2-8, log-prob micro 4-16, 0.49B)")
-    assert "node2-grpo05" in bar["runs"] and not any(r.startswith("g2") for r in bar["runs"])
+    assert {"node2-grpo05", "g1fa-m4"} <= set(bar["runs"]) and not any(r.startswith("g2") for r in bar["runs"])
 
 
 def test_eight_gpus_and_a_7b_model_are_outside():
@@ -135,15 +137,15 @@ def test_plan_table_brief_and_json_carry_it(capsys):
     args = ["plan", str(GRPO), "--gpus", "1x8xH100-80GB"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "s/step predicted (±25%, uncalibrated)" in out
-    assert "step time ±25%: uncalibrated: 8 GPUs is outside the calibrated range (nearest family: H100, 1 GPU" in \
+    assert "s/step predicted (±55%, uncalibrated)" in out
+    assert "step time ±55%: uncalibrated: 8 GPUs is outside the calibrated range (nearest family: H100, 1 GPU" in \
         " ".join(out.split())
     assert main(args + ["--brief"]) == 0
     brief = " ".join(capsys.readouterr().out.split())
-    assert "(±25%, uncalibrated)" in brief and "step time ±25%: uncalibrated: 8 GPUs is outside" in brief
+    assert "(±55%, uncalibrated)" in brief and "step time ±55%: uncalibrated: 8 GPUs is outside" in brief
     assert main(args + ["--json"]) == 0
     bar = json.loads(capsys.readouterr().out)["time"]["error_bar"]
-    assert bar["pct"] == 25 and bar["calibrated"] is False and bar["outside"] == ["ranks"]
+    assert bar["pct"] == 55 and bar["calibrated"] is False and bar["outside"] == ["ranks"]
     assert bar["nearest_family"].startswith("H100, 1 GPU, 1 node, packed (flash-attn) attention, GRPO")
 
 
@@ -171,8 +173,8 @@ def test_the_options_of_a_job_that_does_not_fit_carry_theirs(capsys):
 
     args = ["plan", str(GRPO), "--gpus", "1x1xRTX4090-24GB", "model.catalog=qwen2.5-1.5b"]
     assert main(args) == 1
-    assert "s/step (±25%, uncalibrated)" in capsys.readouterr().out
+    assert "s/step (±55%, uncalibrated)" in capsys.readouterr().out
     assert main(args + ["--json"]) == 1
     options = json.loads(capsys.readouterr().out)["options"]
-    assert options and all(o["error_bar"]["pct"] == 25 and not o["error_bar"]["calibrated"] for o in options)
+    assert options and all(o["error_bar"]["pct"] == 55 and not o["error_bar"]["calibrated"] for o in options)
     assert all("RTX 4090" in o["error_bar"]["why"] for o in options)

@@ -285,6 +285,30 @@ def meminfo():
     return vals.get("MemTotal"), vals.get("SwapTotal")
 
 
+def _python_work(n=200_000):
+    """A fixed piece of interpreter work (dict lookups, float arithmetic, a loop): what verl's host side is made of
+    between kernel launches. Its result is returned so nothing is optimized away."""
+    d = {}
+    acc = 0.0
+    for i in range(n):
+        k = i & 1023
+        d[k] = d.get(k, 0) + i
+        acc += (i * 0.5) % 7
+    return acc + len(d)
+
+
+def host_python_ms(repeats=7):
+    """The fastest of REPEATS runs of _python_work, in ms: this Python on this host's CPU. Hosts with the same CPU
+    model name have run verl's host-bound phases ~1.5x apart (docs/placement.md, "Batch V"); the fastest run is the
+    figure least moved by a neighbour's load."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        _python_work()
+        best = min(best, time.perf_counter() - t)
+    return round(best * 1e3, 2)
+
+
 def collect(head_ip=None, python=None, import_timeout=60.0, deep=False):
     ifaces = interfaces()
     dev, src = route_to(head_ip, ifaces) if head_ip else (None, None)
@@ -315,6 +339,7 @@ def collect(head_ip=None, python=None, import_timeout=60.0, deep=False):
         "mem_total_mib": mem,
         "swap_total_mib": swap,
         "cpu_count": os.cpu_count(),
+        "host_python_ms": host_python_ms(),
         "nvml_error": nvml_error,
         # what Ray started from the same environment would be limited to (Slurm sets it in GPU job steps)
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

@@ -74,6 +74,9 @@ class NodeFacts:
     mem_total_mib: Optional[int] = None
     swap_total_mib: Optional[int] = None
     cpu_count: Optional[int] = None
+    # a fixed piece of Python work on this host, fastest of 7 runs (probe_node.host_python_ms): how fast verl's
+    # host-bound phases can run here; comparable between hosts at the same python_version
+    host_python_ms: Optional[float] = None
     clock_offset_s: Optional[float] = None
     nvml_error: Optional[str] = None  # why there are no GPU facts, if any
     # what the backend choice and `check` need beyond the GPUs
