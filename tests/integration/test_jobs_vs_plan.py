@@ -2,7 +2,6 @@
 output is a recorded verl run's log (tests/fixtures/verl_logs), is listed with its predicted vs measured pairs.
 Runs with a HOME of its own."""
 
-import importlib.util
 import json
 import time
 import uuid
@@ -17,6 +16,7 @@ from verl_cluster.jobs import ray_jobs
 from verl_cluster.submit.integrations import PlanInfo, plan_metadata, plan_predictions
 from verl_cluster.job_list.job_pairs import pairs_of
 from verl_cluster.jobs.request import RayJobRequest
+from tests.harness.scripts import load_script
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,9 +27,7 @@ def test_jobs_json_carries_the_pairs_of_a_planned_job(shared_cluster, tmp_path, 
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    spec_ = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
-    calib = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(calib)
+    calib = load_script("scripts/calibration/calib_from_runs.py")
     entry = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]["fit-grpo15"]
     plan, _ = calib.replay(entry, FIX / "verl_logs", tmp_path)
     meta = plan_metadata(PlanInfo({}, True, {}, "placement planned", predicted=plan.predictions()))

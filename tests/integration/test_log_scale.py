@@ -6,7 +6,6 @@ a line a second) serves every test. Runs with a HOME of its own."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import sys
@@ -31,6 +30,8 @@ BURST_LINES, TICKS = 30_000, 6  # ~3 MB at once, then a line a second
 
 JOB = """
 import sys, time
+
+from tests.harness.scripts import load_script
 sys.stdout.write(("(WorkerDict pid=7) " + "n" * 80 + "\\n") * {burst})
 sys.stdout.write(open({log!r}).read())
 sys.stdout.flush()
@@ -43,9 +44,7 @@ for i in range({ticks}):
 @pytest.fixture(scope="module")
 def planned_job(shared_cluster, tmp_path_factory):
     """(cluster file, submission id, the pairs its log gives) of a running job with a plan in its metadata."""
-    spec_ = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
-    calib = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(calib)
+    calib = load_script("scripts/calibration/calib_from_runs.py")
     entry = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]["fit-grpo15"]
     plan, _ = calib.replay(entry, FIX / "verl_logs", tmp_path_factory.mktemp("replay"))
     meta = plan_metadata(PlanInfo({}, True, {}, "placement planned", predicted=plan.predictions()))

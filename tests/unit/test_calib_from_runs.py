@@ -2,7 +2,6 @@
 (their plan, submitted command and verl log), gives back the calibration entries already in
 tests/fixtures/verl_runs/calibration_runs.json, and a real host-memory recording lines up with the log's steps."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from verl_cluster.placement.check_run import measured
+from tests.harness.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests/fixtures"
-spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
-C = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(C)
+C = load_script("scripts/calibration/calib_from_runs.py")
 RUNS = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]
 # entry name -> (recorded summary with the plan and submitted command, its log fixture, run name in gpu_e2e.sh)
 RECORDED = {"grpo_0.5b": ("h100_grpo_0.5b.json", "h100_grpo_0.5b_succeeded.log", "grpo05"),

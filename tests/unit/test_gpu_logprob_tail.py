@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.harness.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts/gpu/gpu_logprob_tail.py"
 
@@ -78,13 +80,9 @@ def test_the_step_time_model_holds_the_recorded_layer_floors_and_eager_entropy()
     """The fourth refit holds what this run measured rather than fitting it (docs/placement.md, "The fourth refit"):
     a packed pass's layer at the host floor with position_ids' syncs, a padded pass's at the launches alone (the varlen
     pass: no syncs), and the eager entropy's bytes between the eager tail less the compiled tail and the eager tail."""
-    import importlib.util
-
     from verl_cluster.placement import step_time
 
-    spec = importlib.util.spec_from_file_location("fit", ROOT / "scripts/calibration/fit_plan_calibration.py")
-    fit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fit)
+    fit = load_script("scripts/calibration/fit_plan_calibration.py")
     assert {"FORWARD_PASS_S", "FORWARD_SYNC_PASS_S", "ENTROPY_EAGER_BYTES"} <= set(fit.HELD)
     for d in (json.loads(line) for line in RECORDED.read_text().splitlines()):
         assert abs(step_time.FORWARD_SYNC_PASS_S / (d["layers_s"] / d["layers"]) - 1) <= 0.05

@@ -1,7 +1,6 @@
 """scripts/gpu/gpu_mem_sampler.py's host side on this machine's real /proc: the node's used RAM as psutil reports it,
 /dev/shm, and per-role RSS/PSS of real child processes whose memory the test controls."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -12,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(name: str, rel: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / rel)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(rel, name)
 
 
 S = load("gpu_mem_sampler", "scripts/gpu/gpu_mem_sampler.py")

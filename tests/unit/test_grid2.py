@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "calibration"))
 
 import grid2  # noqa: E402
 import grid2_device  # noqa: E402
+from tests.harness.scripts import load_script
 
 
 @pytest.fixture(scope="module")
@@ -325,9 +326,7 @@ def _as_measured(name: str, gpu_set: list[int]) -> dict:
 def test_a_measured_run_becomes_a_fixture_entry_replayed_as_the_cli_planned_it(tmp_path):
     """grid2.py fixture writes what fit_plan_calibration replays; the replay of the line at the run's fill is the
     plan `verl-cluster plan --fill -- LINE` gave (the prediction recorded before the run): same phases."""
-    spec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/calibration/fit_plan_calibration.py")
-    fit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fit)
+    fit = load_script("scripts/calibration/fit_plan_calibration.py")
     results = [_as_measured("g2pad-m16", [2, 3]), _as_measured("g2pad-m32", [0, 1]),
                json.loads((ROOT / "tests/fixtures/verl_runs/grid2_shared_queue/grid2-g1pad-m2.json").read_text())]
     out = tmp_path / "grid2_runs.json"

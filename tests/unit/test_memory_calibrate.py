@@ -1,19 +1,16 @@
 """scripts/calibration/calibrate_memory.py --dry-run: cases and predictions on CPU, without importing torch."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
+
+from tests.harness.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("calibrate_memory", ROOT / "scripts/calibration/calibrate_memory.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/calibration/calibrate_memory.py")
 
 
 def test_dry_run_prints_predictions_and_writes_json(tmp_path, capsys):

@@ -1,7 +1,6 @@
 """The step time's error bar (placement/envelope.py): the envelope the model was calibrated on, shipped as
 catalog/step_time_envelope.json, and what a job inside or outside it is told, in the plan, --brief and --json."""
 
-import importlib.util
 import json
 import time
 from dataclasses import replace
@@ -14,11 +13,10 @@ from verl_cluster.facts.measured_bus import BusMeasure
 from verl_cluster.facts.model import NodeFacts, from_json
 from verl_cluster.placement import envelope as env
 from verl_cluster.placement import parse_gpus, plan_job
+from tests.harness.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_fspec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/calibration/fit_plan_calibration.py")
-FIT = importlib.util.module_from_spec(_fspec)
-_fspec.loader.exec_module(FIT)
+FIT = load_script("scripts/calibration/fit_plan_calibration.py")
 FIGURES = json.loads(FIT.FIGURES_FILE.read_text())["runs"]
 GRPO = ROOT / "launch/gsm8k_grpo.yaml"
 

@@ -2,7 +2,6 @@
 into the pairs `jobs --json` carries, scripts/plan_factors.py's geometric means checked by hand, and
 `plan --factors` changing exactly the figures in the file."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -17,16 +16,14 @@ from verl_cluster.job_list.job_pairs import pairs_of
 from verl_cluster.placement import check_run
 from verl_cluster.placement.check_run import STEP_PHASES
 from verl_cluster.placement.factors import apply_factors, read_factors
+from tests.harness.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests/fixtures"
 
 
 def load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(str(path.relative_to(ROOT)), name)
 
 
 CALIB = load("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")

@@ -5,7 +5,6 @@ The constants are fitted by scripts/calibration/fit_plan_calibration.py on the r
 are the fit's residuals. The runs tagged "hold-out" were not fitted on: their bounds are what the model achieves
 there, with a margin, and say where it misses the goal (step ±20%, phase ±30%, host ±15%)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,16 +16,13 @@ from verl_cluster.placement import step_time as st
 from verl_cluster.placement.model_shape import catalog_shape
 from verl_cluster.placement.check_run import off, pairs
 from verl_cluster.placement.settings import read_settings
+from tests.harness.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())["runs"]
 # the replay (job as it ran, recorded H100 facts, the run's own lengths) is the one scripts/calibration/calib_from_runs.py prints
-_spec = importlib.util.spec_from_file_location("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
-CALIB = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(CALIB)
-_fspec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/calibration/fit_plan_calibration.py")
-FIT = importlib.util.module_from_spec(_fspec)
-_fspec.loader.exec_module(FIT)
+CALIB = load_script("scripts/calibration/calib_from_runs.py")
+FIT = load_script("scripts/calibration/fit_plan_calibration.py")
 FIGURES = json.loads(FIT.FIGURES_FILE.read_text())["runs"]
 TIME_FIT = sorted(n for n, r in RUNS.items() if r["time"] == "fit")
 TIME_HOLD = sorted(n for n, r in RUNS.items() if r["time"] == "hold-out")

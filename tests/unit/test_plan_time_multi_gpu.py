@@ -5,18 +5,16 @@ All of them were recorded before issue 33's terms were written and were looked a
 on is tagged "fit", the two that were not are tagged "seen" (not fitted on, not blind: no hold-out). Their bounds are
 what the model achieves there, with a margin; the seen runs' misses are named."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from verl_cluster.placement.check_run import pairs
+from tests.harness.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-_fspec = importlib.util.spec_from_file_location("fit_plan_calibration", ROOT / "scripts/calibration/fit_plan_calibration.py")
-FIT = importlib.util.module_from_spec(_fspec)
-_fspec.loader.exec_module(FIT)
+FIT = load_script("scripts/calibration/fit_plan_calibration.py")
 FIGURES = json.loads(FIT.FIGURES_FILE.read_text())["runs"]
 
 
