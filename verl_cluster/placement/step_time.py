@@ -252,6 +252,14 @@ SIDES = {"UPDATE_FIXED_S": (("UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "LOOP_UPDATE_
 TAIL = {"UPDATE_FIXED_S": (), "FORWARD_FIXED_S": ("LOGIT_FORWARD_BYTES", "ENTROPY_BYTES", "FORWARD_TOKEN_S")}
 # the layers' launches: the host terms that overlap the GPU's on more ranks too (overlapped())
 LAYER_TERMS = ("UPDATE_PASS_S", "FORWARD_PASS_S", "FORWARD_SYNC_PASS_S")
+# the constants that are seconds of the host's work (Python, launches, syncs): what a faster or slower host than the
+# fit's moves. The rest are the GPU's (FLOPs, bytes over HBM, links), verl's poll and its spread. Batch V ran these
+# ~1.4x faster on one H100 host than the fit's hosts (docs/placement.md, "Batch V"; scripts/calibration/host_factor.py)
+HOST_TERMS = frozenset({
+    "FORWARD_FIXED_S", "UPDATE_FIXED_S", "UPDATE_FIXED_RANKS_S", "FORWARD_PASS_S", "FORWARD_SYNC_PASS_S",
+    "UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "FORWARD_LM_MICRO_S", "FORWARD_TOKEN_S", "LOOP_FORWARD_TOKEN_S",
+    "LOOP_UPDATE_TOKEN_S", "GENERATE_FIXED_S", "EAGER_STEP_S", "EAGER_LAYER_STEP_S", "DECODE_TOKEN_S",
+    "SYNC_FIXED_S", "SYNC_RANKS_S", "ADV_S", "ADV_SEQ_S", "GAE_STEP_S"})
 
 
 def polls(raw_s: float, period: float = GEN_POLL_S, jitter: float = GEN_JITTER) -> float:
