@@ -40,16 +40,26 @@ def test_the_device_script_runs_without_a_gpu():
     assert row.get("gpu") is None  # no CUDA here: torch says so, or torch is absent (gpu_error)
 
 
-def test_three_h100_machines_read_within_a_fifth_of_each_other_once_settled():
-    """2026-12-07, three nvidia-h100-x1 machines one after another: the steady probes 26.2-31.3 ms (the Python
-    work), 6.1-7.3 us a launch, 14.6-16.8 us an `.item()`; each machine's first probe, in its first seconds, read
-    2.4-2.7x slow. Batch V ran verl's host-bound phases ~1.5x faster than the H200 hosts: far outside this spread."""
+def test_four_h100_machines_of_one_kind_read_up_to_1_4x_apart():
+    """2026-12-07, four nvidia-h100-x1 machines one after another, the same CPU by /proc/cpuinfo: the settled probes
+    22.3-31.3 ms (the Python work), 5.7-7.3 us a launch, 13.7-16.8 us an `.item()`; within a machine within 7% (one
+    interpreter: the system python3 of machine 1 read 29.5 ms). Two
+    machines probed in their first seconds read 2.4-2.5x slow (the fourth, probed 20 s in, did not). The spread
+    between machines is of the size batch V's host differed from the fit's (a factor of 0.71 on the model's host
+    terms, scripts/calibration/host_factor.py): the host's speed is the machine's, and a probe sees it."""
     rows = [json.loads(ln) for ln in (ROOT / "tests/fixtures/gpu/host_probe_h100.jsonl").read_text().splitlines()]
-    assert {r["machine"] for r in rows} == {1, 2, 3} and {r["cpu"]["model_number"] for r in rows} == {"207"}
-    first = [r for r in rows if r["machine"] > 1 and r["probe"] == 0]
-    steady = [r for r in rows if r not in first]
-    py = [r["host_python_ms"] for r in steady]
-    assert max(py) / min(py) < 1.2
-    assert all(r["host_python_ms"] / min(py) > 2.4 for r in first)
-    for key, lo, hi in (("launch_us", 6.0, 7.5), ("sync_us", 14.5, 17.0)):
+    assert {r["machine"] for r in rows} == {1, 2, 3, 4} and {r["cpu"]["model_number"] for r in rows} == {"207"}
+    first = [r for r in rows if r["machine"] in (2, 3) and r["probe"] == 0]
+    steady = [r for r in rows if r not in first and "system python3" not in r.get("note", "")]  # /opt/torch's
+    by = {m: [r["host_python_ms"] for r in steady if r["machine"] == m] for m in (1, 2, 3, 4)}
+    assert all(max(v) / min(v) < 1.07 for v in by.values())
+    means = {m: sum(v) / len(v) for m, v in by.items()}
+    assert 1.3 < max(means.values()) / min(means.values()) < 1.45
+    assert all(r["host_python_ms"] / min(r2["host_python_ms"] for r2 in steady if r2["machine"] == r["machine"])
+               > 2.3 for r in first)
+    for key, lo, hi in (("launch_us", 5.5, 7.5), ("sync_us", 13.5, 17.0)):
         assert all(lo < r[key] < hi for r in rows)
+    # the faster a machine's Python, the faster its launches: one host speed
+    order = sorted(means, key=means.get)
+    launch = {m: min(r["launch_us"] for r in steady if r["machine"] == m) for m in means}
+    assert launch[order[0]] < launch[order[-1]]
