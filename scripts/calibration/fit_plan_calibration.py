@@ -53,6 +53,9 @@ ENVELOPE_COMMENT = ("The step-time model's calibration envelope (placement/envel
                     "looked at while the terms were written, not fitted on, not blind) and the model's step error "
                     "on it. Written by scripts/calibration/fit_plan_calibration.py --write-envelope; --check fails when it "
                     "differs from the fit.")
+HOSTS_COMMENT = ("Machines the held-out runs ran on, each with the factor on the model's host terms "
+                 "(step_time.HOST_TERMS) that puts its runs' steps at what they measured "
+                 "(scripts/calibration/host_factor.py): below 1 a host faster than the fit's.")
 # kept at the module's value: priors the runs cannot tell (step_time.py says why), verl's poll period, its spread and
 # the sleep after it, a forward layer's host floor and the eager entropy's bytes (measured)
 HELD = ("COMPUTE_SHARE", "COMM_S", "GEN_POLL_S", "GEN_JITTER", "GEN_SLEEP_S", "FORWARD_PASS_S", "FORWARD_SYNC_PASS_S",
@@ -341,13 +344,22 @@ def envelope(rows: list[dict]) -> dict:
         worst = max(long, key=lambda x: abs(x["error"]), default=None)
         runs.append({"run": r["run"], "role": r["time"], "axes": r["axes"], "step_error": step["error"],
                      "worst_phase": [worst["what"], worst["error"]] if worst else None})
-    return {"_comment": ENVELOPE_COMMENT, "runs": runs}
+    return {"_comment": ENVELOPE_COMMENT, "runs": runs, "hosts": hosts()}
+
+
+def hosts() -> dict:
+    """The hosts the held-out runs ran on, each group's factor on the model's host terms (host_factor.py): the
+    spread a job's step carries in proportion to its host work (placement/envelope.host_error)."""
+    spec = importlib.util.spec_from_file_location("host_factor", ROOT / "scripts/calibration/host_factor.py")
+    hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf)
+    return {"_comment": HOSTS_COMMENT, "factors": hf.group_factors()}
 
 
 def write_envelope(doc: dict, path: Path) -> None:
     lines = ["{", f'  "_comment": {json.dumps(doc["_comment"])},', '  "runs": [']
     lines += [f"    {json.dumps(r)}" + ("," if i < len(doc["runs"]) - 1 else "") for i, r in enumerate(doc["runs"])]
-    path.write_text("\n".join(lines + ["  ]", "}"]) + "\n")
+    path.write_text("\n".join(lines + ["  ],", f'  "hosts": {json.dumps(doc["hosts"])}', "}"]) + "\n")
 
 
 def default_figures() -> list[Path]:
@@ -381,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.write_envelope:
         write_envelope(env, ENVELOPE_FILE)
     shipped = json.loads(ENVELOPE_FILE.read_text()) if ENVELOPE_FILE.exists() else {}
-    if shipped.get("runs") != env["runs"]:
+    if shipped.get("runs") != env["runs"] or shipped.get("hosts") != env["hosts"]:
         differ["envelope"] = (f"{ENVELOPE_FILE.name} as shipped", "the fit's (run with --write-envelope)")
     if a.json:
         print(json.dumps({"constants": consts, "runs": rows, **info, "differ": differ}, indent=1))

@@ -21,8 +21,8 @@ from verl_cluster.placement import step_time  # noqa: E402
 
 # held-out runs by where they ran: batch V (one H100 machine, one session) and the one-H100 grid's held-out runs
 # (batches B-D, three H100 machines one after another, 2026-11-26)
-GROUPS = {"V (1x H100, 2026-12-07)": ("g1fa-m4", "g1pad15b-m8", "g1ppo15b-m8"),
-          "one-H100 grid, held out (3 machines, 2026-11-26)": ("hold-padded05", "hold-ppo15off", "hold-grpo3n8",
+GROUPS = {"batch V's H100, 2026-12-07": ("g1fa-m4", "g1pad15b-m8", "g1ppo15b-m8"),
+          "the one-H100 grid's held-out runs, 3 machines, 2026-11-26": ("hold-padded05", "hold-ppo15off", "hold-grpo3n8",
                                                    "hold-grpo05wide", "hold-grpo15big")}
 FACTORS = [f / 100 for f in range(40, 161)]  # 0.40 ... 1.60
 
@@ -52,20 +52,20 @@ def unbound_replays() -> dict:
 def step_error(replay: tuple, h: float) -> float:
     """The step's error (predicted / measured - 1) over the phases the run measured, the host terms times H."""
     _, plan, got = replay
-    ranks = plan.time["error_bar"]["axes"]["ranks"]
-    pred = meas = 0.0
-    for phase, terms in plan.terms["time"].items():
-        if not got["phases_s"].get(phase):
-            continue
-        t = step_time.bound({k: v * h if k in step_time.HOST_TERMS else v for k, v in terms.items()}, ranks)
-        pred += step_time.seconds(step_time.polled(t) if phase == "gen" else t)
-        meas += got["phases_s"][phase]
-    return pred / meas - 1
+    phases = step_time.at_host(plan.terms["time"], plan.time["error_bar"]["axes"]["ranks"], h)
+    measured = [ph for ph in phases if got["phases_s"].get(ph)]
+    return sum(step_time.seconds(phases[ph]) for ph in measured) / sum(got["phases_s"][ph] for ph in measured) - 1
 
 
 def best_factor(replays: list[tuple]) -> float:
     """The factor of FACTORS with the least sum of squared step errors over REPLAYS."""
     return min(FACTORS, key=lambda h: (sum(step_error(r, h) ** 2 for r in replays), abs(h - 1)))
+
+
+def group_factors(groups: dict[str, tuple[str, ...]] = GROUPS, done: dict | None = None) -> dict[str, float]:
+    """Each group's one factor (best_factor over its runs): what the envelope ships as the hosts seen."""
+    done = done if done is not None else unbound_replays()
+    return {name: best_factor([done[n] for n in members]) for name, members in groups.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,11 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = [{"run": n, "role": e.get("time"), "error": round(step_error((e, p, g), 1.0), 3),
              "factor": best_factor([(e, p, g)])} for n, (e, p, g) in done.items()]
-    out_groups = []
-    for name, members in groups.items():
-        h = best_factor([done[n] for n in members])
-        out_groups.append({"group": name, "factor": h,
-                           "errors": {n: round(step_error(done[n], h), 3) for n in members}})
+    out_groups = [{"group": name, "factor": h, "errors": {n: round(step_error(done[n], h), 3) for n in groups[name]}}
+                  for name, h in group_factors(groups, done).items()]
     if a.json:
         print(json.dumps({"runs": runs, "groups": out_groups}, indent=1))
         return 0

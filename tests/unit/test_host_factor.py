@@ -28,7 +28,7 @@ def test_batch_vs_host_ran_the_models_host_terms_about_1_4x_faster(report):
     runs, groups = report
     assert 0.62 <= runs["g1fa-m4"]["factor"] <= 0.70 and 0.62 <= runs["g1ppo15b-m8"]["factor"] <= 0.70
     assert runs["g1fa-m4"]["error"] > 0.50
-    v = groups["V (1x H100, 2026-12-07)"]
+    v = groups["batch V's H100, 2026-12-07"]
     assert 0.68 <= v["factor"] <= 0.74 and all(abs(e) <= 0.15 for e in v["errors"].values())
 
 
@@ -36,7 +36,7 @@ def test_the_fit_runs_factors_and_the_one_h100_held_out_runs_one(report):
     runs, groups = report
     fit = [r["factor"] for r in runs.values() if r["role"] == "fit"]
     assert 0.74 <= min(fit) and max(fit) <= 1.2
-    h100 = groups["one-H100 grid, held out (3 machines, 2026-11-26)"]
+    h100 = groups["the one-H100 grid's held-out runs, 3 machines, 2026-11-26"]
     assert 0.80 <= h100["factor"] <= 0.88 and all(abs(e) <= 0.10 for e in h100["errors"].values())
 
 

@@ -10,13 +10,17 @@ fitted on (hold-out and seen) nearest it, those that share the most axes with it
 own fit residual. A job outside
 every family is uncalibrated: it carries the largest error the model has shown on any run it was not fitted on, and
 names its nearest family and the axes it is outside on.
+The host is an axis no job states: machines of one GPU kind ran the model's host terms up to ~1.4x apart (docs/
+placement.md, "Batch V"). Every job's bar is at least what its own step would be off by on the fastest host a
+held-out group ran on (the envelope's `hosts`), which is large where the step is the host's work and small where it
+is the GPU's.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
@@ -99,6 +103,7 @@ class ErrorBar:
     outside: tuple[str, ...] = ()  # the axes the job is outside that family on
     runs: tuple[str, ...] = ()  # the runs the figure comes from
     axes: dict[str, Any] = field(default_factory=dict)
+    host: Optional[dict[str, Any]] = None  # the fastest recorded host: its group, factor, this step's error there
 
     def line(self) -> str:
         return f"±{self.pct}%: {self.why}" if self.pct else self.why
@@ -108,6 +113,8 @@ class ErrorBar:
                "axes": self.axes}
         if not self.calibrated:
             out.update(nearest_family=self.nearest, outside=list(self.outside))
+        if self.host is not None:
+            out["host"] = self.host
         return out
 
 
@@ -149,8 +156,37 @@ def _shares(job: dict[str, Any], run: dict[str, Any]) -> int:
     return sum(1 for a in AXES if job.get(a) == run["axes"].get(a))
 
 
-def error_bar(job: dict[str, Any], doc: Optional[dict[str, Any]] = None) -> ErrorBar:
-    """The error bar of a job's predicted step."""
+def fastest_host(doc: Optional[dict[str, Any]] = None) -> Optional[tuple[str, float]]:
+    """(group, factor) of the fastest host a held-out group ran on, when it ran the host terms faster than the fit."""
+    doc = doc if doc is not None else _shipped()
+    factors = ((doc or {}).get("hosts") or {}).get("factors") or {}
+    if not factors:
+        return None
+    name = min(factors, key=factors.get)
+    return (name, factors[name]) if factors[name] < 1.0 else None
+
+
+def with_host(bar: ErrorBar, host: Optional[dict[str, Any]]) -> ErrorBar:
+    """BAR, widened to the step's error on the fastest recorded host where that is larger (HOST: group, factor,
+    error), and carrying it."""
+    if host is None:
+        return bar
+    pct = _round_up(host["error"])
+    if pct <= bar.pct:
+        return replace(bar, host=host)
+    why = (f"{bar.why}; on the fastest host recorded ({host['group']}: {host['factor']:.2f} of the fit's host time) "
+           f"this step would be {host['error']:+.0%} over, its host work")
+    return replace(bar, pct=pct, why=why, host=host)
+
+
+def error_bar(job: dict[str, Any], doc: Optional[dict[str, Any]] = None,
+              host: Optional[dict[str, Any]] = None) -> ErrorBar:
+    """The error bar of a job's predicted step; HOST (group, factor, error) the step's error on the fastest recorded
+    host (step_time computes it with fastest_host's factor)."""
+    return with_host(_envelope_bar(job, doc), host)
+
+
+def _envelope_bar(job: dict[str, Any], doc: Optional[dict[str, Any]] = None) -> ErrorBar:
     doc = doc if doc is not None else _shipped()
     if not doc or not doc.get("runs"):
         return ErrorBar(0, False, f"no calibration envelope ({ENVELOPE_FILE.name} missing or unreadable)", axes=job)

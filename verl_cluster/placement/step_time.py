@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from verl_cluster.placement.envelope import ErrorBar, error_bar, job_axes
+from verl_cluster.placement.envelope import ErrorBar, error_bar, fastest_host, job_axes
 
 if TYPE_CHECKING:
     from verl_cluster.placement.hardware import Hardware
@@ -330,6 +330,15 @@ def bound(t: Terms, ranks: int = 1, value=None) -> Terms:
     return {k: (0.0 if k in drop else v) for k, v in t.items()}
 
 
+def at_host(raw: dict[str, Terms], ranks: int, factor: float = 1.0) -> dict[str, Terms]:
+    """The phases' terms as the plan takes them (bound(), the generate polled) from their raw terms, with the host's
+    constants (HOST_TERMS) FACTOR times the fit's: 1 the fit's hosts, below 1 a faster host."""
+    out = {k: bound({c: v * factor if c in HOST_TERMS else v for c, v in t.items()} if factor != 1.0 else t, ranks)
+           for k, t in raw.items()}
+    out["gen"] = polled(out["gen"])
+    return out
+
+
 def flops_s(terms: Terms) -> float:
     """The seconds of a phase's FLOPs (at the held compute share): what FSDP's collectives overlap with."""
     return terms.get("1/COMPUTE_SHARE", 0.0) / COMPUTE_SHARE
@@ -537,8 +546,8 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     terms["update_weights"] = {"SYNC_FIXED_S": 1.0, "SYNC_RANKS_S": 1.0 if n > 1 else 0.0,
                                "": cb * actor_p / (sp.hbm_gbs * 1e9 * HBM_SHARE)
                                + sync_comm_s(actor_p, n, bus, s.fsdp2) + offload_s(actor_p, m_a, False)}
-    terms = {k: bound(v, n) for k, v in terms.items()}  # micro-batched phases: the longer of host and GPU
-    terms["gen"] = polled(terms["gen"])
+    raw = terms
+    terms = at_host(raw, n)
     phases = {k: seconds(v) for k, v in terms.items()}
     trained = actor_p + (shape.value_model_params if s.critic else 0)
     save = 12.0 * trained / n / (SAVE_GBS * 1e9) if s.save_freq > 0 else 0.0
@@ -548,4 +557,9 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
                     flash=flash, adv_estimator=s.adv_estimator, critic=s.critic, offload=OFFLOAD_NAMES[c.offload],
                     eager=s.enforce_eager, micro_update=c.micro(Phase.ACTOR_UPDATE),
                     micro_log_prob=c.micro(Phase.ACTOR_LOG_PROB), params=shape.params)
-    return StepTime(phases, total, save, tps, tuple(notes), terms, error_bar(axes))
+    fast = fastest_host()
+    host = None
+    if fast is not None and total > 0:
+        there = sum(seconds(v) for v in at_host(raw, n, fast[1]).values())
+        host = {"group": fast[0], "factor": fast[1], "error": round(total / there - 1, 3)}
+    return StepTime(phases, total, save, tps, tuple(notes), terms, error_bar(axes, host=host))
