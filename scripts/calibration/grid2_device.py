@@ -98,19 +98,11 @@ def card_name() -> str:
 
 
 def host_cpu() -> dict[str, Any]:
-    """The machine's CPU (model, cores): the model's fixed and per-pass costs are the host's, so a run's errors are
-    read against it (batch T's log-prob passes on a one-GPU H200 machine ran ~30% past the model's)."""
-    info: dict[str, str] = {}
-    if Path("/proc/cpuinfo").exists():
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            k, _, v = ln.partition(":")
-            info.setdefault(k.strip(), v.strip())
-    # a VM's model name can be bare ("Intel(R) Xeon(R) Processor", the one-GPU H200 machine): the model number and
-    # the base clock (bogomips) still tell hosts apart
-    from verl_cluster.diagnostics.probe_node import host_python_ms
+    """The machine's CPU (model, cores) and the Python probe's figure: the model's fixed and per-pass costs are the
+    host's, and hosts reporting one CPU model ran them ~1.4x apart (docs/placement.md, "Batch V")."""
+    from verl_cluster.diagnostics.probe_node import cpu_info, host_python_ms
 
-    return {"model": info.get("model name", "unknown"), "model_number": info.get("model"),
-            "bogomips": info.get("bogomips"), "cores": os.cpu_count(), "host_python_ms": host_python_ms()}
+    return {**cpu_info(), "host_python_ms": host_python_ms()}
 
 
 def host_probe(when: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
@@ -19,17 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from verl_cluster.diagnostics.probe_node import host_python_ms  # noqa: E402
-
-
-def cpu() -> dict:
-    info: dict[str, str] = {}
-    if Path("/proc/cpuinfo").exists():
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            k, _, v = ln.partition(":")
-            info.setdefault(k.strip(), v.strip())
-    return {"model": info.get("model name", "unknown"), "model_number": info.get("model"),
-            "mhz": info.get("cpu MHz"), "bogomips": info.get("bogomips"), "cores": os.cpu_count()}
+from verl_cluster.diagnostics.probe_node import cpu_info, host_python_ms  # noqa: E402
 
 
 def gpu_latencies(launches: int = 2000, syncs: int = 500) -> dict:
@@ -64,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     for i in range(a.repeats):
         doc = {"probe": i, "t": round(time.time(), 1), "python": platform.python_version(),
-               "host_python_ms": host_python_ms(), "cpu": cpu()}
+               "host_python_ms": host_python_ms(), "cpu": cpu_info()}
         try:
             doc.update(gpu_latencies())
         except ImportError as e:  # no torch in this Python: the Python probe alone

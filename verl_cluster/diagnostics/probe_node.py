@@ -285,6 +285,17 @@ def meminfo():
     return vals.get("MemTotal"), vals.get("SwapTotal")
 
 
+def cpu_info():
+    """The CPU as /proc/cpuinfo names its first core. A VM's model name can be bare ("Intel(R) Xeon(R) Processor"):
+    the model number and the clocks still tell hosts apart, and host_python_ms tells their speed."""
+    info = {}
+    for ln in _read("/proc/cpuinfo").splitlines():
+        k, _, v = ln.partition(":")
+        info.setdefault(k.strip(), v.strip())
+    return {"model": info.get("model name", "unknown"), "model_number": info.get("model"),
+            "mhz": info.get("cpu MHz"), "bogomips": info.get("bogomips"), "cores": os.cpu_count()}
+
+
 def _python_work(n=200_000):
     """A fixed piece of interpreter work (dict lookups, float arithmetic, a loop): what verl's host side is made of
     between kernel launches. Its result is returned so nothing is optimized away."""
