@@ -22,6 +22,7 @@ from verl_cluster.jobs import ray_jobs
 from verl_cluster.submit.integrations import PlanInfo, plan_metadata, plan_predictions
 from verl_cluster.job_list.job_pairs import pairs_of
 from verl_cluster.jobs.request import RayJobRequest
+from tests.harness.scripts import load_script
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +31,6 @@ BURST_LINES, TICKS = 30_000, 6  # ~3 MB at once, then a line a second
 
 JOB = """
 import sys, time
-
-from tests.harness.scripts import load_script
 sys.stdout.write(("(WorkerDict pid=7) " + "n" * 80 + "\\n") * {burst})
 sys.stdout.write(open({log!r}).read())
 sys.stdout.flush()
