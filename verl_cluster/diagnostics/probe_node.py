@@ -310,7 +310,7 @@ def _python_work(n=200_000):
 
 def host_python_ms(repeats=7, clock=time.perf_counter):
     """The fastest of REPEATS runs of _python_work, in ms: this Python on this host's CPU. Hosts with the same CPU
-    model name have run verl's host-bound phases ~1.5x apart (docs/placement.md, "Batch V"); the fastest run is the
+    model name have run verl's host-bound phases ~1.4x apart (docs/placement.md, "Batch V"); the fastest run is the
     figure least moved by a neighbour's load."""
     best = float("inf")
     for _ in range(repeats):

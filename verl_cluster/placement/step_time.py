@@ -32,7 +32,8 @@ Every phase is a fixed cost plus work over a rate:
 - offload: params (and Adam states) over the host link (the catalog's pinned-copy rate) each phase;
 - checkpoint save: fp32 params + Adam per GPU to storage, every save_freq steps (shown apart from the step).
 The GPU enters through the catalog's FLOPs, HBM and link figures only: fixed, per-pass and per-token costs are the
-host's (Python, kernel launches) and carry over from the H100 host they were fitted on.
+host's (Python, kernel launches; HOST_TERMS), fitted on the recorded runs' hosts, and a host runs them at its own
+speed (machines of one GPU kind ~1.4x apart: the error bar carries it, envelope.with_host).
 Each phase is built as terms (constant name -> coefficient, "" for seconds from bytes and links), so the fixed
 costs and the per-step/token/pass costs are fitted by scripts/calibration/fit_plan_calibration.py (least squares on the runs
 tagged fit; the micro-batched phases by their relative errors under the max): a calibration, not a law.
