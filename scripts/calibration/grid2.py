@@ -592,7 +592,8 @@ def judge(result: dict, rounds: list[dict]) -> dict[str, Any]:
     card = card_key(result["card"])
     before = [r for r in rounds if r["date"] <= result["started_utc"] and card in r["runs"].get(run.name, {})]
     role = run_role(run)
-    out: dict[str, Any] = {"run": run.name, "family": run.family, "card": result["card"], "gpus": run.gpus}
+    out: dict[str, Any] = {"run": run.name, "family": run.family, "card": result["card"], "gpus": run.gpus,
+                           "host_python_ms": (result.get("host_cpu") or {}).get("host_python_ms")}
     m = measured(result.get("steps") or {}, run.sequences)
     if shared_cluster(result, run):
         return {**out, "role": role, "blind": False, "why": "ran beside other runs on one Ray cluster, which has one "
@@ -677,14 +678,15 @@ def markdown(rep: dict[str, Any]) -> str:
     out += ["", "| run | family (role) | card | fill | step pred / meas | error | phases over 0.5 s (pred / meas, "
             "error) |", "|---|---|---|---|---|---|---|"]
     for r in rep["runs"]:
+        card = r["card"] + (f" (host {r['host_python_ms']:g} ms)" if r.get("host_python_ms") else "")
         if not r.get("blind"):
-            out.append(f"| {r['run']} | {r['family']} ({r['role']}) | {r['card']} | — | — | — | {r['why']} |")
+            out.append(f"| {r['run']} | {r['family']} ({r['role']}) | {card} | — | — | — | {r['why']} |")
             continue
         ph = "; ".join(f"{p['phase']} {p['predicted']:.2f} / {p['measured']:.2f} ({pct(p['error'])}"
                        + (f"; steps {', '.join(f'{v:.2f}' for v in p['per_step'])}" if p["ok"] is False and
                           p.get("per_step") else "") + ")" for p in r["phases"] if p["held"])
         name = f"**{r['run']}**" if r["role"] == "hold-out" else r["run"]
-        out.append(f"| {name} | {r['family']} ({r['role']}) | {r['card']} | {r['fill']} | {r['step_predicted']} / "
+        out.append(f"| {name} | {r['family']} ({r['role']}) | {card} | {r['fill']} | {r['step_predicted']} / "
                    f"{r['step_measured']} | {pct(r['step_error'])} (bar ±{r['error_bar_pct']}%) | {ph} |")
     t = rep["target"]
     out += ["", "Target (held-out step ±20%, phases over 0.5 s ±30%; ≥6 held-out runs, ≥3 families, ≥2 on 2 "

@@ -438,3 +438,17 @@ def test_each_run_records_the_host_cpu_its_fixed_costs_ran_on():
                    "bogomips": first["bogomips"], "cores": os.cpu_count()}
     assert got["cores"] >= 1 and float(got["bogomips"]) > 0
     assert isinstance(speed, float) and speed > 0
+
+
+def test_the_report_names_each_runs_host_speed_where_the_run_recorded_it():
+    """Runs since the host probe carry host_cpu.host_python_ms: the report's card column says it beside the card,
+    which alone does not tell hosts apart (docs/placement.md, "Batch V"); earlier runs show the card alone."""
+    rounds = json.loads(grid2.PREDICTIONS.read_text())["rounds"]
+    fix = ROOT / "tests/fixtures/verl_runs/grid2_results"
+    old = json.loads((fix / "grid2-g1fa-m4.json").read_text())
+    new = {**old, "host_cpu": {**old["host_cpu"], "host_python_ms": 27.94}}
+    rep = grid2.report([new, json.loads((fix / "grid2-g1ppo15b-m8.json").read_text())], rounds)
+    by = {r["run"]: r for r in rep["runs"]}
+    assert by["g1fa-m4"]["host_python_ms"] == 27.94 and by["g1ppo15b-m8"]["host_python_ms"] is None
+    md = grid2.markdown(rep)
+    assert "| NVIDIA H100 80GB HBM3 (host 27.94 ms) |" in md and "| NVIDIA H100 80GB HBM3 | 0.359 |" in md
