@@ -20,8 +20,8 @@ links, verl's poll of the rollout), so the fit is linear:
   squares, relative) on verl's largest logged node RAM of the runs tagged host "fit".
 Prints the constants as they are written in the modules (3 significant digits), then predicted vs measured for
 every run, fit, hold-out and seen. --write-envelope writes the planner's calibration envelope (each run's axes, role
-and step error: placement/envelope.py); --check exits 1 when a module's constant, or that envelope, differs from
-the fit.
+and step error, and the held-out machines' host factors at the fitted constants, host_factor.py: placement/
+envelope.py); --check exits 1 when a module's constant, or that envelope, differs from the fit.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ ENVELOPE_FILE = ROOT / "verl_cluster/catalog/step_time_envelope.json"
 ENVELOPE_COMMENT = ("The step-time model's calibration envelope (placement/envelope.py): the recorded verl runs, each "
                     "with its axes, its role (fit: the constants were fitted on it; hold-out: not fitted on; seen: "
                     "looked at while the terms were written, not fitted on, not blind) and the model's step error "
-                    "on it. Written by scripts/calibration/fit_plan_calibration.py --write-envelope; --check fails when it "
-                    "differs from the fit.")
+                    "on it; then the machines held-out runs ran on (hosts). Written by "
+                    "scripts/calibration/fit_plan_calibration.py --write-envelope; --check fails when it differs "
+                    "from the fit.")
 HOSTS_COMMENT = ("Machines the held-out runs ran on, each with the factor on the model's host terms "
                  "(step_time.HOST_TERMS) that puts its runs' steps at what they measured "
                  "(scripts/calibration/host_factor.py): below 1 a host faster than the fit's.")
@@ -334,9 +335,9 @@ def table(done: dict, consts: dict) -> list[dict]:
     return out
 
 
-def envelope(rows: list[dict]) -> dict:
+def envelope(rows: list[dict], host_doc: dict | None = None) -> dict:
     """The calibration envelope the planner ships (placement/envelope.py): each run's axes, role and the model's step
-    error on it (the fitted constants'), the worst phase over half a second."""
+    error on it (the fitted constants'), the worst phase over half a second; HOST_DOC the hosts (hosts())."""
     runs = []
     for r in rows:
         step = next(x for x in r["rows"] if x["what"] == "step")
@@ -344,16 +345,24 @@ def envelope(rows: list[dict]) -> dict:
         worst = max(long, key=lambda x: abs(x["error"]), default=None)
         runs.append({"run": r["run"], "role": r["time"], "axes": r["axes"], "step_error": step["error"],
                      "worst_phase": [worst["what"], worst["error"]] if worst else None})
-    return {"_comment": ENVELOPE_COMMENT, "runs": runs, "hosts": hosts()}
+    return {"_comment": ENVELOPE_COMMENT, "runs": runs, "hosts": host_doc or {}}
 
 
-def hosts() -> dict:
-    """The hosts the held-out runs ran on, each group's factor on the model's host terms (host_factor.py): the
-    spread a job's step carries in proportion to its host work (placement/envelope.host_error)."""
+def hosts(time_x: dict[str, float], runs: dict, figures: dict) -> dict:
+    """The machines the held-out runs ran on, each group's factor on the model's host terms (host_factor.py), at
+    the fitted constants TIME_X and on the same runs: what a job's bar widens to in proportion to its host work
+    (placement/envelope.with_host)."""
     spec = importlib.util.spec_from_file_location("host_factor", ROOT / "scripts/calibration/host_factor.py")
     hf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hf)
-    return {"_comment": HOSTS_COMMENT, "factors": hf.group_factors()}
+    saved = {k: getattr(step_time, k) for k in time_x if hasattr(step_time, k)}
+    try:
+        for k in saved:
+            setattr(step_time, k, time_x[k])
+        return {"_comment": HOSTS_COMMENT, "factors": hf.group_factors(done=hf.unbound_replays(runs, figures))}
+    finally:
+        for k, v in saved.items():
+            setattr(step_time, k, v)
 
 
 def write_envelope(doc: dict, path: Path) -> None:
@@ -374,7 +383,7 @@ def fit(runs_file: Path, figures_files: list[Path] | Path | None = None) -> tupl
     done, time_x = fit_bound(runs, figures)
     per_gpu, n = per_gpu_pss(done)
     consts = constants(time_x, fit_host(done, per_gpu), per_gpu)
-    return consts, table(done, consts), {"per_gpu_pss_samples": n}
+    return consts, table(done, consts), {"per_gpu_pss_samples": n, "hosts": hosts(time_x, runs, figures)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     consts, rows, info = fit(a.runs_file, a.figures_file)
     differ = {k: (module_value(k), v) for k, v in consts.items() if not np.isclose(module_value(k), v, rtol=1e-6)}
-    env = envelope(rows)
+    env = envelope(rows, info["hosts"])
     if a.write_envelope:
         write_envelope(env, ENVELOPE_FILE)
     shipped = json.loads(ENVELOPE_FILE.read_text()) if ENVELOPE_FILE.exists() else {}

@@ -35,12 +35,15 @@ def load_fit():
     return mod
 
 
-def unbound_replays() -> dict:
-    """Every recorded run's plan with both sides of each micro-batched phase kept and the generate's raw seconds:
-    the factor goes on the host's side before bound() and polled() choose."""
+def unbound_replays(runs: dict | None = None, figures: dict | None = None) -> dict:
+    """Every recorded run's plan (RUNS and FIGURES as fit_plan_calibration reads them; its files by default) with
+    both sides of each micro-batched phase kept and the generate's raw seconds: the factor goes on the host's side
+    before bound() and polled() choose."""
     fit = load_fit()
-    runs = json.loads(fit.CALIB.RUNS_FILE.read_text())["runs"]
-    figures = {k: v for f in fit.default_figures() for k, v in json.loads(f.read_text())["runs"].items()}
+    if runs is None:
+        runs = json.loads(fit.CALIB.RUNS_FILE.read_text())["runs"]
+    if figures is None:
+        figures = {k: v for f in fit.default_figures() for k, v in json.loads(f.read_text())["runs"].items()}
     plain, step_time.bound = step_time.bound, (lambda t, ranks=1, value=None: t)
     whole, step_time.polled = step_time.polled, (lambda t, value=None: t)
     try:
@@ -63,9 +66,11 @@ def best_factor(replays: list[tuple]) -> float:
 
 
 def group_factors(groups: dict[str, tuple[str, ...]] = GROUPS, done: dict | None = None) -> dict[str, float]:
-    """Each group's one factor (best_factor over its runs): what the envelope ships as the hosts seen."""
+    """Each group's one factor (best_factor over its runs): what the envelope ships as the hosts seen. A group whose
+    runs are not all recorded is left out."""
     done = done if done is not None else unbound_replays()
-    return {name: best_factor([done[n] for n in members]) for name, members in groups.items()}
+    return {name: best_factor([done[n] for n in members]) for name, members in groups.items()
+            if all(n in done for n in members)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ layer). One JSON line; run it with the Python verl runs in (the grid's chains ru
 
     python3 scripts/gpu/gpu_host_probe.py [--repeats 3]
 
-Hosts reporting the same CPU model ran the same verl work ~1.5x apart (docs/placement.md, "Batch V"): the figures
+Hosts reporting the same CPU model ran the same verl work ~1.4x apart (docs/placement.md, "Batch V"): the figures
 here are what tells them apart."""
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                "host_python_ms": host_python_ms(), "cpu": cpu_info()}
         try:
             doc.update(gpu_latencies())
-        except ImportError as e:  # no torch in this Python: the Python probe alone
-            doc["gpu_error"] = str(e)
+        except Exception as e:  # noqa: BLE001 - no torch, or CUDA failing: the Python probe alone, and why
+            doc["gpu_error"] = f"{type(e).__name__}: {e}"
         print(json.dumps(doc), flush=True)
     return 0
 

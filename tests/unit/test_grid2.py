@@ -452,3 +452,29 @@ def test_the_report_names_each_runs_host_speed_where_the_run_recorded_it():
     assert by["g1fa-m4"]["host_python_ms"] == 27.94 and by["g1ppo15b-m8"]["host_python_ms"] is None
     md = grid2.markdown(rep)
     assert "| NVIDIA H100 80GB HBM3 (host 27.94 ms) |" in md and "| NVIDIA H100 80GB HBM3 | 0.359 |" in md
+
+
+def test_host_cpu_runs_in_the_chains_python_without_the_package(tmp_path):
+    """The chain runs grid2.py with scripts/calibration on its path and no verl_cluster installed: host_cpu finds
+    the stdlib probe in the repository, and a run's record never waits on it."""
+    code = ("import json, sys; sys.path.insert(0, %r); import grid2_device; print(json.dumps(grid2_device.host_cpu()))"
+            % str(ROOT / "scripts/calibration"))
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["host_python_ms"] > 0 and got["cores"] >= 1 and "probe_error" not in got
+
+
+def test_a_failing_host_probe_is_a_line_not_a_stopped_chain(tmp_path, monkeypatch):
+    """A Python that is missing, or one whose output is torn: host_probe says so and returns; nothing raises."""
+    import types
+
+    monkeypatch.setattr(grid2_device, "OUT", tmp_path)
+    missing = types.SimpleNamespace(PY=str(tmp_path / "no-python"), env=lambda: dict(os.environ))
+    monkeypatch.setattr(grid2_device, "gm", lambda: missing)
+    assert grid2_device.host_probe("setup").startswith("host probe (setup) failed: FileNotFoundError")
+    torn = tmp_path / "torn.sh"
+    torn.write_text("#!/bin/sh\necho '{\"probe\": 0, '\n")
+    torn.chmod(0o755)
+    monkeypatch.setattr(grid2_device, "gm", lambda: types.SimpleNamespace(PY=str(torn), env=lambda: dict(os.environ)))
+    assert grid2_device.host_probe("end").startswith("host probe (end) failed: JSONDecodeError")

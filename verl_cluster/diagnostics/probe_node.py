@@ -313,7 +313,7 @@ def host_python_ms(repeats=7, clock=time.perf_counter):
     model name have run verl's host-bound phases ~1.4x apart (docs/placement.md, "Batch V"); the fastest run is the
     figure least moved by a neighbour's load."""
     best = float("inf")
-    for _ in range(repeats):
+    for _ in range(max(1, repeats)):
         t = clock()
         _python_work()
         best = min(best, clock() - t)

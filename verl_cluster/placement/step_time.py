@@ -336,7 +336,8 @@ def at_host(raw: dict[str, Terms], ranks: int, factor: float = 1.0) -> dict[str,
     constants (HOST_TERMS) FACTOR times the fit's: 1 the fit's hosts, below 1 a faster host."""
     out = {k: bound({c: v * factor if c in HOST_TERMS else v for c, v in t.items()} if factor != 1.0 else t, ranks)
            for k, t in raw.items()}
-    out["gen"] = polled(out["gen"])
+    if "gen" in out:
+        out["gen"] = polled(out["gen"])
     return out
 
 
