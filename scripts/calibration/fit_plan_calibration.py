@@ -31,6 +31,7 @@ import importlib.util
 import json
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,31 @@ def half_period(t: dict, value=None) -> dict:
     return {**t, "GEN_POLL_S": 0.5}
 
 
+@contextmanager
+def patched(bound, polled):
+    """step_time's bound() and polled() replaced while replays are made: both sides of a micro-batched phase kept,
+    the generate's wait as POLLED gives it."""
+    saved = step_time.bound, step_time.polled
+    step_time.bound, step_time.polled = bound, polled
+    try:
+        yield
+    finally:
+        step_time.bound, step_time.polled = saved
+
+
+@contextmanager
+def at_constants(values: dict[str, float]):
+    """step_time's constants set to VALUES while the plans are made, the module's own back after."""
+    saved = {k: getattr(step_time, k) for k in values}
+    try:
+        for k, v in values.items():
+            setattr(step_time, k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(step_time, k, v)
+
+
 def fit_bound(runs: dict, figures: dict) -> tuple[dict, dict[str, float]]:
     """Replays with each micro-batched phase's host and GPU terms both kept and the generate's wait at half a period,
     and the time fit: the other phases by least squares; the forward and update phases, whose micro batches take the
@@ -155,12 +181,8 @@ def fit_bound(runs: dict, figures: dict) -> tuple[dict, dict[str, float]]:
     (step_time.polled), by minimizing the same relative errors with that max or those periods (Nelder-Mead from the
     least-squares fit that adds the two sides and waits half a period: the same start whatever the modules hold, so
     --check is stable). Returns the replays as the plan makes them at the fitted constants."""
-    plain, step_time.bound = step_time.bound, (lambda t, ranks=1: t)
-    whole, step_time.polled = step_time.polled, half_period
-    try:
+    with patched(lambda t, ranks=1: t, half_period):
         raw = replays(runs, figures)
-    finally:
-        step_time.bound, step_time.polled = plain, whole
     x0 = fit_time(raw)
     time_x = dict(x0)
     groups = {fixed: (bound_consts(fixed), step_time.bound) for fixed in step_time.SIDES}
@@ -195,14 +217,8 @@ def fit_bound(runs: dict, figures: dict) -> tuple[dict, dict[str, float]]:
         best = np.where(np.abs(best) < 1e-3, 0.0, best)  # driven to a thousandth of its start: none (stable digits)
         time_x.update({k: float(v) for k, v in zip(names, np.abs(best) * scale)})
     fitted = [k for names, _ in groups.values() for k in names]
-    saved = {k: getattr(step_time, k) for k in fitted}
-    try:  # the plans as the modules will make them: bound() at the fitted constants
-        for k in fitted:
-            setattr(step_time, k, time_x[k])
+    with at_constants({k: time_x[k] for k in fitted}):  # the plans as the modules will make them: bound() at them
         done = replays(runs, figures)
-    finally:
-        for k, v in saved.items():
-            setattr(step_time, k, v)
     return done, time_x
 
 
@@ -355,14 +371,8 @@ def hosts(time_x: dict[str, float], runs: dict, figures: dict) -> dict:
     spec = importlib.util.spec_from_file_location("host_factor", ROOT / "scripts/calibration/host_factor.py")
     hf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hf)
-    saved = {k: getattr(step_time, k) for k in time_x if hasattr(step_time, k)}
-    try:
-        for k in saved:
-            setattr(step_time, k, time_x[k])
+    with at_constants(time_x):
         return {"_comment": HOSTS_COMMENT, "factors": hf.group_factors(done=hf.unbound_replays(runs, figures))}
-    finally:
-        for k, v in saved.items():
-            setattr(step_time, k, v)
 
 
 def write_envelope(doc: dict, path: Path) -> None:

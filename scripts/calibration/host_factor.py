@@ -44,12 +44,8 @@ def unbound_replays(runs: dict | None = None, figures: dict | None = None) -> di
         runs = json.loads(fit.CALIB.RUNS_FILE.read_text())["runs"]
     if figures is None:
         figures = {k: v for f in fit.default_figures() for k, v in json.loads(f.read_text())["runs"].items()}
-    plain, step_time.bound = step_time.bound, (lambda t, ranks=1, value=None: t)
-    whole, step_time.polled = step_time.polled, (lambda t, value=None: t)
-    try:
+    with fit.patched(lambda t, ranks=1, value=None: t, lambda t, value=None: t):
         return fit.replays(runs, figures)
-    finally:
-        step_time.bound, step_time.polled = plain, whole
 
 
 def step_error(replay: tuple, h: float) -> float:

@@ -16,11 +16,7 @@ from tests.harness.scripts import load_script
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load(name: str, rel: str):
-    return load_script(rel, name)
-
-
-S = load("gpu_mem_sampler", "scripts/gpu/gpu_mem_sampler.py")
+S = load_script("scripts/gpu/gpu_mem_sampler.py")
 MIB = 2**20
 HELD = 96 * MIB
 # a child that holds HELD bytes of its own (filled, so resident), starts a grandchild with a plain title, says ready
@@ -146,7 +142,7 @@ def test_the_sampler_records_host_lines_and_peaks_without_a_gpu(worker, tmp_path
 
 def test_gpu_line_readers_skip_host_lines(tmp_path):
     """scripts/calibration/verl_memory_report.py reads the GPU lines of the same file: host lines and the summary are skipped."""
-    report = load("verl_memory_report", "scripts/calibration/verl_memory_report.py")
+    report = load_script("scripts/calibration/verl_memory_report.py")
     f = tmp_path / "nvml.jsonl"
     gpu = {"t": 1.0, "gpus": [1000], "procs": [[0, 7, 900, "ray::WorkerDict.update_actor"]]}
     f.write_text("\n".join(json.dumps(d) for d in (

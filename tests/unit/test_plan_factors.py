@@ -22,12 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests/fixtures"
 
 
-def load(name: str, path: Path):
-    return load_script(str(path.relative_to(ROOT)), name)
-
-
-CALIB = load("calib_from_runs", ROOT / "scripts/calibration/calib_from_runs.py")
-PF = load("plan_factors", ROOT / "scripts/plan_factors.py")
+CALIB = load_script("scripts/calibration/calib_from_runs.py")
+PF = load_script("scripts/plan_factors.py")
 RUNS = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]
 NAMES = ("fit-grpo15", "fit-ppo15", "hold-grpo3n8")  # GRPO (ref, no critic) twice, PPO (critic, no ref) once
 
