@@ -72,6 +72,12 @@ class Run:
     shape: str = SHAPE  # the model's shape (PARAMS_B): 24 layers, or 28 (1.5B) and 36 (3B)
 
     @property
+    def flags(self) -> tuple[str, ...]:
+        """submit's options for the run: the collector as Python leaves it unless the run asks for the freeze (the
+        product freezes by default since batch R; the model's fit and its predicted rounds are of runs without it)."""
+        return self.submit_flags if "--gc-freeze" in self.submit_flags else (*self.submit_flags, "--no-gc-freeze")
+
+    @property
     def diagnosis(self) -> bool:
         """Profiled, run with the collector frozen by the chain, or an A/B side: never reported or fitted."""
         return self.profile or self.gc_freeze or self.ab

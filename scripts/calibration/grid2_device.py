@@ -300,7 +300,7 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
     tail = StepTimes(OUT / f"grid2-submit-{run.name}.log", seen)
     tail.start()
     try:
-        r = sh(f"submit-{run.name}", vc("submit", "-c", str(cluster), "--json", *run.submit_flags, "--",
+        r = sh(f"submit-{run.name}", vc("submit", "-c", str(cluster), "--json", *run.flags, "--",
                                                *run.line()), limit)
     finally:
         freeze.unlink(missing_ok=True)

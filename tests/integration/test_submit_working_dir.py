@@ -74,10 +74,11 @@ print("probe", json.dumps(ray.get(Probe.remote().heap.remote(200000))), flush=Tr
 
 
 def test_gc_freeze_reaches_the_workers_of_a_job_that_calls_ray_init_itself(shared_cluster, tmp_path):
-    """--gc-freeze: Ray runs the shipped set-up in the job's actors (the hosts have no copy of it), through the
-    driver's own ray.init(runtime_env=...) as verl's; their full collection froze the survivors."""
+    """The default (python_gc: auto, no flag): Ray runs the shipped set-up in the job's actors (the hosts have no
+    copy of it), through the driver's own ray.init(runtime_env=...) as verl's; their full collection froze the
+    survivors."""
     (tmp_path / "gcprobe.py").write_text(GC_PROBE)
-    r = cli_in(tmp_path, "submit", "-c", shared_cluster.path, "--working-dir", ".", "--gc-freeze",
+    r = cli_in(tmp_path, "submit", "-c", shared_cluster.path, "--working-dir", ".",
                "env.VERL_CLUSTER_GC_FREEZE_MIN_S=0", "--", "python", "-m", "gcprobe")
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(next(ln.split("probe ", 1)[1] for ln in r.stdout.splitlines() if "probe {" in ln))

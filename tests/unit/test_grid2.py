@@ -361,6 +361,10 @@ def test_the_gc_freeze_a_b_runs_each_side_beside_the_other_then_swapped():
     bases = {tuple(w for w in r.line() if "ckpt" not in w) for r in runs}
     assert len(bases) == 1  # one line; only the product's flag differs
     assert [r.submit_flags for r in runs] == [(), ("--gc-freeze",), ("--gc-freeze",), ()]
+    # the product freezes by default since R: a default side, and every grid run, says --no-gc-freeze to submit
+    assert [r.flags for r in runs] == [("--no-gc-freeze",), ("--gc-freeze",), ("--gc-freeze",), ("--no-gc-freeze",)]
+    assert rc.flags == ("env.TORCH_LOGS=recompiles", "--no-gc-freeze")
+    assert all("--no-gc-freeze" in r.flags for r in grid2.batch_runs("S") + grid2.batch_runs("H"))
     end, at = grid2.lane_plan(["R"], 2, {r.name: 400.0 for r in runs + [rc]})
     assert at.pop(rc.name) == (800.0, 1200.0) and end == 1200.0  # after both lanes, on both GPUs
     starts = sorted((s, r.name) for r, (s, _) in ((grid2.BY_NAME[n], v) for n, v in at.items()))

@@ -67,7 +67,7 @@ secrets: [WANDB_API_KEY]
     assert "data.train_files=[/d/train.parquet]" in argv and "trainer.logger=[console]" in argv
     assert "actor_rollout_ref.model.path=/models/qwen" in argv
     assert req.runtime_env["env_vars"] == {"NCCL_SOCKET_IFNAME": "ens5", "HF_HUB_OFFLINE": "1",
-                                           "WANDB_API_KEY": "s3cr3t-value"}
+                                           "WANDB_API_KEY": "s3cr3t-value", "VERL_CLUSTER_GC": "freeze"}
     assert req.metadata["verl_cluster.plan"] == '{"feasible": true}'
     shown = json.dumps(req.describe())
     assert "s3cr3t-value" not in shown and f'"WANDB_API_KEY": "{MASK}"' in shown
@@ -168,17 +168,24 @@ def test_shipped_job_files_parse():
 
 
 def test_python_gc_freeze_ships_the_hook_to_every_worker(tmp_path, cluster):
-    """python_gc: freeze -> Ray's worker_process_setup_hook runs vc_hooks.setup in each worker, the module shipped as
-    py_modules (the nodes need not have verl_cluster); the job's own py_modules are kept, its own hook refused."""
+    """python_gc: auto (the default) and freeze -> Ray's worker_process_setup_hook runs vc_hooks.setup in each worker,
+    the module shipped as py_modules (the nodes need not have verl_cluster); the job's own py_modules are kept. With
+    the job's own hook, auto leaves it alone and freeze is refused; `default` ships nothing."""
     text = "name: g\nentrypoint: verl.trainer.main_ppo\nruntime_env: {py_modules: [/srv/mine]}\n"
-    plain = build_ray_request(load_job(write_job(tmp_path, text)), cluster, {}, {}, {})
+    plain = build_ray_request(load_job(write_job(tmp_path, text), ["python_gc=default"]), cluster, {}, {}, {})
     assert "worker_process_setup_hook" not in plain.runtime_env and "VERL_CLUSTER_GC" not in plain.runtime_env["env_vars"]
-    req = build_ray_request(load_job(write_job(tmp_path, text), ["python_gc=freeze"]), cluster, {}, {}, {})
-    env = req.runtime_env
-    assert env["worker_process_setup_hook"] == "vc_hooks.setup" and env["env_vars"]["VERL_CLUSTER_GC"] == "freeze"
-    mine, hooks = env["py_modules"]
-    assert mine == "/srv/mine" and Path(hooks).name == "vc_hooks" and (Path(hooks) / "__init__.py").is_file()
-    assert "verl_cluster" not in (Path(hooks) / "__init__.py").read_text().split('"""')[2]  # imports none of ours
+    assert plain.runtime_env["py_modules"] == ["/srv/mine"]
+    for words in ([], ["python_gc=freeze"]):
+        env = build_ray_request(load_job(write_job(tmp_path, text), words), cluster, {}, {}, {}).runtime_env
+        assert env["worker_process_setup_hook"] == "vc_hooks.setup" and env["env_vars"]["VERL_CLUSTER_GC"] == "freeze"
+        mine, hooks = env["py_modules"]
+        assert mine == "/srv/mine" and Path(hooks).name == "vc_hooks" and (Path(hooks) / "__init__.py").is_file()
+        assert "verl_cluster" not in (Path(hooks) / "__init__.py").read_text().split('"""')[2]  # imports none of ours
+    auto_own = load_job(write_job(tmp_path, text), ["runtime_env.worker_process_setup_hook=m.f"])
+    env = build_ray_request(auto_own, cluster, {}, {}, {}).runtime_env
+    assert env["worker_process_setup_hook"] == "m.f" and env["py_modules"] == ["/srv/mine"]
+    assert "VERL_CLUSTER_GC" not in env["env_vars"]
+    assert build_torchrun_request(auto_own, cluster, {}, {}, {}).nodes  # auto asks nothing of torchrun
     own = load_job(write_job(tmp_path, text + "python_gc: freeze\n"), ["runtime_env.worker_process_setup_hook=m.f"])
     with pytest.raises(ConfigError, match="worker_process_setup_hook is set") as e:
         build_ray_request(own, cluster, {}, {}, {})

@@ -73,3 +73,17 @@ def test_help_says_what_it_does(capsys):
         build_parser().parse_args(["submit", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--working-dir DIR" in text and "to every node" in text and "runs inside it" in text
+
+
+def test_gc_flags_set_the_job_field_and_exclude_each_other(tmp_path, cluster, monkeypatch, capsys):
+    """No flag: python_gc auto (the workers freeze); --no-gc-freeze: Python's own collector; both: a usage error."""
+    monkeypatch.chdir(tmp_path)
+    got = {flag: job_input_of(parse("submit", *flag, "--", "python", "-m", "m")).job().python_gc
+           for flag in ((), ("--gc-freeze",), ("--no-gc-freeze",))}
+    assert got == {(): "auto", ("--gc-freeze",): "freeze", ("--no-gc-freeze",): "default"}
+    req = build_ray_request(job_input_of(parse("submit", "--no-gc-freeze", "--", "python", "-m", "m")).job(),
+                            cluster, {}, {}, {})
+    assert "worker_process_setup_hook" not in req.runtime_env
+    with pytest.raises(SystemExit) as e:
+        parse("submit", "--gc-freeze", "--no-gc-freeze", "--", "python", "-m", "m")
+    assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err

@@ -48,8 +48,12 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", action="store_true",
                    help="keep the run up: heal, resume from its checkpoint, report (job's `watch:` settings)")
     p.add_argument("--detach", action="store_true", help="with --watch: the watcher runs in the background")
-    p.add_argument("--gc-freeze", action="store_true",
-                   help="each Ray worker freezes what survives Python's slow full collections (python_gc: freeze)")
+    gc_mode = p.add_mutually_exclusive_group()
+    gc_mode.add_argument("--gc-freeze", action="store_true",
+                         help="each Ray worker freezes what survives Python's slow full collections (python_gc: "
+                              "freeze; the default unless the job sets its own worker_process_setup_hook)")
+    gc_mode.add_argument("--no-gc-freeze", action="store_true",
+                         help="leave Python's collector as it is in every worker (python_gc: default)")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     add_model_config(p)
     p.set_defaults(func=run_submit)
@@ -76,6 +80,7 @@ def job_input_of(args) -> JobInput:
     """The job as typed: the key=value words before `--` and the flags that set job fields are kept in its record."""
     before = list(getattr(args, "before", None) or []) + model_config_word(args) + working_dir_word(args.working_dir)
     before += ["python_gc=freeze"] if getattr(args, "gc_freeze", False) else []
+    before += ["python_gc=default"] if getattr(args, "no_gc_freeze", False) else []
     return JobInput.from_words(args.job, list(args.overrides or []), before)
 
 

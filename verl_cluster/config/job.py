@@ -112,8 +112,9 @@ class JobSpec:
     secrets: list[str] = field(default_factory=list, metadata={"kind": "env_name"})
     working_dir: Optional[str] = field(default=None, metadata=PATH)  # local code shipped with the job (Ray runtime_env working_dir)
     runtime_env: dict[str, Any] = field(default_factory=dict)  # extra runtime_env keys (pip, excludes, ...)
-    # freeze: each Ray worker freezes what survives a slow full collection of Python's collector (verl_cluster/vc_hooks)
-    python_gc: str = field(default="default", metadata={"choices": ("default", "freeze")})
+    # freeze: each Ray worker freezes what survives a slow full collection of Python's collector (verl_cluster/vc_hooks);
+    # auto: freeze unless the job sets its own runtime_env.worker_process_setup_hook; default: Python's own collector
+    python_gc: str = field(default="auto", metadata={"choices": ("auto", "freeze", "default")})
     torchrun: TorchrunSpec = field(default_factory=TorchrunSpec)
     watch: WatchSpec = field(default_factory=WatchSpec)
     source: str = "<memory>"
