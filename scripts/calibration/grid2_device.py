@@ -105,9 +105,10 @@ def host_cpu() -> dict[str, Any]:
     if str(REPO) not in sys.path:  # the chain's Python has scripts/calibration on its path, not the package
         sys.path.insert(0, str(REPO))
     try:
-        from verl_cluster.diagnostics.probe_node import cpu_info, host_python_ms  # stdlib only
+        from verl_cluster.diagnostics.probe_node import cpu_info, host_speed  # stdlib only
 
-        return {**cpu_info(), "host_python_ms": host_python_ms()}
+        ms, steal = host_speed()
+        return {**cpu_info(), "host_python_ms": ms, "host_steal_pct": steal}
     except Exception as e:  # noqa: BLE001 - the run's record is worth more than its host's figure
         return {"probe_error": f"{type(e).__name__}: {e}"}
 
@@ -118,7 +119,7 @@ def host_probe(when: str) -> str:
     the chain: what went wrong is the line logged."""
     g = gm()
     try:
-        r = subprocess.run([g.PY, str(REPO / "scripts/gpu/gpu_host_probe.py"), "--repeats", "2"],
+        r = subprocess.run([g.PY, str(REPO / "scripts/gpu/gpu_host_probe.py"), "--repeats", "3"],
                            capture_output=True, text=True, timeout=120, env=g.env())
         rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
         with open(OUT / "host_probe.jsonl", "a") as fh:
@@ -129,8 +130,10 @@ def host_probe(when: str) -> str:
     if not rows:
         return f"host probe ({when}) gave nothing (rc {r.returncode}): {r.stderr.strip()[-200:]}"
     last = rows[-1]
+    ctx = last.get("context") or {}
     return (f"host probe ({when}): python {last.get('host_python_ms')} ms, launch {last.get('launch_us')} us, "
-            f".item() {last.get('sync_us')} us")
+            f".item() {last.get('sync_us')} us; steal {last.get('steal_pct')}%, others {ctx.get('others_cpus')} CPUs "
+            f"{ctx.get('busiest', [])[:2]}")
 
 
 def device_setup() -> None:

@@ -4,6 +4,8 @@ layer). One JSON line; run it with the Python verl runs in (the grid's chains ru
 
     python3 scripts/gpu/gpu_host_probe.py [--repeats 3]
 
+Each line also says the CPU steal while it ran and what else the host ran then (`context`).
+
 Hosts reporting the same CPU model ran the same verl work ~1.4x apart (docs/placement.md, "Batch V"): the figures
 here are what tells them apart."""
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -18,7 +21,41 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from verl_cluster.diagnostics.probe_node import cpu_info, host_python_ms  # noqa: E402
+from verl_cluster.diagnostics.probe_node import cpu_info, cpu_ticks, host_python_ms, steal_pct  # noqa: E402
+
+
+def process_ticks() -> dict[int, tuple[str, int]]:
+    """Every process's name and CPU ticks so far (utime + stime, /proc/PID/stat)."""
+    out = {}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                raw = fh.read()
+        except OSError:
+            continue
+        name, rest = raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+        out[int(d)] = (name, int(rest[11]) + int(rest[12]))
+    return out
+
+
+def context(before: dict, after: dict, seconds: float, top: int = 4) -> dict:
+    """What else ran on the host while the probe did (the chain's probes read ~2x the standalone ones on one machine,
+    docs/BENCHMARKS.md "Batch R"): the busiest other processes in CPUs, the load, this process's CPU share limits."""
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    me = os.getpid()
+    busy = sorted(((after[p][1] - before[p][1]) / hz / max(seconds, 1e-6), after[p][0], p) for p in after
+                  if p in before and p != me)
+    load = (open("/proc/loadavg").read().split() if os.path.exists("/proc/loadavg") else ["?"] * 4)
+    cg = open("/proc/self/cgroup").read().strip().splitlines()[-1].split(":")[-1] if os.path.exists(
+        "/proc/self/cgroup") else None
+    cpu_max = Path(f"/sys/fs/cgroup{cg}/cpu.max") if cg else None
+    return {"others_cpus": round(sum(b for b, _, _ in busy), 2),
+            "busiest": [[n, p, round(b, 2)] for b, n, p in busy[::-1][:top] if b > 0.05],
+            "loadavg_1m": load[0], "running": load[3], "nice": os.nice(0),
+            "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "cgroup": cg, "cpu_max": cpu_max.read_text().strip() if cpu_max and cpu_max.exists() else None}
 
 
 def gpu_latencies(launches: int = 2000, syncs: int = 500) -> dict:
@@ -52,12 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="whole probes, one JSON line each")
     a = ap.parse_args(argv)
     for i in range(a.repeats):
+        ticks, procs, t0 = cpu_ticks(), process_ticks(), time.perf_counter()
         doc = {"probe": i, "t": round(time.time(), 1), "python": platform.python_version(),
                "host_python_ms": host_python_ms(), "cpu": cpu_info()}
         try:
             doc.update(gpu_latencies())
         except Exception as e:  # noqa: BLE001 - no torch, or CUDA failing: the Python probe alone, and why
             doc["gpu_error"] = f"{type(e).__name__}: {e}"
+        doc["steal_pct"] = steal_pct(ticks, cpu_ticks())
+        doc["context"] = context(procs, process_ticks(), time.perf_counter() - t0)
         print(json.dumps(doc), flush=True)
     return 0
 

@@ -438,6 +438,8 @@ def test_each_run_records_the_host_cpu_its_fixed_costs_ran_on():
     first = {k: next(ln.split(":", 1)[1].strip() for ln in lines if ln.split(":")[0].strip() == k)
              for k in ("model name", "model", "cpu MHz", "bogomips")}
     speed = got.pop("host_python_ms")  # the Python probe (probe_node.host_python_ms): hosts of one CPU model differ
+    steal = got.pop("host_steal_pct")  # the hypervisor's share meanwhile (None off Linux)
+    assert steal is None or 0.0 <= steal <= 100.0
     assert got == {"model": first["model name"], "model_number": first["model"], "mhz": first["cpu MHz"],
                    "bogomips": first["bogomips"], "cores": os.cpu_count()}
     assert got["cores"] >= 1 and float(got["bogomips"]) > 0

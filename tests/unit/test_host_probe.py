@@ -69,3 +69,39 @@ def test_four_h100_machines_of_one_kind_read_up_to_1_4x_apart():
     order = sorted(means, key=means.get)
     launch = {m: min(r["launch_us"] for r in steady if r["machine"] == m) for m in means}
     assert launch[order[0]] < launch[order[-1]]
+
+
+def test_steal_is_the_hypervisors_share_of_the_cpus_time(monkeypatch):
+    """/proc/stat's first line: user nice system idle iowait irq softirq steal guest guest_nice; the steal between two
+    readings over all ticks between them. Off Linux, or no tick between: None, never an error."""
+    lines = iter(["cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3", "cpu  160 0 70 880 10 0 5 75 40 0\ncpu0 1"])
+    monkeypatch.setattr(probe_node, "_read", lambda path, default="": next(lines))
+    before, after = probe_node.cpu_ticks(), probe_node.cpu_ticks()
+    assert before == (1000, 35) and after == (1200, 75)  # guest (40) is inside user: not added again
+    assert probe_node.steal_pct(before, after) == 20.0
+    assert probe_node.steal_pct(after, after) is None and probe_node.steal_pct(None, after) is None
+    monkeypatch.setattr(probe_node, "_read", lambda path, default="": "")
+    assert probe_node.cpu_ticks() is None and probe_node.host_speed()[1] is None
+
+
+def test_the_probe_reads_this_machines_steal():
+    """Here, a real /proc/stat: a share between 0 and 100 while the probe ran, kept in the node facts."""
+    ms, steal = probe_node.host_speed()
+    assert ms > 0 and (steal is None or 0.0 <= steal <= 100.0)
+    assert "host_steal_pct" in probe_node.collect()
+
+
+def test_the_device_script_names_what_else_ran_beside_it():
+    """A process spinning beside the probe shows in its context with about one CPU, by pid and name."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        r = subprocess.run([sys.executable, str(ROOT / "scripts/gpu/gpu_host_probe.py"), "--repeats", "2"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert r.returncode == 0, r.stderr
+    ctx = json.loads(r.stdout.strip().splitlines()[-1])["context"]
+    got = {pid: cpus for _, pid, cpus in ctx["busiest"]}
+    assert got.get(spin.pid, 0) > 0.5 and ctx["others_cpus"] >= got[spin.pid]
+    assert ctx["affinity"] >= 1 and "/" in ctx["running"]

@@ -106,3 +106,12 @@ def test_mtu_mismatch_on_chosen_interfaces():
 
 def test_gpu_sm_parsing():
     assert GpuInfo(0, "x", 1, compute_capability="8.9").sm == (8, 9)
+
+
+def test_cpu_steal_over_a_tenth_is_a_warning_that_names_it():
+    base = facts("h200x2")
+    quiet = [p for p in node_verdicts(replace(base, host_python_ms=28.0, host_steal_pct=2.5)) if "hypervisor" in p.what]
+    assert quiet == [] and not [p for p in node_verdicts(replace(base, host_steal_pct=None)) if "hypervisor" in p.what]
+    got = [p for p in node_verdicts(replace(base, host_python_ms=55.6, host_steal_pct=31.0)) if "hypervisor" in p.what]
+    assert len(got) == 1 and got[0].severity == WARNING
+    assert "31%" in got[0].what and "55.6 ms" in got[0].what and "dedicated instance" in got[0].fix

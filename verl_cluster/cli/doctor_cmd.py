@@ -45,7 +45,8 @@ def run(args) -> int:
     t.add_row("RDMA / UCX", f"{','.join(f.rdma_devices) or 'none'} / {f.ucx_version or 'none'} "
                             f"({','.join(f.ucx_transports)})")
     if f.host_python_ms is not None:
-        t.add_row("host speed", f"{f.host_python_ms:g} ms for a fixed piece of Python work (less is faster)")
+        steal = "" if f.host_steal_pct is None else f"; CPU steal {f.host_steal_pct:g}% meanwhile"
+        t.add_row("host speed", f"{f.host_python_ms:g} ms for a fixed piece of Python work (less is faster){steal}")
     t.add_row("ulimit -n / memory", f"{f.ulimit_nofile} / {f.mem_total_mib} MiB (swap {f.swap_total_mib} MiB)")
     out.print(t)
     for p in report.problems:

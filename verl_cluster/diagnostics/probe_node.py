@@ -308,6 +308,32 @@ def _python_work(n=200_000):
     return acc + len(d)
 
 
+def cpu_ticks():
+    """(all ticks, steal ticks) of /proc/stat's all-CPU line, or None off Linux. Steal is the time the hypervisor
+    gave this VM's runnable CPUs to someone else (guest time is inside user, so the first 8 fields are the whole)."""
+    parts = _read("/proc/stat").split("\n", 1)[0].split()
+    if len(parts) < 9 or parts[0] != "cpu" or not all(p.isdigit() for p in parts[1:9]):
+        return None
+    ticks = [int(p) for p in parts[1:9]]
+    return sum(ticks), ticks[7]
+
+
+def steal_pct(before, after):
+    """The share of CPU time stolen between two cpu_ticks() readings, in %; None when either is missing or no tick
+    passed."""
+    if not before or not after or after[0] <= before[0]:
+        return None
+    return round(100.0 * (after[1] - before[1]) / (after[0] - before[0]), 1)
+
+
+def host_speed():
+    """host_python_ms and the CPU steal while it ran: a slow figure with steal is a shared VM's neighbours, one
+    without it the host itself."""
+    before = cpu_ticks()
+    ms = host_python_ms()
+    return ms, steal_pct(before, cpu_ticks())
+
+
 def host_python_ms(repeats=7, clock=time.perf_counter):
     """The fastest of REPEATS runs of _python_work, in ms: this Python on this host's CPU. Hosts with the same CPU
     model name have run verl's host-bound phases ~1.4x apart (docs/placement.md, "Batch V"); the fastest run is the
@@ -328,6 +354,7 @@ def collect(head_ip=None, python=None, import_timeout=60.0, deep=False):
     gpu_list, pairs, driver, cuda, nvml_error = gpus()
     versions, import_errors = packages(python or sys.executable, import_timeout, deep)
     mem, swap = meminfo()
+    speed_ms, steal = host_speed()
     return {
         "host": socket.gethostname(),
         "hostname": socket.gethostname(),
@@ -350,7 +377,8 @@ def collect(head_ip=None, python=None, import_timeout=60.0, deep=False):
         "mem_total_mib": mem,
         "swap_total_mib": swap,
         "cpu_count": os.cpu_count(),
-        "host_python_ms": host_python_ms(),
+        "host_python_ms": speed_ms,
+        "host_steal_pct": steal,
         "nvml_error": nvml_error,
         # what Ray started from the same environment would be limited to (Slurm sets it in GPU job steps)
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

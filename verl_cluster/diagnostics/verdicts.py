@@ -10,6 +10,7 @@ from verl_cluster.facts.model import NodeFacts
 
 MIN_NOFILE = 65536  # Ray opens a socket per worker and object transfer; it warns below this too
 MAX_CLOCK_OFFSET_S = 1.0
+MAX_STEAL_PCT = 10.0  # a tenth of the CPUs' time taken by a VM's neighbours slows verl's host-bound phases
 
 
 def _minor(version: str) -> str:
@@ -88,6 +89,12 @@ def node_verdicts(f: NodeFacts, expect_gpus: Optional[int] = None) -> list[Probl
         out.append(Problem(h, f"open-file limit is {f.ulimit_nofile} (Ray wants >= {MIN_NOFILE})",
                            f"ulimit -n {MIN_NOFILE} in the shell that starts Ray, or nofile in "
                            "/etc/security/limits.conf", WARNING))
+    if f.host_steal_pct is not None and f.host_steal_pct >= MAX_STEAL_PCT:
+        out.append(Problem(h, f"the hypervisor took {f.host_steal_pct:g}% of the CPUs' time while the host was probed "
+                              f"({f.host_python_ms:g} ms for the Python work): verl's host-bound phases (launching "
+                              "kernels, the rollout's scheduling, each micro batch's set-up) run slower and vary",
+                           "a dedicated instance (no CPU overcommit), or read the plan's step time at the slow end of "
+                           "its error bar; `doctor` again shows whether it lasts", WARNING))
     if f.clock_offset_s is not None and abs(f.clock_offset_s) > MAX_CLOCK_OFFSET_S:
         out.append(Problem(h, f"clock is {f.clock_offset_s:+.2f}s off the head",
                            "enable NTP (chronyd/systemd-timesyncd): logs and timeouts compare clocks", WARNING))

@@ -77,6 +77,8 @@ class NodeFacts:
     # a fixed piece of Python work on this host, fastest of 7 runs (probe_node.host_python_ms): how fast verl's
     # host-bound phases can run here; comparable between hosts at the same python_version
     host_python_ms: Optional[float] = None
+    # the CPU time the hypervisor gave away while that ran, % of all CPUs' time (a VM's neighbours; 0 on bare metal)
+    host_steal_pct: Optional[float] = None
     clock_offset_s: Optional[float] = None
     nvml_error: Optional[str] = None  # why there are no GPU facts, if any
     # what the backend choice and `check` need beyond the GPUs
