@@ -62,7 +62,11 @@ def test_a_recorded_log_gives_the_pairs_jobs_json_carries(pairs):
     got = pairs_of(text, plan.predictions())
     # the calibration replays its recorded first steps (step 1); a job's pairs leave out both warm-up steps
     steps = CALIB.progress(text.splitlines()).steps
-    assert got == {"vs_plan": check_run.pairs(plan.predictions(), check_run.measured(steps, (1, 2)))}
+    meas = check_run.measured(steps, (1, 2))
+    assert got == {"vs_plan": check_run.pairs(plan.predictions(), meas),
+                   "vs_plan_host": check_run.host_fit(plan.predictions(), meas)}
+    # steps 3+ at the run's lengths: +19% over, a host faster than the fit's mix (the first H100 session's)
+    assert got["vs_plan_host"]["step_error"] > 0.15 and got["vs_plan_host"]["factor"] < 0.8
     assert [r["what"] for r in got["vs_plan"]] == [r["what"] for r in pairs["fit-grpo15"]]
     assert row(got["vs_plan"], "time step (s)")["measured"] == pytest.approx(7.05 - 0.51 / 2 - 0.01, abs=0.005)
     assert row(got["vs_plan"], "time old_log_prob (s)")["measured"] == 0.5  # step 2's 1.01 s: a recompile

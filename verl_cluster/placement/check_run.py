@@ -144,5 +144,46 @@ def pairs(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> list[dict[str
     return out
 
 
+HOST_FIT = tuple(round(0.5 + 0.01 * i, 2) for i in range(151))  # the host factors tried: 0.50 ... 2.00
+HOST_STEP_WITHIN = 0.10  # at its host factor, the step this close ...
+HOST_PHASE_WITHIN = 0.25  # ... and every phase of HOST_PHASE_MIN_S or more this close: the host explains the miss
+HOST_PHASE_MIN_S = 0.5
+
+
+def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """The factor on the plan's host terms (the CPU's part of each phase: launches, Python between kernels, verl's
+    scheduling; step_time.HOST_TERMS) that brings the plan's phases closest to the run's, and whether it explains
+    the run's miss: the step within HOST_STEP_WITHIN and every phase of HOST_PHASE_MIN_S or more within
+    HOST_PHASE_WITHIN at it. Machines of one GPU kind ran verl's host side up to ~1.4x apart, one machine 1.2x apart
+    within 20 minutes (docs/placement.md, "Batch R"). Each phase at the run's lengths times its ratio at the plan's
+    (the plan's by_host, linear between its factors). None when the plan kept no by_host or the run no phases."""
+    table = [(float(h), ph) for h, ph in predicted.get("by_host") or []]
+    meas = got.get("phases_s") or {}
+    base = next((ph for h, ph in table if h == 1.0), None)
+    if not base or not meas:
+        return None
+    phases, _ = at_run_lengths(predicted, got)
+    names = [k for k in phases if meas.get(k) and base.get(k)]
+    if not names:
+        return None
+    big = [k for k in names if meas[k] >= HOST_PHASE_MIN_S] or names
+
+    def at(h: float) -> dict[str, float]:
+        hi = next((i for i, (f, _) in enumerate(table) if f >= h), len(table) - 1)
+        (f0, a), (f1, b) = table[max(hi - 1, 0)], table[hi]
+        w = 0.0 if f1 == f0 else min(max((h - f0) / (f1 - f0), 0.0), 1.0)
+        return {k: phases[k] * (a.get(k, base[k]) + w * (b.get(k, base[k]) - a.get(k, base[k]))) / base[k]
+                for k in names}
+
+    best = min(HOST_FIT, key=lambda h: sum((v / meas[k] - 1) ** 2 for k, v in at(h).items() if k in big))
+    there, total = at(best), sum(meas[k] for k in names)
+    errors = {k: round(there[k] / meas[k] - 1, 3) for k in big}
+    step = sum(there.values()) / total - 1
+    return {"factor": best, "step_error": round(sum(phases[k] for k in names) / total - 1, 3),
+            "step_error_at_factor": round(step, 3), "phases_at_factor": errors,
+            "explains": HOST_FIT[0] < best < HOST_FIT[-1] and abs(step) <= HOST_STEP_WITHIN
+            and all(abs(e) <= HOST_PHASE_WITHIN for e in errors.values())}
+
+
 def off(rows: list[dict[str, Any]], bound: float = WARN_OFF_BY) -> list[dict[str, Any]]:
     return [r for r in rows if abs(r["error"]) > bound]

@@ -329,6 +329,7 @@ class VerlProgress:
             "max_memory_reserved_gb": peak("perf/max_memory_reserved_gb"),
             "validation": val, "checkpoints": list(self.checkpoints),
             **({"vs_plan": self.vs_plan()} if self.predicted else {}),
+            **({"vs_plan_host": host} if (host := self.vs_plan_host()) else {}),
             **({"eta": eta} if (eta := self.estimate()) else {}),
         }
 
@@ -340,13 +341,26 @@ class VerlProgress:
         """Time per step, time left and the plan's step time (verl_logs/run_eta.py), from the second step of a start."""
         return self.eta.estimate(self.predicted)
 
-    def vs_plan(self) -> list[dict[str, Any]]:
-        """Predicted vs measured (the steps after the warm-up, check_run.warmup), once a step after the first is in."""
-        from verl_cluster.placement.check_run import StepMeans, measured, pairs, warmup
+    def _measured(self) -> dict[str, Any]:
+        """The run's means over the steps after the warm-up (check_run.warmup)."""
+        from verl_cluster.placement.check_run import StepMeans, measured, warmup
 
         first = self.first if self.first is not None else 0
-        got = measured(self.steps, skip=warmup(first, self.steps), before=StepMeans(self.folded.means))
+        return measured(self.steps, skip=warmup(first, self.steps), before=StepMeans(self.folded.means))
+
+    def vs_plan(self) -> list[dict[str, Any]]:
+        """Predicted vs measured (the steps after the warm-up, check_run.warmup), once a step after the first is in."""
+        from verl_cluster.placement.check_run import pairs
+
+        got = self._measured()
         return pairs(self.predicted or {}, got) if got else []
+
+    def vs_plan_host(self) -> Optional[dict[str, Any]]:
+        """The host factor that explains the run's miss, if one does (check_run.host_fit)."""
+        from verl_cluster.placement.check_run import host_fit
+
+        got = self._measured() if self.predicted else None
+        return host_fit(self.predicted, got) if got else None
 
     def failure(self) -> Optional[Failure]:
         return classify(self.window)
@@ -395,11 +409,12 @@ def describe(summary: dict[str, Any]) -> list[str]:
         out.append("verl: validation " + ", ".join(f"{k}={v:g}" for k, v in sorted(core.items())))
     for ck in summary.get("checkpoints", []):
         out.append(f"verl: checkpoint {ck}")
-    return out + vs_plan_lines(summary.get("vs_plan") or [])
+    return out + vs_plan_lines(summary.get("vs_plan") or [], summary.get("vs_plan_host"))
 
 
-def vs_plan_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """One line of predicted vs measured, and a warning for each figure off by more than 25%."""
+def vs_plan_lines(rows: list[dict[str, Any]], host: Optional[dict[str, Any]] = None) -> list[str]:
+    """One line of predicted vs measured, and a warning for each figure off by more than 25%; with the run's host
+    factor (check_run.host_fit), when the step is one of them, whether the host's speed explains it."""
     from verl_cluster.placement.check_run import WARN_OFF_BY, off
 
     if not rows:
@@ -410,4 +425,20 @@ def vs_plan_lines(rows: list[dict[str, Any]]) -> list[str]:
                                         f"({r['error']:+.0%})" for r in rows)]
     out += [f"warning: {r['what']} is {r['error']:+.0%} off the plan (more than {WARN_OFF_BY:.0%}): "
             "the plan's model does not hold for this run" for r in off(rows)]
+    if host and any(r["what"] == "time step (s)" for r in off(rows)):
+        out.append(host_line(host))
     return out
+
+
+def host_line(host: dict[str, Any]) -> str:
+    """What the host factor says of a step off the plan."""
+    from verl_cluster.placement.check_run import HOST_PHASE_MIN_S, HOST_PHASE_WITHIN
+    h, at = host["factor"], host["step_error_at_factor"]
+    if not host.get("explains"):
+        return (f"not the host alone: with verl's host-side work (the CPU's part of each phase) at {h:g}x the "
+                f"calibrated hosts' the step is still {at:+.0%} off the plan")
+    how = ("a faster host than the plan's calibration" if h < 1 else
+           "a slower or busier host than the plan's calibration: `verl-cluster doctor` says its CPU steal")
+    return (f"the host explains it: with verl's host-side work (the CPU's part of each phase: launches, Python "
+            f"between kernels, the rollout's scheduling) at {h:g}x the calibrated hosts' time the plan's step is "
+            f"{at:+.0%} and every phase over {HOST_PHASE_MIN_S:g} s within {HOST_PHASE_WITHIN:.0%}: {how}")
