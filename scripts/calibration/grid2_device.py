@@ -332,7 +332,7 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
             "rc": r.returncode, "status": product.get("status"), "submission_id": sid, "line": run.line(),
             "steps": grid2.parse_steps(lines), "product": product.get("verl"),
             "step_seen_t": {str(k): v for k, v in sorted(seen.items())}, "started_t": round(t, 3),
-            "gc_freeze": run.gc_freeze, "submit_flags": list(run.submit_flags), "host_cpu": host_cpu()}
+            "gc_freeze": run.gc_freeze, "submit_flags": list(run.flags), "host_cpu": host_cpu()}
 
 
 class StepTimes(threading.Thread):

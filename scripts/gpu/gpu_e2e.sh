@@ -119,7 +119,8 @@ run_verl() {
   cp "$LOGS/$(printf %02d $N)-plan-$name.out" "$LOGS/plan-$name.json" 2>/dev/null
   python3 scripts/gpu/gpu_mem_sampler.py "$LOGS/nvml-$name.jsonl" --stop-file "$LOGS/stop-$name" \
     --log "$LOGS/$(printf %02d $((N + 1)))-submit-$name.log" --log-out "$LOGS/log-$name.txt" &
-  step "submit-$name" "${RUN_LIMIT:-480}" $VC submit "$job" "$@" --json
+  # --no-gc-freeze: these runs feed the step-time fit (calib_from_runs.py), whose runs had the collector as verl has it
+  step "submit-$name" "${RUN_LIMIT:-480}" $VC submit "$job" "$@" --no-gc-freeze --json
   touch "$LOGS/stop-$name"; wait
   ls -R "$CKPT/$name" 2>/dev/null | head -40 > "$LOGS/ckpt-$name.txt"
   pack

@@ -40,16 +40,23 @@ def process_ticks() -> dict[int, tuple[str, int]]:
     return out
 
 
+def _text(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
 def context(before: dict, after: dict, seconds: float, top: int = 4) -> dict:
     """What else ran on the host while the probe did (the chain's probes read ~2x the standalone ones on one machine,
     docs/BENCHMARKS.md "Batch R"): the busiest other processes in CPUs, the load, this process's CPU share limits."""
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     me = os.getpid()
-    busy = sorted(((after[p][1] - before[p][1]) / hz / max(seconds, 1e-6), after[p][0], p) for p in after
-                  if p in before and p != me)
-    load = (open("/proc/loadavg").read().split() if os.path.exists("/proc/loadavg") else ["?"] * 4)
-    cg = open("/proc/self/cgroup").read().strip().splitlines()[-1].split(":")[-1] if os.path.exists(
-        "/proc/self/cgroup") else None
+    busy = sorted((max(0, after[p][1] - before[p][1]) / hz / max(seconds, 1e-6), after[p][0], p) for p in after
+                  if p in before and p != me)  # max: a pid reused meanwhile
+    load = (_text("/proc/loadavg") or "? ? ? ?").split()
+    groups = _text("/proc/self/cgroup").splitlines()
+    cg = groups[-1].split(":")[-1] if groups else None
     cpu_max = Path(f"/sys/fs/cgroup{cg}/cpu.max") if cg else None
     return {"others_cpus": round(sum(b for b, _, _ in busy), 2),
             "busiest": [[n, p, round(b, 2)] for b, n, p in busy[::-1][:top] if b > 0.05],

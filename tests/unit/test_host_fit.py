@@ -1,6 +1,6 @@
 """A run off its plan: whether the host's speed explains it (placement/check_run.host_fit). Machines of one GPU kind ran
 verl's host side up to ~1.4x apart, one machine 1.2x apart within 20 minutes (docs/placement.md, "Batch R"); the plan
-keeps its phases at other hosts' speeds (StepTime.by_host) and the run's phases pick the factor."""
+keeps its phases at other hosts' speeds (StepTime.by_host_factor) and the run's phases pick the factor."""
 
 import json
 from pathlib import Path
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # a plan's phases at host factors 0.5 ... 2.0: gen all host, update_actor half host, update_weights the GPU's
 TABLE = [[h, {"gen": 4.0 * h, "update_actor": 1.0 + 1.0 * h, "update_weights": 0.6}] for h in step_time.HOST_GRID]
-PREDICTED = {"phases_s": dict(TABLE[2][1]), "step_s": 6.6, "by_host": TABLE}
+PREDICTED = {"phases_s": dict(TABLE[2][1]), "step_s": 6.6, "by_host_factor": TABLE}
 
 
 def test_a_run_on_a_faster_host_is_found_at_its_factor_and_explained():
@@ -57,12 +57,12 @@ def test_the_line_says_it_only_when_the_step_is_off():
 
 
 def test_a_plan_keeps_its_phases_at_each_host_factor():
-    """The plan's own step at factor 1 is its by_host row 1; faster hosts give shorter phases, never longer."""
+    """The plan's own step at factor 1 is its by_host_factor row 1; faster hosts give shorter phases, never longer."""
     fit = load_script("scripts/calibration/fit_plan_calibration.py")
     figures = json.loads((ROOT / "tests/fixtures/verl_runs/grid2_runs.json").read_text())["runs"]
     _, plan, _ = fit.replays({}, {"g1fa-m4": figures["g1fa-m4"]})["g1fa-m4"]
     pred = plan.predictions()
-    rows = dict((h, ph) for h, ph in pred["by_host"])
+    rows = dict((h, ph) for h, ph in pred["by_host_factor"])
     assert sorted(rows) == list(step_time.HOST_GRID)
     assert sum(rows[1.0].values()) == pytest.approx(pred["step_s"], rel=0.01)
     assert all(rows[0.5][k] <= rows[1.0][k] <= rows[2.0][k] for k in rows[1.0])

@@ -73,12 +73,13 @@ def test_four_h100_machines_of_one_kind_read_up_to_1_4x_apart():
 
 def test_steal_is_the_hypervisors_share_of_the_cpus_time(monkeypatch):
     """/proc/stat's first line: user nice system idle iowait irq softirq steal guest guest_nice; the steal between two
-    readings over all ticks between them. Off Linux, or no tick between: None, never an error."""
+    readings over the ticks the CPUs wanted to run (idle and iowait left out: an idle VM's other CPUs do not dilute
+    it). Off Linux, or no tick between: None, never an error."""
     lines = iter(["cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3", "cpu  160 0 70 880 10 0 5 75 40 0\ncpu0 1"])
     monkeypatch.setattr(probe_node, "_read", lambda path, default="": next(lines))
     before, after = probe_node.cpu_ticks(), probe_node.cpu_ticks()
-    assert before == (1000, 35) and after == (1200, 75)  # guest (40) is inside user: not added again
-    assert probe_node.steal_pct(before, after) == 20.0
+    assert before == (190, 35) and after == (310, 75)  # guest (40) is inside user: not added again
+    assert probe_node.steal_pct(before, after) == 33.3  # 40 stolen of 120 wanted; 80 idle ticks do not count
     assert probe_node.steal_pct(after, after) is None and probe_node.steal_pct(None, after) is None
     monkeypatch.setattr(probe_node, "_read", lambda path, default="": "")
     assert probe_node.cpu_ticks() is None and probe_node.host_speed()[1] is None
@@ -103,5 +104,5 @@ def test_the_device_script_names_what_else_ran_beside_it():
     assert r.returncode == 0, r.stderr
     ctx = json.loads(r.stdout.strip().splitlines()[-1])["context"]
     got = {pid: cpus for _, pid, cpus in ctx["busiest"]}
-    assert got.get(spin.pid, 0) > 0.5 and ctx["others_cpus"] >= got[spin.pid]
+    assert got.get(spin.pid, 0) > 0.1 and ctx["others_cpus"] >= got[spin.pid]  # ~1 CPU, less on a loaded machine
     assert ctx["affinity"] >= 1 and "/" in ctx["running"]

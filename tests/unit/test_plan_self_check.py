@@ -22,19 +22,25 @@ def test_predictions_round_trip_through_the_job_metadata():
 
 
 def test_metadata_over_its_limit_stays_json_and_keeps_what_matters_most():
-    """A long note and the phases by fill past the limit: the phases by fill go first, then the note is cut;
-    the text is never cut mid-JSON (that kept no predictions at all)."""
+    """A long note and the phases by fill and by host factor past the limit: the note is cut to 300 characters
+    first, then the phases by host factor go, then those by fill; the text is never cut mid-JSON (that kept no
+    predictions at all)."""
     import json
 
-    by_fill = {**PREDICTED, "fill": 1.0, "tokens_full": 98304,
-               "by_fill": [[f, dict(PREDICTED["phases_s"])] for f in (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)]}
-    info = PlanInfo({"trainer.nnodes": 1}, True, {}, "why " * 400, predicted=by_fill)
-    text = plan_metadata(info, limit=1500)
-    assert len(text) <= 1500 and json.loads(text)["note"].startswith("why why")
+    rows = lambda xs: [[x, dict(PREDICTED["phases_s"])] for x in xs]  # noqa: E731
+    full = {**PREDICTED, "fill": 1.0, "tokens_full": 98304, "by_fill": rows((0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)),
+            "by_host_factor": rows((0.5, 0.7, 1.0, 1.4, 2.0))}
+    info = PlanInfo({"trainer.nnodes": 1}, True, {}, "why " * 400, predicted=full)
+    text = plan_metadata(info, limit=1000)
+    assert len(text) <= 1000 and json.loads(text)["note"].startswith("why why") and len(json.loads(text)["note"]) == 300
     kept = plan_predictions(text)
-    assert "by_fill" not in kept and kept["phases_s"] == PREDICTED["phases_s"]
-    assert "by_fill" in info.predicted  # the caller's plan is left whole
-    assert plan_predictions(plan_metadata(info)) == by_fill  # under the usual limit everything is kept
+    assert "by_fill" not in kept and "by_host_factor" not in kept and kept["phases_s"] == PREDICTED["phases_s"]
+    roomier = plan_predictions(plan_metadata(info, limit=1500))  # the note cut and the host table gone: room enough
+    assert "by_fill" in roomier and "by_host_factor" not in roomier
+    assert "by_fill" in info.predicted and "by_host_factor" in info.predicted  # the caller's plan is left whole
+    assert plan_predictions(plan_metadata(info, limit=1900)) == full  # the note cut made room for both tables
+    assert plan_predictions(plan_metadata(info)) == full  # under the usual limit everything is kept
+    assert json.loads(plan_metadata(info))["note"] == "why " * 400
 
 
 def test_follow_pairs_predicted_and_measured_after_the_warm_up():

@@ -186,6 +186,11 @@ def test_python_gc_freeze_ships_the_hook_to_every_worker(tmp_path, cluster):
     assert env["worker_process_setup_hook"] == "m.f" and env["py_modules"] == ["/srv/mine"]
     assert "VERL_CLUSTER_GC" not in env["env_vars"]
     assert build_torchrun_request(auto_own, cluster, {}, {}, {}).nodes  # auto asks nothing of torchrun
+    # verl's ray.init given py_modules of its own: Ray would refuse to merge the two runtime_envs, so auto does not
+    for words in (["+ray_kwargs.ray_init.runtime_env.py_modules=[/x]"],
+                  ["ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=m.f"]):
+        env = build_ray_request(load_job(write_job(tmp_path, text), words), cluster, {}, {}, {}).runtime_env
+        assert "worker_process_setup_hook" not in env and "VERL_CLUSTER_GC" not in env["env_vars"], words
     own = load_job(write_job(tmp_path, text + "python_gc: freeze\n"), ["runtime_env.worker_process_setup_hook=m.f"])
     with pytest.raises(ConfigError, match="worker_process_setup_hook is set") as e:
         build_ray_request(own, cluster, {}, {}, {})

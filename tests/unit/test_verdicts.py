@@ -115,3 +115,4 @@ def test_cpu_steal_over_a_tenth_is_a_warning_that_names_it():
     got = [p for p in node_verdicts(replace(base, host_python_ms=55.6, host_steal_pct=31.0)) if "hypervisor" in p.what]
     assert len(got) == 1 and got[0].severity == WARNING
     assert "31%" in got[0].what and "55.6 ms" in got[0].what and "dedicated instance" in got[0].fix
+    assert "hypervisor" in node_verdicts(replace(base, host_python_ms=None, host_steal_pct=12.0))[-1].what

@@ -185,3 +185,12 @@ def test_shutdown_noise_with_its_own_traceback_header_is_skipped_too():
              '  File "/ray/_private/worker.py", line 1, in shutdown', "RuntimeError: can't register atexit after shutdown"]
     err = classify(job + noise)
     assert err.line == "ValueError: bad value at step 3" and traceback_block(job + noise, err.line) == job
+
+
+def test_rays_runtime_env_merge_refusal_names_the_freeze_and_its_flag():
+    """A program whose own ray.init(runtime_env=...) sets py_modules or a set-up hook meets the ones the collector's
+    freeze ships: Ray refuses to merge them; the run's own mistake, with --no-gc-freeze as the fix."""
+    line = ("ValueError: Failed to merge the Job's runtime env {'py_modules': ['gcs://a.zip'], "
+            "'worker_process_setup_hook': 'vc_hooks.setup'} with a child's runtime env {'py_modules': ['/x']}")
+    f = classify(["Traceback (most recent call last):", '  File "main.py", line 3', line])
+    assert f.kind == "config" and "--no-gc-freeze" in f.fix and f.line.startswith("ValueError: Failed to merge")

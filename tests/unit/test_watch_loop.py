@@ -136,6 +136,15 @@ def test_a_watched_attempt_is_held_against_its_plan(tmp_path, monkeypatch):
     assert [x.split(" is ")[0] for x in vs[0]["lines"]] == ["warning: time gen (s)", "warning: time step (s)"]
     w._after_attempt("r", _verl(log))  # a job submitted without a plan: nothing to hold it against
     assert len((st.dir / "events.jsonl").read_text().splitlines()) == len(ev)
+    # a plan 1.6x over on every phase, all of it the host's: the line says the host explains it, at ~1/1.6
+    slow = {k: 1.6 * v for k, v in measured.items()}
+    table = [[h, {k: v * h for k, v in slow.items()}] for h in (0.5, 0.7, 1.0, 1.4, 2.0)]
+    meta = plan_metadata(PlanInfo({}, True, {}, "planned", predicted={"phases_s": slow, "step_s": 10.8,
+                                                                     "by_host_factor": table}))
+    w._after_attempt("r2", _verl(log, plan_predictions(meta)))
+    vs = [json.loads(x) for x in (st.dir / "events.jsonl").read_text().splitlines()][-1]
+    assert vs["action"] == "verl vs plan" and vs["lines"][-1].startswith("the host explains it: ")
+    assert "0.6" in vs["lines"][-1].split(" at ")[1][:5] and "a faster host" in vs["lines"][-1]
 
 
 def test_fewer_nodes_reshards_the_checkpoint_or_is_refused_with_the_reason(tmp_path, monkeypatch):

@@ -309,18 +309,20 @@ def _python_work(n=200_000):
 
 
 def cpu_ticks():
-    """(all ticks, steal ticks) of /proc/stat's all-CPU line, or None off Linux. Steal is the time the hypervisor
-    gave this VM's runnable CPUs to someone else (guest time is inside user, so the first 8 fields are the whole)."""
+    """(ticks wanted, steal ticks) of /proc/stat's all-CPU line, or None off Linux. Steal is the time the hypervisor
+    gave this VM's runnable CPUs to someone else, so it is counted against the time its CPUs wanted to run (user,
+    nice, system, irq, softirq and steal itself; guest is inside user), not their idle time: a one-thread probe on
+    an idle 96-CPU VM would otherwise read a stolen third as 0.3%."""
     parts = _read("/proc/stat").split("\n", 1)[0].split()
     if len(parts) < 9 or parts[0] != "cpu" or not all(p.isdigit() for p in parts[1:9]):
         return None
-    ticks = [int(p) for p in parts[1:9]]
-    return sum(ticks), ticks[7]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(p) for p in parts[1:9])
+    return user + nice + system + irq + softirq + steal, steal
 
 
 def steal_pct(before, after):
-    """The share of CPU time stolen between two cpu_ticks() readings, in %; None when either is missing or no tick
-    passed."""
+    """The share of the CPUs' wanted time that was stolen between two cpu_ticks() readings, in %; None when either
+    is missing or no tick passed."""
     if not before or not after or after[0] <= before[0]:
         return None
     return round(100.0 * (after[1] - before[1]) / (after[0] - before[0]), 1)

@@ -90,8 +90,9 @@ def node_verdicts(f: NodeFacts, expect_gpus: Optional[int] = None) -> list[Probl
                            f"ulimit -n {MIN_NOFILE} in the shell that starts Ray, or nofile in "
                            "/etc/security/limits.conf", WARNING))
     if f.host_steal_pct is not None and f.host_steal_pct >= MAX_STEAL_PCT:
-        out.append(Problem(h, f"the hypervisor took {f.host_steal_pct:g}% of the CPUs' time while the host was probed "
-                              f"({f.host_python_ms:g} ms for the Python work): verl's host-bound phases (launching "
+        took = "" if f.host_python_ms is None else f" ({f.host_python_ms:g} ms for the Python work)"
+        out.append(Problem(h, f"the hypervisor took {f.host_steal_pct:g}% of the CPU time this node wanted while it was "
+                              f"probed{took}: verl's host-bound phases (launching "
                               "kernels, the rollout's scheduling, each micro batch's set-up) run slower and vary",
                            "a dedicated instance (no CPU overcommit), or read the plan's step time at the slow end of "
                            "its error bar; `doctor` again shows whether it lasts", WARNING))

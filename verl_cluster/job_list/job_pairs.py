@@ -30,9 +30,8 @@ def pairs_of(text: str, predicted: dict[str, Any]) -> dict[str, Any]:
 
 
 def progress_pairs(prog: Any) -> dict[str, Any]:
-    rows = prog.vs_plan()
+    rows, host = prog.vs_plan_both()
     if rows:
-        host = prog.vs_plan_host()
         return {"vs_plan": rows, **({"vs_plan_host": host} if host else {})}
     why = "no verl step in its log" if not prog.any_step else "no verl step after the first in its log yet"
     return {"vs_plan": [], "vs_plan_reason": why}

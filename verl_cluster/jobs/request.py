@@ -183,11 +183,20 @@ def build_ray_request(job: JobSpec, spec: ClusterSpec, overrides: Mapping[str, A
 GC_HOOK = "vc_hooks.setup"  # verl_cluster/vc_hooks, shipped to every node as a module of its own
 
 
+# the fields the freeze ships at the job's level: a driver's own ray.init(runtime_env=...) naming one of them makes
+# Ray refuse to merge the two ("Failed to merge the Job's runtime env"); verl's main_ppo takes its from these keys
+GC_FIELDS = ("py_modules", "worker_process_setup_hook")
+VERL_RAY_ENV = "ray_kwargs.ray_init.runtime_env."
+
+
 def gc_freezes(job: JobSpec, runtime_env: Mapping[str, Any]) -> bool:
-    """`auto` (the default) freezes unless the job brought its own worker set-up hook, which Ray runs alone: batch R
+    """`auto` (the default) freezes unless the job brought its own worker set-up hook, which Ray runs alone, or
+    verl's ray.init is given py_modules or a hook of its own (Ray would refuse the two runtime_envs): batch R
     (docs/BENCHMARKS.md) measured the workers' 50 ms+ pauses at 0.38 s a step without it, none with it."""
     if job.python_gc == "auto":
-        return not runtime_env.get("worker_process_setup_hook")
+        keys = [*job.verl_overrides(), *(w.split("=", 1)[0] for w in (*job.command, *job.args) if "=" in w)]
+        driver = any(k.lstrip("+").startswith(VERL_RAY_ENV + f) for k in keys for f in GC_FIELDS)
+        return not runtime_env.get("worker_process_setup_hook") and not driver
     return job.python_gc == "freeze"
 
 

@@ -99,11 +99,17 @@ def at_run_lengths(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> tupl
     table, full, toks = predicted.get("by_fill"), predicted.get("tokens_full"), got.get("tokens_per_step")
     if not table or not full or not toks:
         return dict(predicted.get("phases_s") or {}), None
-    fill = min(max(toks / full, table[0][0]), table[-1][0])
-    hi = next(i for i, (f, _) in enumerate(table) if f >= fill)
+    return between(table, toks / full), toks / full
+
+
+def between(table: list, x: float) -> dict[str, float]:
+    """TABLE's phases ([[x, {phase: seconds}], ...], x ascending) at X: linear between the two rows around it, the
+    first or last row outside them."""
+    x = min(max(x, table[0][0]), table[-1][0])
+    hi = next(i for i, (f, _) in enumerate(table) if f >= x)
     (f0, a), (f1, b) = table[max(hi - 1, 0)], table[hi]
-    w = 0.0 if f1 == f0 else (fill - f0) / (f1 - f0)
-    return {k: a[k] + w * (b.get(k, a[k]) - a[k]) for k in a}, toks / full
+    w = 0.0 if f1 == f0 else (x - f0) / (f1 - f0)
+    return {k: a[k] + w * (b.get(k, a[k]) - a[k]) for k in a}
 
 
 def planned_step_s(predicted: Mapping[str, Any], tokens_per_step: Optional[float]) -> tuple[Optional[float],
@@ -156,32 +162,34 @@ def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[d
     the run's miss: the step within HOST_STEP_WITHIN and every phase of HOST_PHASE_MIN_S or more within
     HOST_PHASE_WITHIN at it. Machines of one GPU kind ran verl's host side up to ~1.4x apart, one machine 1.2x apart
     within 20 minutes (docs/placement.md, "Batch R"). Each phase at the run's lengths times its ratio at the plan's
-    (the plan's by_host, linear between its factors). None when the plan kept no by_host or the run no phases."""
-    table = [(float(h), ph) for h, ph in predicted.get("by_host") or []]
+    (the plan's by_host_factor, linear between its factors; tried only within them). None when the plan kept no
+    such table, the run no phases, or no factor moves the phases (none of them the host's)."""
+    table = [[float(h), ph] for h, ph in predicted.get("by_host_factor") or []]
     meas = got.get("phases_s") or {}
     base = next((ph for h, ph in table if h == 1.0), None)
-    if not base or not meas:
+    if len(table) < 2 or not base or not meas:
         return None
     phases, _ = at_run_lengths(predicted, got)
     names = [k for k in phases if meas.get(k) and base.get(k)]
-    if not names:
-        return None
     big = [k for k in names if meas[k] >= HOST_PHASE_MIN_S] or names
+    tried = [h for h in HOST_FIT if table[0][0] <= h <= table[-1][0]]
+    if not names or len(tried) < 2:
+        return None
 
     def at(h: float) -> dict[str, float]:
-        hi = next((i for i, (f, _) in enumerate(table) if f >= h), len(table) - 1)
-        (f0, a), (f1, b) = table[max(hi - 1, 0)], table[hi]
-        w = 0.0 if f1 == f0 else min(max((h - f0) / (f1 - f0), 0.0), 1.0)
-        return {k: phases[k] * (a.get(k, base[k]) + w * (b.get(k, base[k]) - a.get(k, base[k]))) / base[k]
-                for k in names}
+        row = between(table, h)
+        return {k: phases[k] * row.get(k, base[k]) / base[k] for k in names}
 
-    best = min(HOST_FIT, key=lambda h: sum((v / meas[k] - 1) ** 2 for k, v in at(h).items() if k in big))
+    cost = {h: sum((v / meas[k] - 1) ** 2 for k, v in at(h).items() if k in big) for h in tried}
+    best = min(tried, key=cost.get)
+    if max(cost.values()) - cost[best] < 1e-9:
+        return None
     there, total = at(best), sum(meas[k] for k in names)
     errors = {k: round(there[k] / meas[k] - 1, 3) for k in big}
     step = sum(there.values()) / total - 1
     return {"factor": best, "step_error": round(sum(phases[k] for k in names) / total - 1, 3),
             "step_error_at_factor": round(step, 3), "phases_at_factor": errors,
-            "explains": HOST_FIT[0] < best < HOST_FIT[-1] and abs(step) <= HOST_STEP_WITHIN
+            "explains": tried[0] < best < tried[-1] and abs(step) <= HOST_STEP_WITHIN
             and all(abs(e) <= HOST_PHASE_WITHIN for e in errors.values())}
 
 

@@ -162,8 +162,8 @@ class Plan:
         out = {"phases_s": dict(t.get("phases_s") or {}), "step_s": t.get("step_s"),
                "save_checkpoint_s": t.get("save_checkpoint_s"), "host_gib": round(self.host_steady_gib, 2),
                "host_gib_all_nodes": round(self.host_cluster_gib, 2), "nnodes": self.nnodes}
-        if t.get("by_host"):  # the phases at other hosts' speeds (check_run.host_fit)
-            out["by_host"] = t["by_host"]
+        if t.get("by_host_factor"):  # the phases at other hosts' speeds (check_run.host_fit)
+            out["by_host_factor"] = t["by_host_factor"]
         if self.time_at is not None and self.tokens_full:
             out["fill"], out["tokens_full"] = round(self.fill, 4), self.tokens_full
             out["by_fill"] = []  # the planned fill among them: a run at the lengths planned reads the plan itself

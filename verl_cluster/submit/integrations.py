@@ -159,7 +159,8 @@ def plan_metadata(plan: PlanInfo, limit: int = 4000) -> str:
     if plan.predicted:  # so `logs`/`jobs --json` can pair them with what verl logs (placement/check_run.py)
         doc["predicted"] = dict(plan.predicted)
     # over the limit, give up the least needed first; a cut JSON text would be no metadata at all
-    cuts = (lambda d: d.get("predicted", {}).pop("by_host", None), lambda d: d.get("predicted", {}).pop("by_fill", None), lambda d: d.update(note=str(d["note"])[:300]),
+    cuts = (lambda d: d.update(note=str(d["note"])[:300]), lambda d: d.get("predicted", {}).pop("by_host_factor", None),
+            lambda d: d.get("predicted", {}).pop("by_fill", None),
             lambda d: d.pop("predicted", None), lambda d: d.pop("overrides", None))
     text = json.dumps(doc, default=str)
     for cut in cuts:

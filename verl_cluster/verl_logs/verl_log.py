@@ -55,6 +55,10 @@ FAILURES: tuple[tuple[str, re.Pattern, str, str], ...] = tuple((c, re.compile(p)
      "the job's own module or script is not where the job ran",
      "ship the folder that holds it with the job (verl-cluster submit --working-dir DIR -- python -m MODULE ...), "
      "or install it on every node"),
+    ("config", r"Failed to merge the Job's runtime env",
+     "Ray could not merge the job's runtime_env with the one the program's ray.init() passes",
+     "the program's ray.init(runtime_env=...) sets a field the job sets too (verl-cluster ships py_modules and "
+     "worker_process_setup_hook for the collector's freeze): submit with --no-gc-freeze, or drop it there"),
     ("missing-package", r"FlashAttention2 has been toggled on, but it cannot be used",
      "flash-attn is not installed where the job ran (verl loads a critic with flash_attention_2 regardless)",
      "install flash-attn on every node, or train without a critic (algorithm.adv_estimator=grpo)"),
@@ -328,10 +332,15 @@ class VerlProgress:
             "max_memory_allocated_gb": peak("perf/max_memory_allocated_gb"),
             "max_memory_reserved_gb": peak("perf/max_memory_reserved_gb"),
             "validation": val, "checkpoints": list(self.checkpoints),
-            **({"vs_plan": self.vs_plan()} if self.predicted else {}),
-            **({"vs_plan_host": host} if (host := self.vs_plan_host()) else {}),
+            **self._vs_plan_fields(),
             **({"eta": eta} if (eta := self.estimate()) else {}),
         }
+
+    def _vs_plan_fields(self) -> dict[str, Any]:
+        if not self.predicted:
+            return {}
+        rows, host = self.vs_plan_both()
+        return {"vs_plan": rows, **({"vs_plan_host": host} if host else {})}
 
     def learn_command(self, command: str) -> None:
         """The job's command line (Ray's entrypoint): the run's length and save/validation frequency it sets."""
@@ -348,19 +357,28 @@ class VerlProgress:
         first = self.first if self.first is not None else 0
         return measured(self.steps, skip=warmup(first, self.steps), before=StepMeans(self.folded.means))
 
-    def vs_plan(self) -> list[dict[str, Any]]:
-        """Predicted vs measured (the steps after the warm-up, check_run.warmup), once a step after the first is in."""
+    def vs_plan(self, got: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+        """Predicted vs measured (the steps after the warm-up, check_run.warmup), once a step after the first is in.
+        GOT: the run's means when the caller has them (_measured)."""
         from verl_cluster.placement.check_run import pairs
 
-        got = self._measured()
+        got = self._measured() if got is None else got
         return pairs(self.predicted or {}, got) if got else []
 
-    def vs_plan_host(self) -> Optional[dict[str, Any]]:
-        """The host factor that explains the run's miss, if one does (check_run.host_fit)."""
+    def vs_plan_host(self, got: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+        """The factor on the plan's host terms closest to the run, and whether it explains its miss
+        (check_run.host_fit); None without a plan or steps."""
         from verl_cluster.placement.check_run import host_fit
 
-        got = self._measured() if self.predicted else None
+        if not self.predicted:
+            return None
+        got = self._measured() if got is None else got
         return host_fit(self.predicted, got) if got else None
+
+    def vs_plan_both(self) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
+        """vs_plan() and vs_plan_host() from one pass over the steps."""
+        got = self._measured()
+        return self.vs_plan(got), self.vs_plan_host(got)
 
     def failure(self) -> Optional[Failure]:
         return classify(self.window)

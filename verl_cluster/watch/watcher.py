@@ -154,7 +154,7 @@ class Watcher:
             remember_run(sid, progress)
         except OSError:
             pass  # best effort: a read-only home costs the next plan its measured lengths only
-        lines = vs_plan_lines(progress.vs_plan(), progress.vs_plan_host()) if progress.predicted else []
+        lines = vs_plan_lines(*progress.vs_plan_both()) if progress.predicted else []
         if lines:
             self.emit(Note.INFO, "verl vs plan", lines[0], lines=lines[1:], sid=sid)
 
