@@ -280,9 +280,16 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g1ppo15b-m8", "1gpu-ppo", "V", 1, "gae", PACKED, 8, 16, steps=8, held_out=True, shape="qwen2.5-1.5b"),
     Run("g1fa-m4", "1gpu-packed", "V", 1, "grpo", PACKED, 4, 8, steps=8, held_out=True),
     Run("g1pad15b-m8", "1gpu-padded", "V", 1, "grpo", PADDED, 8, 16, steps=8, held_out=True, shape="qwen2.5-1.5b"),
+    # W: held out on 1 GPU, predicted by the round after batch R (2026-12-07; the model of 2173f09, no refit since):
+    # the micro batch of 4 that V's g1fa-m4 missed by +52% (its host, 0.65 of the fit's: check_run.host_fit) in the
+    # critic's and the padded families, and at 28 layers; each chain's host probe now says the CPU steal and what
+    # else ran beside it. 8 steps, 6 timed
+    Run("g1ppo-m4", "1gpu-ppo", "W", 1, "gae", PACKED, 4, 8, steps=8, held_out=True),
+    Run("g1pad-m4", "1gpu-padded", "W", 1, "grpo", PADDED, 4, 8, steps=8, held_out=True),
+    Run("g1fa15b-m4", "1gpu-deep", "W", 1, "grpo", PACKED, 4, 8, steps=8, held_out=True, shape="qwen2.5-1.5b"),
 )
 # G: g2fa-m32, run alone after C; H: 4 GPUs; the held-out batches last
-BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T", "U", "V")
+BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T", "U", "V", "W")
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run
