@@ -148,7 +148,9 @@ def test_jobs_json_keeps_a_finished_jobs_pairs_in_its_record(planned_job, home, 
     assert main(["jobs", "--json", "-c", str(path)]) == 0
     jobs = {j["submission_id"]: j for j in json.loads(capsys.readouterr().out)["clusters"][0]["jobs"]}
     assert jobs[sid]["vs_plan"] == want and want
-    assert seen and job_records.lookup(sid)["vs_plan_final"] == {"vs_plan": want}
+    final = job_records.lookup(sid)["vs_plan_final"]  # the pairs, and whether the host explains a miss
+    assert seen and final["vs_plan"] == want and set(final) <= {"vs_plan", "vs_plan_host"}
+    assert final.get("vs_plan_host") == jobs[sid].get("vs_plan_host")
     seen.clear()
     t0 = time.monotonic()
     assert main(["jobs", "--json", "-c", str(path)]) == 0

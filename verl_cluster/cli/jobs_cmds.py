@@ -37,7 +37,8 @@ its plan assumed and predicted (an object; null when it was submitted without on
 A job submitted with a placement plan also gets "vs_plan": the plan's predictions against what
 verl logged (seconds per phase and step at the run's own lengths, the checkpoint save, host RAM;
 rows of what, predicted, measured, error), read from its log within --timeout; with no rows
-(no step after the first yet, or a log not read in time) "vs_plan_reason" says why. A job
+(no step after the first yet, or a log not read in time) "vs_plan_reason" says why; "vs_plan_host"
+the factor on the plan's host terms closest to the run and whether it explains a miss. A job
 submitted from here keeps them in its record (~/.verl-cluster/jobs): once it has ended its log
 is not read again; while it runs, only what it wrote since the last `jobs --json` is read.
 scripts/plan_factors.py turns a set of them into factors for `plan --factors`. The table
