@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from verl_cluster.diagnostics.probe_node import cpu_info, cpu_ticks, host_python_ms, steal_pct  # noqa: E402
+from verl_cluster.diagnostics.probe_node import _read, cpu_info, cpu_ticks, host_python_ms, steal_pct  # noqa: E402
 
 
 def process_ticks() -> dict[int, tuple[str, int]]:
@@ -40,13 +40,6 @@ def process_ticks() -> dict[int, tuple[str, int]]:
     return out
 
 
-def _text(path: str) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return ""
-
-
 def context(before: dict, after: dict, seconds: float, top: int = 4) -> dict:
     """What else ran on the host while the probe did (the chain's probes read ~2x the standalone ones on one machine,
     docs/BENCHMARKS.md "Batch R"): the busiest other processes in CPUs, the load, this process's CPU share limits."""
@@ -54,8 +47,8 @@ def context(before: dict, after: dict, seconds: float, top: int = 4) -> dict:
     me = os.getpid()
     busy = sorted((max(0, after[p][1] - before[p][1]) / hz / max(seconds, 1e-6), after[p][0], p) for p in after
                   if p in before and p != me)  # max: a pid reused meanwhile
-    load = (_text("/proc/loadavg") or "? ? ? ?").split()
-    groups = _text("/proc/self/cgroup").splitlines()
+    load = (_read("/proc/loadavg") or "? ? ? ?").split()
+    groups = _read("/proc/self/cgroup").splitlines()
     cg = groups[-1].split(":")[-1] if groups else None
     cpu_max = Path(f"/sys/fs/cgroup{cg}/cpu.max") if cg else None
     return {"others_cpus": round(sum(b for b, _, _ in busy), 2),

@@ -1,6 +1,6 @@
 """A run off its plan: whether the host's speed explains it (placement/check_run.host_fit). Machines of one GPU kind ran
 verl's host side up to ~1.4x apart, one machine 1.2x apart within 20 minutes (docs/placement.md, "Batch R"); the plan
-keeps its phases at other hosts' speeds (StepTime.by_host_factor) and the run's phases pick the factor."""
+keeps its phases at other hosts' speeds (StepTime.by_host_factor()) and the run's phases pick the factor."""
 
 import json
 from pathlib import Path

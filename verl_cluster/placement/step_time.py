@@ -206,19 +206,27 @@ class StepTime:
     notes: tuple[str, ...] = ()
     terms: dict[str, Terms] = field(default_factory=dict)  # phase -> terms (what the fit regresses on)
     bar: Optional[ErrorBar] = None  # the step's error bar and the job's axes (placement/envelope.py)
-    # host factor -> phase -> seconds: the phases on hosts slower or faster than the fit's (at_host), so that a run
-    # can be told whether its host explains its miss (check_run.host_fit)
-    by_host_factor: dict[float, dict[str, float]] = field(default_factory=dict)
+    # the phases' terms before bound() and polled() (at_host), over `ranks`: what by_host_factor() works from
+    raw: dict[str, Terms] = field(default_factory=dict, repr=False, compare=False)
+    ranks: int = 1
 
-    def to_dict(self) -> dict:
+    def by_host_factor(self) -> list[list]:
+        """[[factor, {phase: seconds}], ...] over HOST_GRID: the phases on hosts slower or faster than the fit's, so
+        that a run can be told whether its host explains its miss (check_run.host_fit)."""
+        return [[h, {k: round(seconds(v), 3) for k, v in (self.terms if h == 1.0 else
+                                                           at_host(self.raw, self.ranks, h)).items()}]
+                for h in HOST_GRID]
+
+    def to_dict(self, host_table: bool = False) -> dict:
+        """HOST_TABLE: with by_host_factor(), which only the plan's own step time needs (not its other fills, not
+        each option the planner weighs)."""
         out = {"step_s": round(self.step_s, 2), "phases_s": {k: round(v, 2) for k, v in self.phases.items()},
                "save_checkpoint_s": round(self.save_s, 2), "tokens_per_gpu_s": round(self.tokens_per_gpu_s, 1),
                "notes": list(self.notes)}
         if self.bar is not None:
             out["error_bar"] = self.bar.to_dict()
-        if self.by_host_factor:
-            out["by_host_factor"] = [[h, {k: round(v, 3) for k, v in ph.items()}]
-                                     for h, ph in sorted(self.by_host_factor.items())]
+        if host_table and self.raw:
+            out["by_host_factor"] = self.by_host_factor()
         return out
 
 
@@ -262,7 +270,7 @@ LAYER_TERMS = ("UPDATE_PASS_S", "FORWARD_PASS_S", "FORWARD_SYNC_PASS_S")
 # the constants that are seconds of the host's work (Python, launches, syncs): what a faster or slower host than the
 # fit's moves. The rest are the GPU's (FLOPs, bytes over HBM, links), verl's poll and its spread. Batch V ran these
 # ~1.4x faster on one H100 host than the fit's hosts (docs/placement.md, "Batch V"; scripts/calibration/host_factor.py)
-HOST_GRID = (0.5, 0.7, 1.0, 1.4, 2.0)  # the host factors a plan keeps its phases at (StepTime.by_host_factor)
+HOST_GRID = (0.5, 0.7, 1.0, 1.4, 2.0)  # the host factors a plan keeps its phases at (StepTime.by_host_factor())
 HOST_TERMS = frozenset({
     "FORWARD_FIXED_S", "UPDATE_FIXED_S", "UPDATE_FIXED_RANKS_S", "FORWARD_PASS_S", "FORWARD_SYNC_PASS_S",
     "UPDATE_PASS_S", "UPDATE_LM_MICRO_S", "FORWARD_LM_MICRO_S", "FORWARD_TOKEN_S", "LOOP_FORWARD_TOKEN_S",
@@ -571,5 +579,4 @@ def step_time(c: "Candidate", s: "Settings", shape: "ModelShape", hw: "Hardware"
     if fast is not None and total > 0:
         there = sum(seconds(v) for v in at_host(raw, n, fast[1]).values())
         host = {"group": fast[0], "factor": fast[1], "error": round(total / there - 1, 3)}
-    by_host_factor = {h: {k: seconds(v) for k, v in (terms if h == 1.0 else at_host(raw, n, h)).items()} for h in HOST_GRID}
-    return StepTime(phases, total, save, tps, tuple(notes), terms, error_bar(axes, host=host), by_host_factor)
+    return StepTime(phases, total, save, tps, tuple(notes), terms, error_bar(axes, host=host), raw, n)

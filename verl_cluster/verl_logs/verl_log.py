@@ -357,28 +357,19 @@ class VerlProgress:
         first = self.first if self.first is not None else 0
         return measured(self.steps, skip=warmup(first, self.steps), before=StepMeans(self.folded.means))
 
-    def vs_plan(self, got: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
-        """Predicted vs measured (the steps after the warm-up, check_run.warmup), once a step after the first is in.
-        GOT: the run's means when the caller has them (_measured)."""
-        from verl_cluster.placement.check_run import pairs
-
-        got = self._measured() if got is None else got
-        return pairs(self.predicted or {}, got) if got else []
-
-    def vs_plan_host(self, got: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
-        """The factor on the plan's host terms closest to the run, and whether it explains its miss
-        (check_run.host_fit); None without a plan or steps."""
-        from verl_cluster.placement.check_run import host_fit
-
-        if not self.predicted:
-            return None
-        got = self._measured() if got is None else got
-        return host_fit(self.predicted, got) if got else None
+    def vs_plan(self) -> list[dict[str, Any]]:
+        """Predicted vs measured (the steps after the warm-up, check_run.warmup), once a step after the first is in."""
+        return self.vs_plan_both()[0]
 
     def vs_plan_both(self) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
-        """vs_plan() and vs_plan_host() from one pass over the steps."""
+        """vs_plan()'s rows, and the factor on the plan's host terms closest to the run with whether it explains its
+        miss (check_run.host_fit; None without a plan or steps), from one pass over the steps."""
+        from verl_cluster.placement.check_run import host_fit, pairs
+
         got = self._measured()
-        return self.vs_plan(got), self.vs_plan_host(got)
+        if not got:
+            return [], None
+        return pairs(self.predicted or {}, got), host_fit(self.predicted, got) if self.predicted else None
 
     def failure(self) -> Optional[Failure]:
         return classify(self.window)
@@ -451,6 +442,7 @@ def vs_plan_lines(rows: list[dict[str, Any]], host: Optional[dict[str, Any]] = N
 def host_line(host: dict[str, Any]) -> str:
     """What the host factor says of a step off the plan."""
     from verl_cluster.placement.check_run import HOST_PHASE_MIN_S, HOST_PHASE_WITHIN
+
     h, at = host["factor"], host["step_error_at_factor"]
     if not host.get("explains"):
         return (f"not the host alone: with verl's host-side work (the CPU's part of each phase) at {h:g}x the "
