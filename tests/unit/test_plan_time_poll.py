@@ -53,3 +53,12 @@ def test_a_plan_shows_the_generate_in_whole_periods():
             step_time.GEN_POLL_S * polls(raw) + step_time.GEN_SLEEP_S, abs=0.01)
         raws.append(raw)
     assert raws == sorted(raws) and raws[0] < raws[-1]
+
+
+def test_a_generate_of_thousands_of_periods_is_the_mean_and_half_a_period():
+    """Past POLLS_SPREAD periods of spread polls() stops summing a term per period (a response length of millions
+    took 30 s to plan): the two sides of the switch agree, and a generate of 10^7 periods costs no more."""
+    switch = step_time.POLLS_SPREAD * 2.0 / 0.1
+    below, above = polls(switch * (1 - 1e-9), 2.0, 0.1), polls(switch * (1 + 1e-9), 2.0, 0.1)
+    assert above == pytest.approx(below, rel=1e-8)
+    assert polls(2e7, 2.0, 0.1) == 1e7 * math.exp(0.1 ** 2 / 2) + 0.5

@@ -278,6 +278,9 @@ HOST_TERMS = frozenset({
     "SYNC_FIXED_S", "SYNC_RANKS_S", "ADV_S", "ADV_SEQ_S", "GAE_STEP_S"})
 
 
+POLLS_SPREAD = 200  # periods in the generate's spread up to which polls() sums its terms
+
+
 def polls(raw_s: float, period: float = GEN_POLL_S, jitter: float = GEN_JITTER) -> float:
     """The polls verl's `gen` waits, on average, for a generate of about RAW_S seconds: it checks the replay buffer
     at once and then every PERIOD, so a generate of R seconds is seen after ceil(R / PERIOD) periods (at least one:
@@ -285,6 +288,10 @@ def polls(raw_s: float, period: float = GEN_POLL_S, jitter: float = GEN_JITTER) 
     over k >= 1 of P(X > k)."""
     if raw_s <= 0 or period <= 0:
         return 1.0
+    if jitter * raw_s > POLLS_SPREAD * period:
+        # a spread of hundreds of periods: ceil adds half a period on average (its ripple is far below 1e-9),
+        # and summing would take a step per period (a response length of millions: seconds of a plan)
+        return raw_s / period * math.exp(jitter * jitter / 2.0) + 0.5
     # periods far below the spread are passed for certain (P(X > k) = 1 to 1e-15 below exp(-8 sigma) of raw_s)
     k = max(1, int(raw_s * math.exp(-8.0 * jitter) / period))
     out = float(k)
