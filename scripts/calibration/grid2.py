@@ -413,12 +413,16 @@ def _grow(nf: dict[str, Any], gpus: int) -> None:
     nf.update(cpu_count=16 * gpus, mem_total_mib=nf["mem_total_mib"] // 2 * gpus)
 
 
+def plan_argv(run: Run, card: str, folder: Path, fill: Optional[float] = None) -> list[str]:
+    """The arguments of `verl-cluster` that plan the run's line on a node of CARD, as --json."""
+    argv = ["plan", "--json", "--facts", str(facts_file(card, run.flash, folder, run.gpus))]
+    return [*argv, *(["--fill", str(fill)] if fill is not None else []), "--", *run.line()]
+
+
 def plan(run: Run, card: str, folder: Path, fill: Optional[float] = None) -> dict[str, Any]:
     """`verl-cluster plan --json` of the run's line on a node of CARD (the CLI, as a user runs it)."""
-    argv = [sys.executable, "-m", "verl_cluster", "plan", "--json", "--facts",
-            str(facts_file(card, run.flash, folder, run.gpus))]
-    argv += ["--fill", str(fill)] if fill is not None else []
-    r = subprocess.run([*argv, "--", *run.line()], capture_output=True, text=True, timeout=180, cwd=REPO)
+    r = subprocess.run([sys.executable, "-m", "verl_cluster", *plan_argv(run, card, folder, fill)],
+                       capture_output=True, text=True, timeout=180, cwd=REPO)
     try:
         return json.loads(r.stdout)
     except ValueError:

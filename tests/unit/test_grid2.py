@@ -2,13 +2,14 @@
 held-out families are held out by axis, the batches fit their sessions by the plan's own estimate, the lines compose
 in verl 0.9.1's config, and the report's arithmetic on a small made-up set of results."""
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,25 @@ sys.path.insert(0, str(ROOT / "scripts" / "calibration"))
 import grid2  # noqa: E402
 import grid2_device  # noqa: E402
 from tests.harness.scripts import load_script
+from verl_cluster.cli import main
 
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    """The CLI's plan of every run on a 2-GPU node of each card, at the fill the batches are budgeted at."""
+    """The CLI's plan of every run on a 2-GPU node of each card, at the fill the batches are budgeted at: grid2.plan's
+    arguments to the CLI's main in this process (a process each took 20 s of the suite); one run through grid2.plan
+    itself, the same document."""
     folder = tmp_path_factory.mktemp("facts")
-    with ThreadPoolExecutor(2) as pool:
-        jobs = {(r.name, c): pool.submit(grid2.plan, r, c, folder, grid2.EXPECTED_FILL)
-                for r in grid2.RUNS for c in grid2.CARDS}
-        return {k: j.result() for k, j in jobs.items()}
+    out = {}
+    for r in grid2.RUNS:
+        for c in grid2.CARDS:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                assert main(grid2.plan_argv(r, c, folder, grid2.EXPECTED_FILL)) == 0, (r.name, c)
+            out[(r.name, c)] = json.loads(buf.getvalue())
+    first = grid2.RUNS[0]
+    assert grid2.plan(first, "H200", folder, grid2.EXPECTED_FILL) == out[(first.name, "H200")]
+    return out
 
 
 def test_every_run_plans_feasible_on_h100_and_h200_as_declared(plans):
@@ -88,9 +98,11 @@ def test_every_line_composes_in_verls_config():
     import hydra
     from hydra import compose, initialize_config_dir
 
+    # verl's yaml is untyped: what can fail to compose is a key, so one run per set of keys (a compose takes 0.3 s)
+    by_keys = {tuple(sorted(o.split("=", 1)[0] for o in r.line()[3:])): r for r in grid2.RUNS}
     with initialize_config_dir(config_dir=os.path.join(spec.submodule_search_locations[0], "trainer", "config"),
                                version_base=None):
-        for run in grid2.RUNS:
+        for run in by_keys.values():
             cfg = compose(config_name="ppo_trainer", overrides=run.line()[3:])
             assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == run.micro
             assert cfg.trainer.n_gpus_per_node == run.gpus
