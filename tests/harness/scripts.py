@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -19,3 +20,11 @@ def load_script(rel: str, name: str | None = None) -> ModuleType:
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_fit() -> tuple[dict, list[dict], dict]:
+    """fit_plan_calibration's fit of the recorded runs as shipped (constants, rows, info), once per test process: a
+    fit replays every run (seconds) and several tests read the same one. Read it, never change it."""
+    fit = load_script("scripts/calibration/fit_plan_calibration.py")
+    return fit.fit(fit.CALIB.RUNS_FILE)

@@ -13,7 +13,7 @@ from verl_cluster.facts.measured_bus import BusMeasure
 from verl_cluster.facts.model import NodeFacts, from_json
 from verl_cluster.placement import envelope as env
 from verl_cluster.placement import parse_gpus, plan_job
-from tests.harness.scripts import load_script
+from tests.harness.scripts import load_script, shipped_fit
 
 ROOT = Path(__file__).resolve().parents[2]
 FIT = load_script("scripts/calibration/fit_plan_calibration.py")
@@ -45,7 +45,7 @@ SOCKET = (BusMeasure("lab", "nccl", 2, 2, 2, 2.4, 1 << 30, time.time()),)
 def test_the_shipped_envelope_is_the_fit_s():
     """Every run of both fixtures, with its role and the model's step error (what --check holds)."""
     shipped = env.read_envelope()
-    _, rows, info = FIT.fit(FIT.CALIB.RUNS_FILE)
+    _, rows, info = shipped_fit()
     made = FIT.envelope(rows, info["hosts"])
     assert shipped["runs"] == made["runs"] and shipped["hosts"] == made["hosts"]  # hosts: host_factor.py's groups
     assert env.fastest_host(shipped) == ("batch V's H100, 2026-12-07", 0.71)

@@ -16,7 +16,7 @@ from verl_cluster.placement import step_time as st
 from verl_cluster.placement.model_shape import catalog_shape
 from verl_cluster.placement.check_run import off, pairs
 from verl_cluster.placement.settings import read_settings
-from tests.harness.scripts import load_script
+from tests.harness.scripts import load_script, shipped_fit
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())["runs"]
@@ -133,7 +133,7 @@ def test_the_fit_uses_only_the_fit_runs(tmp_path):
     doc = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())
     figs = json.loads(FIT.FIGURES_FILE.read_text())
     grid2 = json.loads(FIT.GRID2_FILE.read_text())
-    before, _, _ = FIT.fit(ROOT / "tests/fixtures/verl_runs/calibration_runs.json")
+    before, _, _ = shipped_fit()
     doc["runs"] = {n: r for n, r in doc["runs"].items() if "fit" in (r["time"], r["host"])}
     figs["runs"] = {n: r for n, r in figs["runs"].items() if r["time"] == "fit"}
     grid2["runs"] = {n: r for n, r in grid2["runs"].items() if r["time"] == "fit"}
@@ -471,7 +471,7 @@ def test_the_logits_are_a_packed_passs_tail_and_take_t_and_u_unfitted():
     five (one H200, 2026-12-02; old_log_prob -25...-35% by round 3278625, not fitted on: seen) come within the target's
     bounds: step within ±10%, every phase over half a second within ±30% (old_log_prob -3...-22% since the fourth
     refit); the padded pass (SDPA, no per-layer sync) keeps them on the GPU's side (hold-padded05's ref -5%)."""
-    _, rows, _ = FIT.fit(FIT.CALIB.RUNS_FILE)
+    _, rows, _ = shipped_fit()
     by = {r["run"]: {x["what"]: x for x in r["rows"]} for r in rows}
     roles = {r["run"]: r["time"] for r in rows}
     for n in SEEN_T_U:
