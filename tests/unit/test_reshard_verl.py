@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -133,11 +134,21 @@ def load_worker(rank: int, world: int, port: int, step_dir: str, out: str, fsdp_
 PRELOAD = ["torch", "transformers", "peft", "verl.utils.fsdp_utils", "verl.utils.checkpoint.fsdp_checkpoint_manager"]
 
 
+def _in_test_tmp(rank: int, fn, tmp: str, world: int, port: int, *args) -> None:
+    tempfile.tempdir = tmp  # verl's checkpoint mkdir leaves a ckpt_*.lock in the temp dir: the test's, not /tmp
+    fn(rank, world, port, *args)
+
+
 def spawn(fn, world: int, *args) -> None:
+    """FN(rank, world, port, *ARGS) on WORLD ranks; ARGS[0] is a path in the test's folder (the locks go beside its
+    nearest existing folder)."""
     import multiprocessing
 
     multiprocessing.set_forkserver_preload(PRELOAD)
-    mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=True, start_method="forkserver")
+    locks = next(p for p in Path(args[0]).parents if p.is_dir()) / "locks"
+    locks.mkdir(exist_ok=True)
+    mp.start_processes(_in_test_tmp, args=(fn, str(locks), world, _free_port(), *args), nprocs=world, join=True,
+                       start_method="forkserver")
 
 
 def _make(tmp_path_factory, world: int) -> Path:
