@@ -463,6 +463,10 @@ def start(batches: list[str], skip: tuple[str, ...] = ()) -> None:
         raise SystemExit("\n".join(gaps) + "\n(or leave those runs out with --skip RUN)")
     batch = "+".join(batches)
     dst = VC / "repo"
+    pid = running_chain(OUT)
+    if pid:  # two chains on one GPU see each other's flash-attn install and share its memory (batch W, 2026-12-07)
+        raise SystemExit(f"a chain (pid {pid}) is still running on this machine: poll it (bash scripts/gpu/gpu_poll.sh "
+                         f"{OUT} ...) or stop it (kill -- -{pid}) before starting another")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"grid2-{batch}.done").unlink(missing_ok=True)  # a chain that stopped before this one left it
     if REPO != dst:
@@ -470,25 +474,44 @@ def start(batches: list[str], skip: tuple[str, ...] = ()) -> None:
             ".git", ".stage", ".stage-src", ".venv*", "__pycache__", ".gpubundle", ".whl", ".hypothesis"))
         if (REPO / ".stage" / "flashattn-wheel").exists():
             shutil.copytree(REPO / ".stage" / "flashattn-wheel", VC / "flashattn-wheel", dirs_exist_ok=True)
+    steps = OUT / "steps.log"
+    since = steps.stat().st_size if steps.exists() else 0  # an earlier chain's lines on this machine are not ours
     with open(OUT / f"chain-{batch}.log", "a") as fh:
-        subprocess.Popen([sys.executable, str(dst / "scripts/calibration/grid2.py"), "chain", *batches,
-                          *(f"--skip={n}" for n in skip)], cwd=dst,
-                         stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                         env={**os.environ, "GRID2_T0": str(T0), "BUDGET_S": str(BUDGET_S), "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen([sys.executable, str(dst / "scripts/calibration/grid2.py"), "chain", *batches,
+                                 *(f"--skip={n}" for n in skip)], cwd=dst,
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "GRID2_T0": str(T0), "BUDGET_S": str(BUDGET_S),
+                                     "PYTHONUNBUFFERED": "1"})
+    (OUT / "chain.pid").write_text(f"{proc.pid}\n")
     print(f"chain {batch} started detached (budget {BUDGET_S:.0f}s); poll: bash scripts/gpu/gpu_poll.sh {OUT} "
           f"{OUT}/grid2-{batch}.done 560", flush=True)
-    steps, wait = OUT / "steps.log", float(os.environ.get("GRID2_START_WAIT_S", "240"))
+    wait = float(os.environ.get("GRID2_START_WAIT_S", "240"))
     done = OUT / f"grid2-{batch}.done"
-    while time.time() - T0 < wait and not done.exists() and "clusters up:" not in this_chain(steps, batch):
+    while time.time() - T0 < wait and not done.exists() and "clusters up:" not in this_chain(steps, batch, since):
         time.sleep(3)  # the setup (site, models, flash-attn's GPU check, `up`) is seen in this call
     print(steps.read_text() if steps.exists() else "no steps.log yet", end="")
 
 
-def this_chain(steps: Path, batch: str) -> str:
-    """steps.log from this chain's first line on: a machine kept from an earlier chain has its lines above."""
-    text = steps.read_text(errors="replace") if steps.exists() else ""
+def this_chain(steps: Path, batch: str, since: int = 0) -> str:
+    """steps.log from this chain's first line on, past byte SINCE (its size when this chain was started): a machine
+    kept from an earlier chain, of this batch or another, has its lines above."""
+    if not steps.exists():
+        return ""
+    with open(steps, "rb") as fh:
+        fh.seek(since)
+        text = fh.read().decode(errors="replace")
     at = text.rfind(f"chain {batch} (budget")
     return text[at:] if at >= 0 else ""
+
+
+def running_chain(out: Path) -> Optional[int]:
+    """The pid of the chain `start` last started on this machine (OUT/chain.pid) while it runs, else None."""
+    try:
+        pid = int((out / "chain.pid").read_text().split()[0])
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if any(a.endswith(b"grid2.py") for a in argv) and b"chain" in argv else None
 
 
 def chain(batches: list[str], skip: tuple[str, ...] = ()) -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "calibration"))
 
@@ -120,3 +122,31 @@ def test_start_reads_only_its_own_chain_s_lines_of_steps_log(tmp_path):
     steps.write_text(steps.read_text() + "10:01 +56s clusters up: g0 rc=0\n")
     assert grid2_device.this_chain(steps, "R").startswith("chain R (budget") and "clusters up:" in \
         grid2_device.this_chain(steps, "R")
+    # a second chain of the same batch on the machine: until its own first line, the first chain's are not its own
+    since = steps.stat().st_size
+    assert grid2_device.this_chain(steps, "R", since) == ""
+    steps.write_text(steps.read_text() + "10:20 +0s chain R (budget 590s)\n")
+    assert grid2_device.this_chain(steps, "R", since) == "chain R (budget 590s)\n"
+
+
+def test_start_refuses_while_a_chain_it_started_still_runs(tmp_path, monkeypatch):
+    """Batch W (2026-12-07): a second `start` beside a running chain started a second chain on the same GPU; each saw
+    the other's flash-attn install and skipped its run. start now refuses while the pid it recorded is a live chain."""
+    import grid2_device
+
+    out = tmp_path / "out"
+    out.mkdir()
+    assert grid2_device.running_chain(out) is None  # nothing started here
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "grid2.py", "chain", "W"])
+    try:
+        (out / "chain.pid").write_text(f"{live.pid}\n")
+        assert grid2_device.running_chain(out) == live.pid
+        monkeypatch.setattr(grid2_device, "OUT", out)
+        with pytest.raises(SystemExit, match=rf"a chain \(pid {live.pid}\) is still running[\s\S]*kill -- -{live.pid}"):
+            grid2_device.start(["W"])
+    finally:
+        live.kill()
+        live.wait()
+    assert grid2_device.running_chain(out) is None  # gone: a start may go on
+    (out / "chain.pid").write_text(f"{os.getpid()}\n")  # a live process that is no chain (pids are reused)
+    assert grid2_device.running_chain(out) is None
