@@ -2,7 +2,9 @@
 """Turn the predicted vs measured pairs of `verl-cluster jobs --json` into factors for `verl-cluster plan --factors`.
 
 Each figure (a phase's seconds, the step, the checkpoint save, host RAM per node) gets the geometric mean of
-measured / predicted over the jobs that have it, with the count and the spread (min..max). A figure from fewer
+measured / predicted over the jobs that have it, with the count and the spread (min..max); host_factor the
+geometric mean of the host factors (`vs_plan_host`) that explained their jobs: the host's speed against the plan's,
+which carries over to other jobs on the same machines where a phase's factor does not. A figure from fewer
 than 2 runs is shown but marked as not enough, and `plan --factors` does not apply it.
 
   verl-cluster jobs --json > jobs.json
@@ -62,9 +64,10 @@ def read_doc(name: str):
         raise InputError(f"{name}: invalid JSON: {e.msg} (line {e.lineno})")
 
 
-def runs_of(names: list[str]) -> list[list[dict]]:
-    """Each job's vs_plan rows, a job once however many documents list it."""
-    seen, runs = set(), []
+def runs_of(names: list[str]) -> tuple[list[list[dict]], list[dict]]:
+    """Each job's vs_plan rows and its host fit (vs_plan_host, {} without), a job once however many documents list
+    it."""
+    seen, runs, hosts = set(), [], []
     for name in names:
         for j in jobs_of(read_doc(name), "stdin" if name == "-" else name):
             rows = j.get("vs_plan")
@@ -74,7 +77,9 @@ def runs_of(names: list[str]) -> list[list[dict]]:
             if key not in seen:
                 seen.add(key)
                 runs.append([r for r in rows if isinstance(r, dict)])
-    return runs
+                host = j.get("vs_plan_host")
+                hosts.append(host if isinstance(host, dict) else {})
+    return runs, hosts
 
 
 def table(factors: dict, runs: int) -> str:
@@ -83,7 +88,8 @@ def table(factors: dict, runs: int) -> str:
         mark = "" if f["enough"] else f"  not enough (fewer than {MIN_RUNS} runs)"
         lines.append(f"{name:<20} {f['factor']:>7.3f} {f['runs']:>5}  {f['min']:.3f}..{f['max']:.3f}{mark}")
     lines.append(f"from {runs} job(s) with predicted vs measured pairs; factor = measured / predicted "
-                 "(geometric mean)")
+                 "(geometric mean); host_factor: the factor on the plan's host terms of the jobs it explained, which "
+                 "`plan --factors` applies in place of the phases' own")
     return "\n".join(lines)
 
 
@@ -95,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", metavar="FILE", help="write the factors file (for `verl-cluster plan --factors`)")
     a = ap.parse_args(argv)
     try:
-        runs = runs_of(a.docs)
+        runs, hosts = runs_of(a.docs)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    factors = compute(runs)
+    factors = compute(runs, hosts=hosts)
     doc = {"factors": factors, "runs": len(runs), "min_runs": MIN_RUNS, "from": a.docs}
     if a.out:
         try:

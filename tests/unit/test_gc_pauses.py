@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,9 @@ def test_start_refuses_while_a_chain_it_started_still_runs(tmp_path, monkeypatch
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "grid2.py", "chain", "W"])
     try:
         (out / "chain.pid").write_text(f"{live.pid}\n")
+        deadline = time.time() + 10  # until the child has exec'd, its /proc cmdline is still pytest's
+        while grid2_device.running_chain(out) is None and time.time() < deadline:
+            time.sleep(0.05)
         assert grid2_device.running_chain(out) == live.pid
         monkeypatch.setattr(grid2_device, "OUT", out)
         with pytest.raises(SystemExit, match=rf"a chain \(pid {live.pid}\) is still running[\s\S]*kill -- -{live.pid}"):

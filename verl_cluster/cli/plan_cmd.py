@@ -49,7 +49,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--factors", metavar="FILE.json",
                    help="multiply each phase's predicted seconds, the checkpoint save and host RAM by the factors "
                         "measured on earlier runs (scripts/plan_factors.py --out FILE from `jobs --json`); the step "
-                        "is the sum of its phases, and the notes say which factors were applied, from how many runs")
+                        "is the sum of its phases, and the notes say which factors were applied, from how many runs; "
+                        "the file's host_factor (the host's speed that explained earlier jobs) takes the phases to "
+                        "that speed in place of their own factors")
     add_model_config(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
@@ -157,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     from verl_cluster.jobs.request import merge_overrides
     from verl_cluster.submit.job_input import JobInput
     from verl_cluster.config.job import job_factors_path
-    from verl_cluster.placement.factors import apply_factors, factors_note, read_factors
+    from verl_cluster.placement.factors import apply_factors, factors_note, host_ratios, read_factors
     from verl_cluster.placement.length_plans import plan_lengths
 
     if getattr(args, "cluster", None):  # a file or a cluster name recorded here, as every command takes -c
@@ -199,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
         render(result, out, brief=args.brief, lengths=plans)
         if factors is not None and args.brief:  # the full output has it under the step time
-            notes = [*notes, factors_note(factors, factors_file)]
+            notes = [*notes, factors_note(factors, factors_file, host_ratios(result.time, 1.0) is not None)]
         for n in notes:
             err.print(f"[dim]note: {escape(n)}[/]")
         print_not_applied(not_applied)

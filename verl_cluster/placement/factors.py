@@ -14,14 +14,18 @@ from typing import Any, Iterable, Optional
 
 from verl_cluster.config.loader import NotRegularFile, open_regular
 from verl_cluster.errors import ConfigError
-from verl_cluster.placement.check_run import STEP_PHASES
+from verl_cluster.placement.check_run import STEP_PHASES, between
 
 MIN_RUNS = 2  # a figure from fewer runs is shown, not applied
 FACTOR_RANGE = (0.05, 20.0)  # measured / predicted: a plan 20 times off is a wrong plan, not a factor to apply
 MAX_RUNS = 10**6
 MAX_FILE_BYTES = 2**20
 STEP, HOST, SAVE = "step", "host_gib", "save_checkpoint_s"
-FIGURES = STEP_PHASES + (STEP, SAVE, HOST)
+# the factor on the plan's host terms that explained earlier runs (their vs_plan_host): unlike a phase's factor it
+# carries over to another job on the same machines (batch W: one factor put two families within 3%)
+HOST_FACTOR = "host_factor"
+HOST_FACTOR_RANGE = (0.5, 2.0)  # step_time.HOST_GRID's ends: the plan keeps its phases between them
+FIGURES = STEP_PHASES + (STEP, SAVE, HOST, HOST_FACTOR)
 
 
 def figure_of(what: str) -> Optional[str]:
@@ -45,14 +49,20 @@ def ratio(row: dict) -> Optional[float]:
     return x if math.isfinite(x) and x > 0 else None
 
 
-def compute(runs: Iterable[list[dict]], min_runs: int = MIN_RUNS) -> dict[str, dict[str, Any]]:
-    """{figure: {factor, runs, min, max, enough}} from each run's pairs rows."""
+def compute(runs: Iterable[list[dict]], min_runs: int = MIN_RUNS,
+            hosts: Iterable[Optional[dict]] = ()) -> dict[str, dict[str, Any]]:
+    """{figure: {factor, runs, min, max, enough}} from each run's pairs rows, and host_factor from the runs' host fits
+    (vs_plan_host) that explained them."""
     got: dict[str, list[float]] = {}
     for rows in runs:
         for row in rows:
             name, x = figure_of(str(row.get("what", ""))), ratio(row)
             if name and x is not None:
                 got.setdefault(name, []).append(x)
+    for h in hosts:
+        x = (h or {}).get("factor")
+        if (h or {}).get("explains") and isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0:
+            got.setdefault(HOST_FACTOR, []).append(float(x))
     out = {}
     for name in sorted(got, key=FIGURES.index):
         xs = got[name]
@@ -85,7 +95,10 @@ def read_factors(path: str) -> dict[str, tuple[float, Optional[int], bool]]:
         f, runs = entry.get("factor"), entry.get("runs")
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0:
             raise ConfigError(f"{where}.factor: must be a positive number, got {json.dumps(f)}", "e.g. 1.15")
-        lo, hi = FACTOR_RANGE
+        lo, hi = HOST_FACTOR_RANGE if name == HOST_FACTOR else FACTOR_RANGE
+        if name == HOST_FACTOR and not lo <= f <= hi:
+            raise ConfigError(f"{where}.factor: {f:g} is out of range: the plan keeps its phases at host factors "
+                              f"{lo:g} to {hi:g}", "make the file with scripts/plan_factors.py from `jobs --json`")
         if not lo <= f <= hi:
             raise ConfigError(f"{where}.factor: {f:g} is out of range: a factor (measured / predicted) is from {lo:g} "
                               f"to {hi:g}", "make the file with scripts/plan_factors.py from runs of this job")
@@ -128,12 +141,33 @@ def _scaled_time(t: Optional[dict], f: dict[str, float]) -> Optional[dict]:
             "tokens_per_gpu_s": round(rate, 1)}
 
 
-def factors_note(factors: dict[str, tuple[float, Optional[int], bool]], source: str = "") -> str:
-    """Which factors are applied, from how many runs, and which are not."""
+def host_ratios(t: Optional[dict], h: float) -> Optional[dict[str, float]]:
+    """Each phase's seconds on a host H times the fit's over its seconds as planned, from the plan's phases at host
+    factors (by_host_factor, linear between them); None for a plan that kept none."""
+    table = [[float(x), ph] for x, ph in (t or {}).get("by_host_factor") or []]
+    base = next((ph for x, ph in table if x == 1.0), None)
+    if len(table) < 2 or not base:
+        return None
+    row = between(table, h)
+    return {k: row[k] / v for k, v in base.items() if v > 0 and k in row}
+
+
+def factors_note(factors: dict[str, tuple[float, Optional[int], bool]], source: str = "",
+                 host_applied: Optional[bool] = None) -> str:
+    """Which factors are applied, from how many runs, and which are not (HOST_APPLIED: whether the plan could take
+    the host factor; None where no plan was made)."""
+    host = factors.get(HOST_FACTOR)
+    on_host = bool(host and host[2] and host_applied is not False)
     words = [f"{k} x{f:g}" + (f" ({runs} runs)" if runs is not None else "")
-             for k, (f, runs, enough) in factors.items() if enough and k != STEP]
+             for k, (f, runs, enough) in factors.items()
+             if enough and k != STEP and (k != HOST_FACTOR or on_host) and not (on_host and k in STEP_PHASES)]
     skipped = [k for k, (_, _, enough) in factors.items() if not enough]
     note = f"factors from {source or 'a file'} applied: {', '.join(words) or 'none'}"
+    if on_host:
+        note += ("; the phases as on a host at that factor of the fit's host time (the plan's phases at host factors), "
+                 "so the phases' own factors are not applied")
+    elif host and host[2]:
+        note += "; host_factor not applied: the plan kept no phases at host factors"
     if skipped:
         note += f"; not applied, fewer than {MIN_RUNS} runs: {', '.join(skipped)}"
     if STEP in factors:
@@ -147,7 +181,10 @@ def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], s
     if plan is None:
         return None
     used = {k: f for k, (f, _, enough) in factors.items() if enough and k != STEP}
-    note = factors_note(factors, source)
+    ratios = host_ratios(plan.time, used.pop(HOST_FACTOR)) if HOST_FACTOR in used else None
+    if ratios is not None:  # the host factor stands for the phases' own (measured on the same runs, host included)
+        used = {**{k: f for k, f in used.items() if k not in STEP_PHASES}, **ratios}
+    note = factors_note(factors, source, ratios is not None)
     time, reasons = _scaled_time(plan.time, used), plan.reasons
     if time is not None:
         time["notes"] = list(time.get("notes") or []) + [note]
