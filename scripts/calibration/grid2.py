@@ -640,7 +640,7 @@ def judge(result: dict, rounds: list[dict]) -> dict[str, Any]:
             "newer_rounds_before_run": later, "fill": round(fill, 3), "steps": m["steps"],
             "step_predicted": round(step_p, 2), "step_measured": round(step_m, 2), "step_error": round(err, 3),
             "error_bar_pct": (p.get("error_bar") or {}).get("pct"), "phases": phases, "meets_target": ok,
-            "host": at_host_factor(p, m, fill),
+            "host": at_host_factor(p, m, fill), "host_table": bool(p.get("by_host_factor")),
             "max_memory_reserved_gib": m.get("max_memory_reserved_gib"), "planned_peak_gib": p.get("peak_gib")}
 
 
@@ -724,7 +724,8 @@ def markdown(rep: dict[str, Any]) -> str:
             out.append(f"| {r['run']} | {r['family']} ({r['role']}) | {card} | — | — | — | {r['why']} | — |")
             continue
         h = r.get("host")
-        host = "— (its round kept no host table)" if not h else (
+        host = ("— (no host factor moves its phases)" if r.get("host_table") else
+                "— (its round kept no host table)") if not h else (
             f"{h['factor']:.2f}x: step {pct(h['step_error_at_factor'])}, worst phase "
             f"{pct(max(h['phases_at_factor'].values(), key=abs, default=None))}"
             f" ({'meets' if h['meets_target_at_factor'] else 'not met'})")
@@ -744,7 +745,7 @@ def markdown(rep: dict[str, Any]) -> str:
     if t.get("held_out_runs_with_host_factor"):
         out.append(f"At each run's own host factor (check_run.host_fit; not the target): "
                    f"{t['held_out_runs_meeting_at_host_factor']} of the {t['held_out_runs_with_host_factor']} "
-                   "held-out runs whose round kept a host table meet it.")
+                   "held-out runs with a host factor meet it.")
     return "\n".join(out) + "\n"
 
 

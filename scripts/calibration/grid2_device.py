@@ -489,7 +489,7 @@ def start(batches: list[str], skip: tuple[str, ...] = ()) -> None:
     done = OUT / f"grid2-{batch}.done"
     while time.time() - T0 < wait and not done.exists() and "clusters up:" not in this_chain(steps, batch, since):
         time.sleep(3)  # the setup (site, models, flash-attn's GPU check, `up`) is seen in this call
-    print(steps.read_text() if steps.exists() else "no steps.log yet", end="")
+    print(this_chain(steps, batch, since) or "no line of this chain in steps.log yet", end="")
 
 
 def this_chain(steps: Path, batch: str, since: int = 0) -> str:

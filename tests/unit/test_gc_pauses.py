@@ -146,6 +146,8 @@ def test_start_refuses_while_a_chain_it_started_still_runs(tmp_path, monkeypatch
             time.sleep(0.05)
         assert grid2_device.running_chain(out) == live.pid
         monkeypatch.setattr(grid2_device, "OUT", out)
+        monkeypatch.setattr(grid2_device, "VC", tmp_path / "vc")  # were the refusal to regress: nothing real starts
+        monkeypatch.setattr(grid2_device.subprocess, "Popen", None)
         with pytest.raises(SystemExit, match=rf"a chain \(pid {live.pid}\) is still running[\s\S]*kill -- -{live.pid}"):
             grid2_device.start(["W"])
     finally:

@@ -193,7 +193,7 @@ def test_the_report_says_whether_a_held_out_run_meets_the_target_at_its_own_host
     assert not t["met"] and t["held_out_runs_meeting"] == 0
     assert t["held_out_runs_with_host_factor"] == 1 and t["held_out_runs_meeting_at_host_factor"] == 1
     md = grid2.markdown(rep)
-    assert "0.70x: step" in md and "(meets)" in md and "1 of the 1 held-out runs whose round kept a host table" in md
+    assert "0.70x: step" in md and "(meets)" in md and "1 of the 1 held-out runs with a host factor meet it" in md
     # a factor at the table's end may lie beyond it: never counted as meeting
     run["steps"] = _steps(3.0, 1.0, 0.0, 0.35 * full)
     h = grid2.report([run], rounds)["runs"][0]["host"]

@@ -79,11 +79,36 @@ def test_plan_applies_it_through_its_phases_at_host_factors_not_the_phases_own(t
     assert ratios and all(r <= 1.0 for r in ratios.values()) and min(ratios.values()) < 0.9
     for k, v in plain["phases_s"].items():  # gen at the host's speed, not three times the plan's
         assert got["phases_s"][k] == pytest.approx(v * ratios.get(k, 1.0), abs=0.011), k
-    assert got["step_s"] < plain["step_s"] and got["error_bar"] == plain["error_bar"]
+    assert got["step_s"] < plain["step_s"]
+    # the host's speed stated: the bar is the envelope's alone, and no host table is kept for a later host fit
+    assert "host" in plain["error_bar"] and "host" not in got["error_bar"] and "by_host_factor" not in got
+    assert got["error_bar"]["pct"] <= plain["error_bar"]["pct"]
+    assert got["error_bar"]["axes"] == plain["error_bar"]["axes"]
     note = next(n for n in got["notes"] if n.startswith("factors from"))
     assert "host_factor x0.6 (3 runs)" in note and "gen x3" not in note and "own factors are not applied" in note
     assert main(["plan", str(GRPO), "--gpus", "1x1xH100-80GB", "--brief", "--factors", str(f)]) == 0
     assert "host_factor x0.6" in " ".join(capsys.readouterr().err.split())
+
+
+def test_each_fill_takes_the_host_factor_at_its_own_phases(tmp_path):
+    """The plan's phases at other fills (what a run is held against at its own lengths) take the host factor through
+    their own table: at a low fill the update is more the host's, so it shrinks more than at the plan's fill."""
+    from verl_cluster.config.job import load_job
+    from verl_cluster.placement import parse_gpus, plan_job
+
+    p = plan_job(load_job(GRPO, []), parse_gpus("1x1xH100-80GB"))
+    with_host = apply_factors(p, {HOST_FACTOR: (0.57, 2, True)}, "f")
+    for fill in (0.1, 0.5, 1.0):
+        own = p.time_at(fill, True)
+        got = with_host.time_at(fill)
+        ratios = host_ratios(own, 0.57)
+        assert "by_host_factor" not in got
+        for k, v in own["phases_s"].items():
+            assert got["phases_s"][k] == pytest.approx(v * ratios.get(k, 1.0), abs=0.011), (fill, k)
+    low, full = host_ratios(p.time_at(0.1, True), 0.57), host_ratios(p.time_at(1.0, True), 0.57)
+    assert low["update_actor"] < full["update_actor"]
+    preds = with_host.predictions()
+    assert "by_host_factor" not in preds and preds["by_fill"]
 
 
 def test_a_host_factor_outside_the_plans_table_is_refused(tmp_path):

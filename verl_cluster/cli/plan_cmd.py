@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     from verl_cluster.jobs.request import merge_overrides
     from verl_cluster.submit.job_input import JobInput
     from verl_cluster.config.job import job_factors_path
-    from verl_cluster.placement.factors import apply_factors, factors_note, host_ratios, read_factors
+    from verl_cluster.placement.factors import apply_factors, factors_note, read_factors
     from verl_cluster.placement.length_plans import plan_lengths
 
     if getattr(args, "cluster", None):  # a file or a cluster name recorded here, as every command takes -c
@@ -201,7 +201,9 @@ def run(args: argparse.Namespace) -> int:
 
         render(result, out, brief=args.brief, lengths=plans)
         if factors is not None and args.brief:  # the full output has it under the step time
-            notes = [*notes, factors_note(factors, factors_file, host_ratios(result.time, 1.0) is not None)]
+            said = [n for n in [*((result.time or {}).get("notes") or []), *result.reasons]
+                    if n.startswith("factors from")]  # apply_factors's own: it knew whether the host factor took
+            notes = [*notes, *(said[:1] or [factors_note(factors, factors_file)])]
         for n in notes:
             err.print(f"[dim]note: {escape(n)}[/]")
         print_not_applied(not_applied)

@@ -152,6 +152,25 @@ def host_ratios(t: Optional[dict], h: float) -> Optional[dict[str, float]]:
     return {k: row[k] / v for k, v in base.items() if v > 0 and k in row}
 
 
+def _adjusted(t: Optional[dict], used: dict[str, float], h: Optional[float]) -> Optional[dict]:
+    """T with the factors USED applied; with a host factor H and T's own phases at host factors, the phases at H in
+    place of their own factors (those were measured with the host in them). A plan a factor changed keeps no table
+    of host factors (a host fit against it would count the factors twice), and with H its error bar is the
+    envelope's alone: the host's speed is stated, not a spread."""
+    ratios = host_ratios(t, h) if h is not None else None
+    f = used if ratios is None else {**{k: v for k, v in used.items() if k not in STEP_PHASES}, **ratios}
+    out = _scaled_time(t, f)
+    if out is None or not (ratios or any(k in STEP_PHASES for k in f)):
+        return out
+    out.pop("by_host_factor", None)
+    bar = out.get("error_bar") or {}
+    if ratios and bar.get("axes"):
+        from verl_cluster.placement.envelope import error_bar
+
+        out["error_bar"] = error_bar(bar["axes"]).to_dict()
+    return out
+
+
 def factors_note(factors: dict[str, tuple[float, Optional[int], bool]], source: str = "",
                  host_applied: Optional[bool] = None) -> str:
     """Which factors are applied, from how many runs, and which are not (HOST_APPLIED: whether the plan could take
@@ -181,11 +200,10 @@ def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], s
     if plan is None:
         return None
     used = {k: f for k, (f, _, enough) in factors.items() if enough and k != STEP}
-    ratios = host_ratios(plan.time, used.pop(HOST_FACTOR)) if HOST_FACTOR in used else None
-    if ratios is not None:  # the host factor stands for the phases' own (measured on the same runs, host included)
-        used = {**{k: f for k, f in used.items() if k not in STEP_PHASES}, **ratios}
-    note = factors_note(factors, source, ratios is not None)
-    time, reasons = _scaled_time(plan.time, used), plan.reasons
+    speed = used.pop(HOST_FACTOR, None)  # the host's, against the fit's
+    on_host = speed is not None and host_ratios(plan.time, speed) is not None
+    note = factors_note(factors, source, on_host)
+    time, reasons = _adjusted(plan.time, used, speed), plan.reasons
     if time is not None:
         time["notes"] = list(time.get("notes") or []) + [note]
     else:
@@ -197,7 +215,9 @@ def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], s
     if h != 1.0 and plan.host_mem_gib is not None and need > 0.9 * plan.host_mem_gib:
         warnings += (f"host memory {need:.1f} GiB per node with the factors applied is over "
                      f"{'the' if need > plan.host_mem_gib else '90% of the'} {plan.host_mem_gib:.0f} GiB RAM",)
-    return replace(plan, time=time, time_at=None if at is None else (lambda fill: _scaled_time(at(fill), used)),
+    return replace(plan, time=time, time_at=None if at is None else (
+                       lambda fill, host_table=False: _adjusted(at(fill, True) if on_host else at(fill), used,
+                                                                speed if on_host else None)),
                    host_gib_per_node=need, host_parts={k: v * h for k, v in plan.host_parts.items()},
                    host_worker_gib=plan.host_worker_gib * h,
                    warnings=warnings, reasons=reasons)

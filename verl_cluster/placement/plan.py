@@ -603,7 +603,7 @@ def _assemble(c: Candidate, s: Settings, shape: ModelShape, hw: Hardware, fill: 
         problems=tuple(problems), fixes=tuple(fixes), host_gib_per_node=mem.total(host) / GIB,
         host_parts={p.name: p.gib for p in host}, host_worker_gib=mem.total(worker_parts(host)) / GIB,
         time=st.to_dict(host_table=True), terms={"time": st.terms, "host": host_terms(c)},
-        tokens_full=s.sequences * s.seq_len, time_at=lambda f: step_time(c, s, shape, hw, f).to_dict(),
+        tokens_full=s.sequences * s.seq_len, time_at=lambda f, host_table=False: step_time(c, s, shape, hw, f).to_dict(host_table),
         rollout_seqs_fit=r.seqs_fit if r else 0,
         host_mem_gib=None if hw.host_mem_bytes is None else hw.host_mem_bytes / GIB,
         rollout_seqs_wanted=wanted_concurrency(s, c.pools[0].size, c.tp),
