@@ -13,7 +13,8 @@ import pytest
 from verl_cluster.cli import main
 from verl_cluster.errors import ConfigError
 from verl_cluster.placement import check_run
-from verl_cluster.placement.factors import HOST_FACTOR, apply_factors, compute, host_ratios, read_factors
+from verl_cluster.placement.check_run import host_ratios
+from verl_cluster.placement.factors import HOST_FACTOR, apply_factors, compute, read_factors
 from tests.harness.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]

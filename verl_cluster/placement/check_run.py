@@ -156,6 +156,23 @@ HOST_PHASE_WITHIN = 0.25  # ... and every phase of HOST_PHASE_MIN_S or more this
 HOST_PHASE_MIN_S = 0.5
 
 
+def host_table(predicted: Mapping[str, Any]) -> Optional[list[list]]:
+    """The plan's phases at host factors ([[factor, {phase: seconds}], ...], ascending, the row at 1 among them), or
+    None when it kept no such table."""
+    table = [[float(h), ph] for h, ph in predicted.get("by_host_factor") or []]
+    return table if len(table) >= 2 and any(h == 1.0 and ph for h, ph in table) else None
+
+
+def host_ratios(predicted: Mapping[str, Any], h: float) -> Optional[dict[str, float]]:
+    """Each phase's seconds on a host H times the fit's over its seconds on the fit's hosts, from the plan's phases
+    at host factors (linear between them); None for a plan that kept none."""
+    table = host_table(predicted)
+    if table is None:
+        return None
+    base, row = next(ph for x, ph in table if x == 1.0), between(table, h)
+    return {k: row[k] / v for k, v in base.items() if v > 0 and k in row}
+
+
 def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     """The factor on the plan's host terms (the CPU's part of each phase: launches, Python between kernels, verl's
     scheduling; step_time.HOST_TERMS) that brings the plan's phases closest to the run's, and whether it explains
@@ -164,21 +181,20 @@ def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[d
     within 20 minutes (docs/placement.md, "Batch R"). Each phase at the run's lengths times its ratio at the plan's
     (the plan's by_host_factor, linear between its factors; tried only within them). None when the plan kept no
     such table, the run no phases, or no factor moves the phases (none of them the host's)."""
-    table = [[float(h), ph] for h, ph in predicted.get("by_host_factor") or []]
-    meas = got.get("phases_s") or {}
-    base = next((ph for h, ph in table if h == 1.0), None)
-    if len(table) < 2 or not base or not meas:
+    table, meas = host_table(predicted), got.get("phases_s") or {}
+    if table is None or not meas:
         return None
     phases, _ = at_run_lengths(predicted, got)
-    names = [k for k in phases if meas.get(k) and base.get(k)]
+    one = host_ratios(predicted, 1.0)
+    names = [k for k in phases if meas.get(k) and k in one]
     big = [k for k in names if meas[k] >= HOST_PHASE_MIN_S] or names
     tried = [h for h in HOST_FIT if table[0][0] <= h <= table[-1][0]]
     if not names or len(tried) < 2:
         return None
 
     def at(h: float) -> dict[str, float]:
-        row = between(table, h)
-        return {k: phases[k] * row.get(k, base[k]) / base[k] for k in names}
+        ratios = host_ratios(predicted, h)
+        return {k: phases[k] * ratios.get(k, 1.0) for k in names}
 
     cost = {h: sum((v / meas[k] - 1) ** 2 for k, v in at(h).items() if k in big) for h in tried}
     best = min(tried, key=cost.get)

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Optional
 
 from verl_cluster.config.loader import NotRegularFile, open_regular
 from verl_cluster.errors import ConfigError
-from verl_cluster.placement.check_run import STEP_PHASES, between
+from verl_cluster.placement.check_run import STEP_PHASES, host_ratios
 
 MIN_RUNS = 2  # a figure from fewer runs is shown, not applied
 FACTOR_RANGE = (0.05, 20.0)  # measured / predicted: a plan 20 times off is a wrong plan, not a factor to apply
@@ -141,23 +141,12 @@ def _scaled_time(t: Optional[dict], f: dict[str, float]) -> Optional[dict]:
             "tokens_per_gpu_s": round(rate, 1)}
 
 
-def host_ratios(t: Optional[dict], h: float) -> Optional[dict[str, float]]:
-    """Each phase's seconds on a host H times the fit's over its seconds as planned, from the plan's phases at host
-    factors (by_host_factor, linear between them); None for a plan that kept none."""
-    table = [[float(x), ph] for x, ph in (t or {}).get("by_host_factor") or []]
-    base = next((ph for x, ph in table if x == 1.0), None)
-    if len(table) < 2 or not base:
-        return None
-    row = between(table, h)
-    return {k: row[k] / v for k, v in base.items() if v > 0 and k in row}
-
-
 def _adjusted(t: Optional[dict], used: dict[str, float], h: Optional[float]) -> Optional[dict]:
     """T with the factors USED applied; with a host factor H and T's own phases at host factors, the phases at H in
     place of their own factors (those were measured with the host in them). A plan a factor changed keeps no table
     of host factors (a host fit against it would count the factors twice), and with H its error bar is the
     envelope's alone: the host's speed is stated, not a spread."""
-    ratios = host_ratios(t, h) if h is not None else None
+    ratios = host_ratios(t or {}, h) if h is not None else None
     f = used if ratios is None else {**{k: v for k, v in used.items() if k not in STEP_PHASES}, **ratios}
     out = _scaled_time(t, f)
     if out is None or not (ratios or any(k in STEP_PHASES for k in f)):
@@ -201,7 +190,7 @@ def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], s
         return None
     used = {k: f for k, (f, _, enough) in factors.items() if enough and k != STEP}
     speed = used.pop(HOST_FACTOR, None)  # the host's, against the fit's
-    on_host = speed is not None and host_ratios(plan.time, speed) is not None
+    on_host = speed is not None and host_ratios(plan.time or {}, speed) is not None
     note = factors_note(factors, source, on_host)
     time, reasons = _adjusted(plan.time, used, speed), plan.reasons
     if time is not None:
