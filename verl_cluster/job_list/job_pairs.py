@@ -30,9 +30,9 @@ def pairs_of(text: str, predicted: dict[str, Any]) -> dict[str, Any]:
 
 
 def progress_pairs(prog: Any) -> dict[str, Any]:
-    rows, host = prog.vs_plan_both()
-    if rows:
-        return {"vs_plan": rows, **({"vs_plan_host": host} if host else {})}
+    fields = prog.vs_plan_fields()
+    if fields.get("vs_plan"):
+        return fields
     why = "no verl step in its log" if not prog.any_step else "no verl step after the first in its log yet"
     return {"vs_plan": [], "vs_plan_reason": why}
 

@@ -332,11 +332,12 @@ class VerlProgress:
             "max_memory_allocated_gb": peak("perf/max_memory_allocated_gb"),
             "max_memory_reserved_gb": peak("perf/max_memory_reserved_gb"),
             "validation": val, "checkpoints": list(self.checkpoints),
-            **self._vs_plan_fields(),
+            **self.vs_plan_fields(),
             **({"eta": eta} if (eta := self.estimate()) else {}),
         }
 
-    def _vs_plan_fields(self) -> dict[str, Any]:
+    def vs_plan_fields(self) -> dict[str, Any]:
+        """{"vs_plan": rows, "vs_plan_host": its host fit when there is one}; {} without a plan."""
         if not self.predicted:
             return {}
         rows, host = self.vs_plan_both()
