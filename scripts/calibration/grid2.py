@@ -70,6 +70,7 @@ class Run:
     ab: bool = False  # one side of an A/B of the product's options: a diagnosis
     held_out: bool = False  # held out although its family is fitted on (a setting the family's fit runs lack)
     shape: str = SHAPE  # the model's shape (PARAMS_B): 24 layers, or 28 (1.5B) and 36 (3B)
+    repeat_of: str = ""  # the same run again on another machine: judged against that run's recorded prediction
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -133,7 +134,8 @@ class Run:
                     "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "trainer.logger=[console]",
                     "trainer.nnodes=1", f"trainer.n_gpus_per_node={self.gpus}",
                     f"trainer.total_training_steps={self.steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
-                    "trainer.val_before_train=false", f"trainer.default_local_dir={VC / 'ckpt' / self.name}"] + (
+                    "trainer.val_before_train=false",
+                    f"trainer.default_local_dir={VC / 'ckpt' / (self.repeat_of or self.name)}"] + (
             [f"global_profiler.save_path={self.profile_dir}"] + list(PROFILE_WORDS)
             + (list(CRITIC_PROFILE_WORDS) if self.algo == "gae" else []) if self.profile else [])
 
@@ -287,9 +289,15 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g1ppo-m4", "1gpu-ppo", "W", 1, "gae", PACKED, 4, 8, steps=8, held_out=True),
     Run("g1pad-m4", "1gpu-padded", "W", 1, "grpo", PADDED, 4, 8, steps=8, held_out=True),
     Run("g1fa15b-m4", "1gpu-deep", "W", 1, "grpo", PACKED, 4, 8, steps=8, held_out=True, shape="qwen2.5-1.5b"),
+    # X: W's runs again, each on another machine than its first (same line, same recorded prediction): W's first
+    # machine ran g1ppo-m4 at 0.57 of the fit's host seconds; the run again says whether the miss is the machine's
+    # or the model's. g1ppo-m4-b ran on the H100 that ran g1pad-m4 (2026-12-07 16:13, started as g1ppo-m4)
+    Run("g1ppo-m4-b", "1gpu-ppo", "X", 1, "gae", PACKED, 4, 8, steps=8, held_out=True, repeat_of="g1ppo-m4"),
+    Run("g1fa15b-m4-b", "1gpu-deep", "X", 1, "grpo", PACKED, 4, 8, steps=8, held_out=True, shape="qwen2.5-1.5b",
+        repeat_of="g1fa15b-m4"),
 )
 # G: g2fa-m32, run alone after C; H: 4 GPUs; the held-out batches last
-BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T", "U", "V", "W")
+BATCHES = ("A", "B", "C", "G", "D", "E", "F", "P", "Q", "R", "H", "S", "T", "U", "V", "W", "X")
 BY_NAME = {r.name: r for r in RUNS}
 FAMILY = {f.name: f for f in FAMILIES}
 # Runs of held-out families looked at before a refit and then fitted on: fit runs from then on (the issue: "a run
@@ -609,7 +617,8 @@ def judge(result: dict, rounds: list[dict]) -> dict[str, Any]:
     """One run: the round it is held against (the latest dated before it started), the pairs, the verdict."""
     run = BY_NAME[result["run"]]
     card = card_key(result["card"])
-    before = [r for r in rounds if r["date"] <= result["started_utc"] and card in r["runs"].get(run.name, {})]
+    key = run.name if any(card in r["runs"].get(run.name, {}) for r in rounds) else run.repeat_of or run.name
+    before = [r for r in rounds if r["date"] <= result["started_utc"] and card in r["runs"].get(key, {})]
     role = run_role(run)
     out: dict[str, Any] = {"run": run.name, "family": run.family, "card": result["card"], "gpus": run.gpus,
                            "host_python_ms": (result.get("host_cpu") or {}).get("host_python_ms")}
@@ -622,7 +631,7 @@ def judge(result: dict, rounds: list[dict]) -> dict[str, Any]:
                 "no prediction recorded before it ran"}
     rnd = before[-1]
     later = [r["commit"] for r in rounds if r["date"] > rnd["date"] and r["date"] <= result["started_utc"]]
-    p = rnd["runs"][run.name][card]
+    p = rnd["runs"][key][card]
     fill = m["fill"] if m.get("fill") else 1.0
     pred = at_fill(p["by_fill"], fill)
     phases = []

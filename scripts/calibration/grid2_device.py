@@ -282,13 +282,14 @@ def need_s(run: Run, path: Path = grid2.PREDICTIONS) -> float:
     """The latest recorded round's expected seconds for the run (the slower card), else a generous guess; plus
     what start-up took beyond grid2.STARTUP_S when runs went side by side (STARTUP_MARGIN_S)."""
     rounds = json.loads(path.read_text())["rounds"] if path.exists() else []
-    got = [p["expected_s"] for r in rounds[-1:] for p in r["runs"].get(run.name, {}).values()]
+    got = [p["expected_s"] for r in rounds[-1:] for p in (r["runs"].get(run.name) or
+                                                          r["runs"].get(run.repeat_of, {})).values()]
     return (max(got) if got else grid2.STARTUP_S + 200) + STARTUP_MARGIN_S
 
 
 def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
         gpus: tuple[int, ...] = ()) -> dict[str, Any]:
-    shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
+    shutil.rmtree(VC / "ckpt" / (run.repeat_of or run.name), ignore_errors=True)  # the line's own folder
     stop = OUT / f"stop-{run.name}"
     sampler = subprocess.Popen([gm().PY, "scripts/gpu/gpu_mem_sampler.py", str(OUT / f"nvml-{run.name}.jsonl"),
                                 "--stop-file", str(stop)], cwd=REPO, env=gm().env(), stdout=subprocess.DEVNULL,

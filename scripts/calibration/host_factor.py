@@ -19,10 +19,11 @@ sys.path.insert(0, str(ROOT))
 
 from verl_cluster.placement import step_time  # noqa: E402
 
-# held-out runs by where they ran: batches V and W (one H100 machine each, one session) and the one-H100 grid's
-# held-out runs (batches B-D, three H100 machines one after another, 2026-11-26)
+# held-out runs by where they ran: batches V and W (one H100 machine each, one session), W's last run with X's on
+# another, and the one-H100 grid's held-out runs (batches B-D, three H100 machines one after another, 2026-11-26)
 GROUPS = {"batch V's H100, 2026-12-07": ("g1fa-m4", "g1pad15b-m8", "g1ppo15b-m8"),
           "batch W's H100, 2026-12-07": ("g1fa15b-m4", "g1ppo-m4"),
+          "batches W and X's H100, 2026-12-07 16:00": ("g1pad-m4", "g1ppo-m4-b"),
           "the one-H100 grid's held-out runs, 3 machines, 2026-11-26": ("hold-padded05", "hold-ppo15off", "hold-grpo3n8",
                                                    "hold-grpo05wide", "hold-grpo15big")}
 FACTORS = [f / 100 for f in range(40, 161)]  # 0.40 ... 1.60

@@ -111,11 +111,23 @@ def test_every_line_composes_in_verls_config():
             compose(config_name="ppo_trainer", overrides=["critic.no_such_key=1"])
 
 
+def test_a_run_again_on_another_machine_is_budgeted_and_cleared_as_its_first():
+    """A repeat (Run.repeat_of) has no round of its own: the chain budgets it at its first's expected seconds, and
+    clears the checkpoint folder its line writes to (its first's) before it starts."""
+    latest = json.loads(grid2.PREDICTIONS.read_text())["rounds"][-1]["runs"]
+    for r in (r for r in grid2.RUNS if r.repeat_of):
+        first = grid2.BY_NAME[r.repeat_of]
+        assert r.name not in latest and first.name in latest  # not the generous guess for a run never predicted
+        assert grid2_device.need_s(r) == grid2_device.need_s(first)
+        assert f"trainer.default_local_dir={grid2_device.VC / 'ckpt' / first.name}" in r.line()
+
 def test_the_recorded_predictions_cover_the_grid_on_both_cards():
     rounds = json.loads(grid2.PREDICTIONS.read_text())["rounds"]
     assert rounds and all(len(r["commit"]) == 40 for r in rounds)
     seen = {(n, c) for r in rounds for n, cards in r["runs"].items() for c in cards}
-    assert seen >= {(r.name, c) for r in grid2.RUNS if not r.profile for c in grid2.CARDS}
+    # a run again on another machine (repeat_of) is judged against its first's prediction: the same line
+    assert seen >= {(r.repeat_of or r.name, c) for r in grid2.RUNS if not r.profile for c in grid2.CARDS}
+    assert all(grid2.BY_NAME[r.repeat_of].line() == r.line() for r in grid2.RUNS if r.repeat_of)
     for p in rounds[0]["runs"]["g2pad-m8"].values():
         assert [f for f, _ in p["by_fill"]] == list(grid2.FILLS) and p["error_bar"]["pct"] > 0
 
