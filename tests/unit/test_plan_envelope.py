@@ -85,6 +85,8 @@ def test_a_job_inside_the_one_h100_grid_is_calibrated():
     assert "held" not in bar["why"] and "hold-grpo15big" in bar["why"]
     assert bar["host"]["group"] == "batch W's H100, 2026-12-07" and bar["host"]["factor"] == 0.57
     assert 0.25 < bar["host"]["error"] <= 0.30 and "on the fastest host recorded (batch W's H100" in bar["why"]
+    # which way: over by the fastest host's error, under by no more than the family's fit residuals
+    assert bar["over"] == bar["host"]["error"] and -0.10 < bar["under"] <= 0
 
 
 def test_the_two_node_line_is_calibrated_on_its_one_run():
@@ -155,6 +157,7 @@ def test_eight_gpus_and_a_7b_model_are_outside():
 def test_no_envelope_says_so():
     bar = env.error_bar({"gpu": "H100"}, doc={})
     assert bar.pct == 0 and not bar.calibrated and "no calibration envelope" in bar.line()
+    assert env.step_range(10.0, bar.to_dict()) is None and env.step_range(10.0, None) is None  # no range to give
 
 
 def test_plan_table_brief_and_json_carry_it(capsys):
@@ -162,17 +165,25 @@ def test_plan_table_brief_and_json_carry_it(capsys):
 
     args = ["plan", str(GRPO), "--gpus", "1x8xH100-80GB"]
     assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "s/step predicted (±75%, uncalibrated)" in out
-    assert "step time ±75%: uncalibrated: 8 GPUs is outside the calibrated range (nearest family: H100, 1 GPU" in \
-        " ".join(out.split())
-    assert main(args + ["--brief"]) == 0
-    brief = " ".join(capsys.readouterr().out.split())
-    assert "(±75%, uncalibrated)" in brief and "step time ±75%: uncalibrated: 8 GPUs is outside" in brief
+    out = " ".join(capsys.readouterr().out.split())
     assert main(args + ["--json"]) == 0
-    bar = json.loads(capsys.readouterr().out)["time"]["error_bar"]
+    t = json.loads(capsys.readouterr().out)["time"]
+    bar = t["error_bar"]
     assert bar["pct"] == 75 and bar["calibrated"] is False and bar["outside"] == ["ranks"]
     assert bar["nearest_family"].startswith("H100, 1 GPU, 1 node, packed (flash-attn) attention, GRPO")
+    # which way: the held-out runs' largest over (W's PPO run, +70.9%: its host ran faster) and under (node2-grpo05,
+    # -22.6%), as the seconds this step came in between on them
+    assert bar["over"] == 0.709 and bar["under"] == -0.226
+    lo, hi = t["step_s"] / 1.709, t["step_s"] / 0.774
+    assert t["step_range_s"] == [pytest.approx(lo, abs=0.01), pytest.approx(hi, abs=0.01)]
+    fmt = (lambda x: f"{x:.0f}" if x >= 10 else f"{x:.1f}")  # whole seconds from 10 s, tenths below
+    said = f"{fmt(lo)}-{fmt(hi)} s"
+    assert f"s/step predicted (±75%, uncalibrated: {said})" in out
+    assert "step time ±75%: uncalibrated: 8 GPUs is outside the calibrated range (nearest family: H100, 1 GPU" in out
+    assert f"those runs measured 0.59-1.29x their plan: {said} for this step" in out
+    assert main(args + ["--brief"]) == 0
+    brief = " ".join(capsys.readouterr().out.split())
+    assert f"(±75%, uncalibrated: {said})" in brief and "step time ±75%: uncalibrated: 8 GPUs is outside" in brief
 
 
 def test_factors_still_apply_on_top(tmp_path, capsys):
@@ -189,6 +200,7 @@ def test_factors_still_apply_on_top(tmp_path, capsys):
     assert got["phases_s"]["gen"] == pytest.approx(2 * plain["phases_s"]["gen"], abs=0.02)
     assert got["step_s"] == pytest.approx(plain["step_s"] + plain["phases_s"]["gen"], abs=0.05)
     assert got["error_bar"] == plain["error_bar"]
+    assert got["step_range_s"][0] == pytest.approx(got["step_s"] / (1 + got["error_bar"]["over"]), abs=0.01)
     assert any(n.startswith("factors from") for n in got["notes"])
 
 
@@ -199,8 +211,9 @@ def test_the_options_of_a_job_that_does_not_fit_carry_theirs(capsys):
 
     args = ["plan", str(GRPO), "--gpus", "1x1xRTX4090-24GB", "model.catalog=qwen2.5-1.5b"]
     assert main(args) == 1
-    assert "s/step (±75%, uncalibrated)" in capsys.readouterr().out
+    assert "s/step (±75%, uncalibrated: " in capsys.readouterr().out
     assert main(args + ["--json"]) == 1
     options = json.loads(capsys.readouterr().out)["options"]
     assert options and all(o["error_bar"]["pct"] == 75 and not o["error_bar"]["calibrated"] for o in options)
+    assert all(o["step_range_s"][0] < o["step_s"] < o["step_range_s"][1] for o in options)
     assert all("RTX 4090" in o["error_bar"]["why"] for o in options)

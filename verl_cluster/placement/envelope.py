@@ -104,18 +104,49 @@ class ErrorBar:
     runs: tuple[str, ...] = ()  # the runs the figure comes from
     axes: dict[str, Any] = field(default_factory=dict)
     host: Optional[dict[str, Any]] = None  # the fastest recorded host: its group, factor, this step's error there
+    # the same runs' errors by their sign (predicted / measured - 1): over >= 0, the most the plan was over (a
+    # faster run); under <= 0, the most it was under. The ± is the larger; the two say which way
+    over: float = 0.0
+    under: float = 0.0
 
     def line(self) -> str:
         return f"±{self.pct}%: {self.why}" if self.pct else self.why
 
     def to_dict(self) -> dict[str, Any]:
         out = {"pct": self.pct, "calibrated": self.calibrated, "why": self.why, "runs": list(self.runs),
-               "axes": self.axes}
+               "axes": self.axes, "over": round(self.over, 3), "under": round(self.under, 3)}
         if not self.calibrated:
             out.update(nearest_family=self.nearest, outside=list(self.outside))
         if self.host is not None:
             out["host"] = self.host
         return out
+
+
+def step_range(step_s: float, bar: Optional[dict[str, Any]]) -> Optional[tuple[float, float]]:
+    """The seconds a step planned at STEP_S came in between on the runs BAR comes from: STEP_S / (1 + over) to
+    STEP_S / (1 + under) (measured = predicted / (1 + error)); None without a bar that has them."""
+    if not bar or not bar.get("pct") or "over" not in bar:
+        return None
+    return step_s / (1 + bar["over"]), step_s / (1 + max(bar["under"], -0.9))
+
+
+def range_text(lo: float, hi: float) -> str:
+    """'5.3-12 s': whole seconds from 10 s, tenths from 1, hundredths below."""
+    f = (lambda x: f"{x:.0f}" if x >= 10 else f"{x:.1f}" if x >= 1 else f"{x:.2f}")
+    return f"{f(lo)}-{f(hi)} s"
+
+def with_range(t: dict[str, Any]) -> dict[str, Any]:
+    """T (a step time's dict) with step_range_s from its step and error bar (step_range); none where the bar has
+    none."""
+    got = step_range(t.get("step_s") or 0.0, t.get("error_bar"))
+    t.pop("step_range_s", None)
+    if got is not None:
+        t["step_range_s"] = [round(got[0], 2), round(got[1], 2)]
+    return t
+
+
+def _signs(errors: list[float]) -> tuple[float, float]:
+    return max([0.0] + errors), min([0.0] + errors)
 
 
 def read_envelope(path: Path = ENVELOPE_FILE) -> dict[str, Any]:
@@ -172,11 +203,12 @@ def with_host(bar: ErrorBar, host: Optional[dict[str, Any]]) -> ErrorBar:
     if host is None:
         return bar
     pct = _round_up(host["error"])
+    over = max(bar.over, host["error"])
     if pct <= bar.pct:
-        return replace(bar, host=host)
+        return replace(bar, host=host, over=over)
     why = (f"{bar.why}; on the fastest host recorded ({host['group']}: {host['factor']:.2f} of the fit's host time) "
            f"this step would be {host['error']:+.0%} over, its host work")
-    return replace(bar, pct=pct, why=why, host=host)
+    return replace(bar, pct=pct, why=why, host=host, over=over)
 
 
 def error_bar(job: dict[str, Any], doc: Optional[dict[str, Any]] = None,
@@ -197,17 +229,18 @@ def _envelope_bar(job: dict[str, Any], doc: Optional[dict[str, Any]] = None) -> 
     if home is not None:
         best = max((_shares(job, r) for r in unfitted), default=0)
         near = [r for r in unfitted if _shares(job, r) == best]
-        worst = max([abs(r["step_error"]) for r in near] + [abs(r["step_error"]) for r in home.runs
-                                                            if r["role"] == "fit"])
+        errors = [r["step_error"] for r in near] + [r["step_error"] for r in home.runs if r["role"] == "fit"]
         names = tuple(r["run"] for r in near)
         why = (f"the largest step error of the runs not fitted on nearest this job ({', '.join(names)}) and of its "
                f"family's fit runs")
-        return ErrorBar(_round_up(worst), True, why, runs=names, axes=job)
+        over, under = _signs(errors)
+        return ErrorBar(_round_up(max(map(abs, errors))), True, why, runs=names, axes=job, over=over, under=under)
     nearest = min(fams, key=lambda f: (len(f.outside(job)), -len(f.runs)))
     out = nearest.outside(job)
     worst = max(abs(r["step_error"]) for r in unfitted) if unfitted else 1.0
     said = ", ".join(phrase(a, job.get(a)) for a in out)
     why = (f"uncalibrated: {said} is outside the calibrated range (nearest family: {nearest.describe()}); the "
            "largest step error the model has shown on runs it was not fitted on")
+    over, under = _signs([r["step_error"] for r in unfitted]) if unfitted else (1.0, -0.5)  # ±100%: half to twice
     return ErrorBar(_round_up(worst), False, why, nearest.describe(), tuple(out),
-                    tuple(r["run"] for r in unfitted), job)
+                    tuple(r["run"] for r in unfitted), job, over=over, under=under)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from verl_cluster.enums import StrEnum
+from verl_cluster.placement.envelope import with_range
 from verl_cluster.placement.hardware import Hardware
 from verl_cluster.placement.memory import GIB
 from verl_cluster.placement.overrides import build_overrides
@@ -55,10 +56,11 @@ class Option:
     error_bar: Optional[dict] = None  # the step's error bar (placement/envelope.py ErrorBar.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"changes": list(self.changes), "overrides": dict(self.overrides), "peak_gib": round(self.peak_gib, 2),
-                "strategy": self.strategy, "tp": self.tp, "offload": self.offload, "kind": self.kind,
-                "step_s": round(self.step_s, 2), "s_per_sequence": round(self.s_per_seq, 4),
-                **({"error_bar": self.error_bar} if self.error_bar else {})}
+        out = {"changes": list(self.changes), "overrides": dict(self.overrides), "peak_gib": round(self.peak_gib, 2),
+               "strategy": self.strategy, "tp": self.tp, "offload": self.offload, "kind": self.kind,
+               "step_s": round(self.step_s, 2), "s_per_sequence": round(self.s_per_seq, 4),
+               **({"error_bar": self.error_bar} if self.error_bar else {})}
+        return with_range(out)
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,9 @@ class Plan:
                "host_gib_all_nodes": round(self.host_cluster_gib, 2), "nnodes": self.nnodes}
         if t.get("by_host_factor"):  # the phases at other hosts' speeds (check_run.host_fit)
             out["by_host_factor"] = t["by_host_factor"]
+        bar = t.get("error_bar") or {}
+        if bar.get("pct") and "over" in bar:  # which way the step may be off (envelope.step_range), for the ETA
+            out["error_bar"] = {"pct": bar["pct"], "over": bar["over"], "under": bar["under"]}
         if self.time_at is not None and self.tokens_full:
             out["fill"], out["tokens_full"] = round(self.fill, 4), self.tokens_full
             out["by_fill"] = []  # the planned fill among them: a run at the lengths planned reads the plan itself

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from verl_cluster.placement.envelope import range_text, step_range
 from verl_cluster.placement.plan import Plan
 
 BAR = 20
@@ -125,23 +126,31 @@ def _time(plan: Plan, con: Console) -> None:
 
 
 def _error_bar(plan: Plan, con: Console) -> None:
-    """The step's error bar: what the model was calibrated on says how far the predicted step may be off."""
-    bar = (plan.time or {}).get("error_bar")
+    """The step's error bar: what the model was calibrated on says how far the predicted step may be off, and which
+    way: the runs it comes from, measured against their plans."""
+    t = plan.time or {}
+    bar = t.get("error_bar")
     if bar and plan.feasible:
         pct = f"±{bar['pct']}%: " if bar["pct"] else ""
-        con.print(f"  step time {pct}{escape(bar['why'])}", style=None if bar["calibrated"] else "yellow")
+        got = step_range(t["step_s"], bar)
+        seen = (f"; those runs measured {1 / (1 + bar['over']):.2f}-{1 / (1 + max(bar['under'], -0.9)):.2f}x "
+                f"their plan: {range_text(*got)} for this step" if got else "")
+        con.print(f"  step time {pct}{escape(bar['why'])}{seen}", style=None if bar["calibrated"] else "yellow")
 
 
-def _pct(bar: Optional[dict]) -> str:
-    """' (±20%)', ' (±35%, uncalibrated)' or '' without a bar."""
+def _pct(bar: Optional[dict], step_s: Optional[float] = None) -> str:
+    """' (±20%)', ' (±35%, uncalibrated)' or '' without a bar; with STEP_S the seconds it may come in between:
+    ' (±80%, uncalibrated: 5.3-12 s)'."""
     if not bar or not bar.get("pct"):
         return ""
-    return f" (±{bar['pct']}%" + ("" if bar["calibrated"] else ", uncalibrated") + ")"
+    got = step_range(step_s, bar) if step_s else None
+    return (f" (±{bar['pct']}%" + ("" if bar["calibrated"] else ", uncalibrated")
+            + (f": {range_text(*got)}" if got else "") + ")")
 
 
 def _per_step(t: dict) -> str:
-    """'~26 s/step predicted (±20%)' for the verdict line."""
-    return f"; ~{t['step_s']:.0f} s/step predicted{_pct(t.get('error_bar'))}"
+    """'~26 s/step predicted (±20%: 22-33 s)' for the verdict line."""
+    return f"; ~{t['step_s']:.0f} s/step predicted{_pct(t.get('error_bar'), t['step_s'])}"
 
 
 def _verdict(plan: Plan, con: Console, lengths=None) -> None:
@@ -173,7 +182,7 @@ def _verdict(plan: Plan, con: Console, lengths=None) -> None:
     con.print("[bold]feasible plans[/] (best first; `plan` with an option's overrides shows its tables)")
     for i, o in enumerate(plan.options, 1):
         con.print(f"  [bold]{i}.[/] {escape('; '.join(o.changes) or 'as written')} — {o.strategy}, TP {o.tp}, "
-                  f"{_offload(o.offload)}, peak {o.peak_gib:.1f} GiB/GPU, ~{o.step_s:.0f} s/step{_pct(o.error_bar)}")
+                  f"{_offload(o.offload)}, peak {o.peak_gib:.1f} GiB/GPU, ~{o.step_s:.0f} s/step{_pct(o.error_bar, o.step_s)}")
         con.print("     " + escape(" ".join(f"{k}={_fmt(v)}" for k, v in o.overrides.items())), soft_wrap=True)
 
 

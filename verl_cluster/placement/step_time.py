@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from verl_cluster.placement.envelope import ErrorBar, error_bar, fastest_host, job_axes
+from verl_cluster.placement.envelope import ErrorBar, error_bar, fastest_host, job_axes, with_range
 
 if TYPE_CHECKING:
     from verl_cluster.placement.hardware import Hardware
@@ -225,6 +225,7 @@ class StepTime:
                "notes": list(self.notes)}
         if self.bar is not None:
             out["error_bar"] = self.bar.to_dict()
+            with_range(out)
         if host_table and self.raw:
             out["by_host_factor"] = self.by_host_factor()
         return out

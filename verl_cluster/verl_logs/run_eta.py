@@ -20,6 +20,8 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
+from verl_cluster.placement.envelope import range_text, step_range
+
 WINDOW = 20  # steps the time per step is the mean of: the newest (RL responses, and so steps, grow as it trains)
 _TOTAL = re.compile(r"Total training steps: (\d+)")
 _BAR = re.compile(r"Training Progress:.*?\|\s*(\d+)/(\d+) \[")
@@ -124,6 +126,10 @@ class RunEta:
             if plan:
                 out["plan_step_s"] = round(plan, 2)
                 out["vs_plan"] = round(step_s / plan - 1.0, 3)  # + : slower than planned
+                got = step_range(plan, predicted.get("error_bar"))
+                if got is not None:  # the seconds the plan's bar allows, and whether the run is inside them
+                    out["plan_range_s"] = [round(got[0], 2), round(got[1], 2)]
+                    out["in_plan_range"] = got[0] <= step_s <= got[1]
                 if fill is not None:
                     out["at_fill"] = round(fill, 3)
         if self.total is not None:
@@ -149,9 +155,11 @@ class RunEta:
 
 
 def eta_line(e: Mapping[str, Any]) -> str:
-    """'step 12/200: 31.1 s/step (plan 27.5, +13%), ~1h38m left incl. 9 saves (~45 s each)'."""
+    """'step 12/200: 31.1 s/step (plan 27.5, +13%), ~1h38m left incl. 9 saves (~45 s each)'; a step outside the
+    seconds the plan's error bar allows says so: '(plan 9.3, +45%: outside its 5.3-12 s)'."""
     head = f"step {e['step']}" + (f"/{e['total_steps']}" if e.get("total_steps") is not None else "")
-    plan = f" (plan {e['plan_step_s']:g}, {e['vs_plan']:+.0%})" if e.get("plan_step_s") else ""
+    off = f": outside its {range_text(*e['plan_range_s'])}" if e.get("in_plan_range") is False else ""
+    plan = f" (plan {e['plan_step_s']:g}, {e['vs_plan']:+.0%}{off})" if e.get("plan_step_s") else ""
     text = f"{head}: {e['step_s']:g} s/step{plan}"
     if e.get("total_steps") is None:
         return text + ", total steps unknown (verl counts them from the data and has not said them yet)"
