@@ -282,14 +282,13 @@ def need_s(run: Run, path: Path = grid2.PREDICTIONS) -> float:
     """The latest recorded round's expected seconds for the run (the slower card), else a generous guess; plus
     what start-up took beyond grid2.STARTUP_S when runs went side by side (STARTUP_MARGIN_S)."""
     rounds = json.loads(path.read_text())["rounds"] if path.exists() else []
-    got = [p["expected_s"] for r in rounds[-1:] for p in (r["runs"].get(run.name) or
-                                                          r["runs"].get(run.repeat_of, {})).values()]
+    got = [p["expected_s"] for r in rounds[-1:] for c in grid2.CARDS if (p := grid2.prediction(r, run, c))]
     return (max(got) if got else grid2.STARTUP_S + 200) + STARTUP_MARGIN_S
 
 
 def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
         gpus: tuple[int, ...] = ()) -> dict[str, Any]:
-    shutil.rmtree(VC / "ckpt" / (run.repeat_of or run.name), ignore_errors=True)  # the line's own folder
+    shutil.rmtree(run.ckpt_dir, ignore_errors=True)
     stop = OUT / f"stop-{run.name}"
     sampler = subprocess.Popen([gm().PY, "scripts/gpu/gpu_mem_sampler.py", str(OUT / f"nvml-{run.name}.jsonl"),
                                 "--stop-file", str(stop)], cwd=REPO, env=gm().env(), stdout=subprocess.DEVNULL,
@@ -322,7 +321,7 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
         product = json.loads(r.stdout)
     except ValueError:
         product = {}
-    shutil.rmtree(VC / "ckpt" / run.name, ignore_errors=True)
+    shutil.rmtree(run.ckpt_dir, ignore_errors=True)
     if run.profile:  # the traces stay here; their summary comes back
         got = sh(f"profile-{run.name}", [gm().PY, "scripts/calibration/profile_summary.py", str(run.profile_dir),
                                          "--json", str(OUT / f"profile-{run.name}.json")], 300)

@@ -124,16 +124,26 @@ class ErrorBar:
 
 def step_range(step_s: float, bar: Optional[dict[str, Any]]) -> Optional[tuple[float, float]]:
     """The seconds a step planned at STEP_S came in between on the runs BAR comes from: STEP_S / (1 + over) to
-    STEP_S / (1 + under) (measured = predicted / (1 + error)); None without a bar that has them."""
+    STEP_S / (1 + under) (measured = predicted / (1 + error)); an under past -90% counts as -90% (10x the plan).
+    None without a bar that has them."""
     if not bar or not bar.get("pct") or "over" not in bar:
         return None
     return step_s / (1 + bar["over"]), step_s / (1 + max(bar["under"], -0.9))
 
 
+def range_bounds(lo: float, hi: float) -> tuple[float, float]:
+    """LO and HI as printed, rounded outward: whole seconds from 10 s, tenths from 1, hundredths below."""
+    def shown(x: float, up: bool) -> float:
+        q = 1 if x >= 10 else 10 if x >= 1 else 100
+        return (math.ceil(x * q - 1e-9) if up else math.floor(x * q + 1e-9)) / q
+    return shown(lo, False), shown(hi, True)
+
+
 def range_text(lo: float, hi: float) -> str:
-    """'5.3-12 s': whole seconds from 10 s, tenths from 1, hundredths below."""
-    f = (lambda x: f"{x:.0f}" if x >= 10 else f"{x:.1f}" if x >= 1 else f"{x:.2f}")
-    return f"{f(lo)}-{f(hi)} s"
+    """'5.2-12 s' (range_bounds)."""
+    return "-".join(f"{x:.0f}" if x >= 10 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
+                    for x in range_bounds(lo, hi)) + " s"
+
 
 def with_range(t: dict[str, Any]) -> dict[str, Any]:
     """T (a step time's dict) with step_range_s from its step and error bar (step_range); none where the bar has
@@ -146,7 +156,9 @@ def with_range(t: dict[str, Any]) -> dict[str, Any]:
 
 
 def _signs(errors: list[float]) -> tuple[float, float]:
-    return max([0.0] + errors), min([0.0] + errors)
+    """The most over and the most under, each at least the ± bar's 5% floor (_round_up): a bar whose runs all
+    came in over still allows a step a little slower than planned."""
+    return max([0.05] + errors), min([-0.05] + errors)
 
 
 def read_envelope(path: Path = ENVELOPE_FILE) -> dict[str, Any]:

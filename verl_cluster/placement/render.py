@@ -133,8 +133,9 @@ def _error_bar(plan: Plan, con: Console) -> None:
     if bar and plan.feasible:
         pct = f"±{bar['pct']}%: " if bar["pct"] else ""
         got = step_range(t["step_s"], bar)
-        seen = (f"; those runs measured {1 / (1 + bar['over']):.2f}-{1 / (1 + max(bar['under'], -0.9)):.2f}x "
-                f"their plan: {range_text(*got)} for this step" if got else "")
+        host = (bar.get("host") or {}).get("error", 0.0) >= bar.get("over", 0.0) > 0  # the fastest host sets it
+        seen = (f"; as those runs{' and the fastest host recorded' if host else ''} came in against their plans, "
+                f"this step would take {range_text(*got)}" if got else "")
         con.print(f"  step time {pct}{escape(bar['why'])}{seen}", style=None if bar["calibrated"] else "yellow")
 
 
@@ -168,7 +169,7 @@ def _verdict(plan: Plan, con: Console, lengths=None) -> None:
             verdict += f" [yellow]at the lengths known (fill {plan.fill:.3g}), not at the worst case[/]"
         con.print(head + f"{verdict} — peak {peak:.1f} of {cap:.1f} GiB/GPU; "
                   f"strategy {plan.strategy}, TP {plan.tp}, offload {plan.offload}, {plan.dtype}, {plan.attn}"
-                  + (_per_step(plan.time) if plan.time else ""))
+                  + (_per_step(plan.time) if plan.time else ""), soft_wrap=True)  # one line, whatever the width
         if lengths is not None:
             render_lengths(lengths, plan, con)
         return

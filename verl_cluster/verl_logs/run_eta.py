@@ -20,7 +20,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
-from verl_cluster.placement.envelope import range_text, step_range
+from verl_cluster.placement.envelope import range_bounds, range_text, step_range
 
 WINDOW = 20  # steps the time per step is the mean of: the newest (RL responses, and so steps, grow as it trains)
 _TOTAL = re.compile(r"Total training steps: (\d+)")
@@ -127,9 +127,9 @@ class RunEta:
                 out["plan_step_s"] = round(plan, 2)
                 out["vs_plan"] = round(step_s / plan - 1.0, 3)  # + : slower than planned
                 got = step_range(plan, predicted.get("error_bar"))
-                if got is not None:  # the seconds the plan's bar allows, and whether the run is inside them
-                    out["plan_range_s"] = [round(got[0], 2), round(got[1], 2)]
-                    out["in_plan_range"] = got[0] <= step_s <= got[1]
+                if got is not None:  # the seconds the plan's bar allows, as printed, and whether the run is inside
+                    lo, hi = out["plan_range_s"] = list(range_bounds(*got))
+                    out["in_plan_range"] = lo <= step_s <= hi
                 if fill is not None:
                     out["at_fill"] = round(fill, 3)
         if self.total is not None:
