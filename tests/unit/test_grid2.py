@@ -191,8 +191,9 @@ def test_report_holds_each_run_against_the_round_before_it_at_its_own_fill(monke
     assert fams["1gpu-padded"]["meets_target"] and not fams["2gpu-padded-small-micro"]["meets_target"]
     assert "2gpu-packed" not in fams  # its only run was not blind
     assert rep["target"] == {"held_out_runs": 1, "held_out_lines": 1, "held_out_families": 1,
-                             "held_out_families_on_2_gpus": 1, "held_out_runs_meeting": 0, "families_never_fitted": 1, "met": False,
-                             "held_out_runs_with_host_factor": 0, "held_out_runs_meeting_at_host_factor": 0}
+                             "held_out_families_on_2_gpus": 1, "held_out_runs_meeting": 0, "families_never_fitted": 1,
+                             "met": False, "held_out_runs_with_host_factor": 0,
+                             "held_out_runs_meeting_at_host_factor": 0}
     md = grid2.markdown(rep)
     assert "| **g2pad-m8** |" in md and "NOT met" in md and "+40.0%" in md and "(bar ±35%)" in md
     assert "its round kept no host table" in md and "At each run's own host factor" not in md

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional
 from verl_cluster.config.loader import NotRegularFile, open_regular
 from verl_cluster.errors import ConfigError
 from verl_cluster.placement.check_run import STEP_PHASES, host_ratios
-from verl_cluster.placement.envelope import with_range
+from verl_cluster.placement.envelope import error_bar, with_range
 
 MIN_RUNS = 2  # a figure from fewer runs is shown, not applied
 FACTOR_RANGE = (0.05, 20.0)  # measured / predicted: a plan 20 times off is a wrong plan, not a factor to apply
@@ -155,8 +155,6 @@ def _adjusted(t: Optional[dict], used: dict[str, float], h: Optional[float]) -> 
     out.pop("by_host_factor", None)
     bar = out.get("error_bar") or {}
     if ratios and bar.get("axes"):
-        from verl_cluster.placement.envelope import error_bar
-
         out["error_bar"] = error_bar(bar["axes"]).to_dict()
     return with_range(out)
 

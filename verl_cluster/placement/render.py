@@ -141,7 +141,7 @@ def _error_bar(plan: Plan, con: Console) -> None:
 
 def _pct(bar: Optional[dict], step_s: Optional[float] = None) -> str:
     """' (±20%)', ' (±35%, uncalibrated)' or '' without a bar; with STEP_S the seconds it may come in between:
-    ' (±80%, uncalibrated: 5.3-12 s)'."""
+    ' (±80%, uncalibrated: 5.2-12 s)'."""
     if not bar or not bar.get("pct"):
         return ""
     got = step_range(step_s, bar) if step_s else None
@@ -183,7 +183,8 @@ def _verdict(plan: Plan, con: Console, lengths=None) -> None:
     con.print("[bold]feasible plans[/] (best first; `plan` with an option's overrides shows its tables)")
     for i, o in enumerate(plan.options, 1):
         con.print(f"  [bold]{i}.[/] {escape('; '.join(o.changes) or 'as written')} — {o.strategy}, TP {o.tp}, "
-                  f"{_offload(o.offload)}, peak {o.peak_gib:.1f} GiB/GPU, ~{o.step_s:.0f} s/step{_pct(o.error_bar, o.step_s)}")
+                  f"{_offload(o.offload)}, peak {o.peak_gib:.1f} GiB/GPU, "
+                  f"~{o.step_s:.0f} s/step{_pct(o.error_bar, o.step_s)}")
         con.print("     " + escape(" ".join(f"{k}={_fmt(v)}" for k, v in o.overrides.items())), soft_wrap=True)
 
 
