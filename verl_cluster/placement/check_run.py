@@ -167,8 +167,11 @@ def host_ratios(predicted: Mapping[str, Any], h: float) -> Optional[dict[str, fl
     """Each phase's seconds on a host H times the fit's over its seconds on the fit's hosts, from the plan's phases
     at host factors (linear between them); None for a plan that kept none."""
     table = host_table(predicted)
-    if table is None:
-        return None
+    return None if table is None else _ratios(table, h)
+
+
+def _ratios(table: list[list], h: float) -> dict[str, float]:
+    """host_ratios on a table host_table has read."""
     base, row = next(ph for x, ph in table if x == 1.0), between(table, h)
     return {k: row[k] / v for k, v in base.items() if v > 0 and k in row}
 
@@ -185,7 +188,7 @@ def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[d
     if table is None or not meas:
         return None
     phases, _ = at_run_lengths(predicted, got)
-    one = host_ratios(predicted, 1.0)
+    one = _ratios(table, 1.0)
     names = [k for k in phases if meas.get(k) and k in one]
     big = [k for k in names if meas[k] >= HOST_PHASE_MIN_S] or names
     tried = [h for h in HOST_FIT if table[0][0] <= h <= table[-1][0]]
@@ -193,7 +196,7 @@ def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[d
         return None
 
     def at(h: float) -> dict[str, float]:
-        ratios = host_ratios(predicted, h)
+        ratios = _ratios(table, h)  # the table read once, not at each factor tried
         return {k: phases[k] * ratios.get(k, 1.0) for k in names}
 
     cost = {h: sum((v / meas[k] - 1) ** 2 for k, v in at(h).items() if k in big) for h in tried}

@@ -142,12 +142,11 @@ def _scaled_time(t: Optional[dict], f: dict[str, float]) -> Optional[dict]:
             "tokens_per_gpu_s": round(rate, 1)}
 
 
-def _adjusted(t: Optional[dict], used: dict[str, float], h: Optional[float]) -> Optional[dict]:
-    """T with the factors USED applied; with a host factor H and T's own phases at host factors, the phases at H in
-    place of their own factors (those were measured with the host in them). A plan a factor changed keeps no table
-    of host factors (a host fit against it would count the factors twice), and with H its error bar is the
-    envelope's alone: the host's speed is stated, not a spread."""
-    ratios = host_ratios(t or {}, h) if h is not None else None
+def _adjusted(t: Optional[dict], used: dict[str, float], ratios: Optional[dict[str, float]]) -> Optional[dict]:
+    """T with the factors USED applied; with RATIOS (T's phases at a host factor over their own: host_ratios), the
+    phases at that host's speed in place of their own factors (those were measured with the host in them). A plan a
+    factor changed keeps no table of host factors (a host fit against it would count the factors twice), and with
+    RATIOS its error bar is the envelope's alone: the host's speed is stated, not a spread."""
     f = used if ratios is None else {**{k: v for k, v in used.items() if k not in STEP_PHASES}, **ratios}
     out = _scaled_time(t, f)
     if out is None or not (ratios or any(k in STEP_PHASES for k in f)):
@@ -189,9 +188,10 @@ def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], s
         return None
     used = {k: f for k, (f, _, enough) in factors.items() if enough and k != STEP}
     speed = used.pop(HOST_FACTOR, None)  # the host's, against the fit's
-    on_host = speed is not None and host_ratios(plan.time or {}, speed) is not None
+    ratios = host_ratios(plan.time or {}, speed) if speed is not None else None
+    on_host = ratios is not None
     note = factors_note(factors, source, on_host)
-    time, reasons = _adjusted(plan.time, used, speed), plan.reasons
+    time, reasons = _adjusted(plan.time, used, ratios), plan.reasons
     if time is not None:
         time["notes"] = list(time.get("notes") or []) + [note]
     else:
@@ -203,9 +203,12 @@ def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], s
     if h != 1.0 and plan.host_mem_gib is not None and need > 0.9 * plan.host_mem_gib:
         warnings += (f"host memory {need:.1f} GiB per node with the factors applied is over "
                      f"{'the' if need > plan.host_mem_gib else '90% of the'} {plan.host_mem_gib:.0f} GiB RAM",)
-    return replace(plan, time=time, time_at=None if at is None else (
-                       lambda fill, host_table=False: _adjusted(at(fill, True) if on_host else at(fill), used,
-                                                                speed if on_host else None)),
+
+    def time_at(fill: float, host_table: bool = False) -> Optional[dict]:  # each fill through its own host table
+        t = at(fill, True) if on_host else at(fill)
+        return _adjusted(t, used, host_ratios(t or {}, speed) if on_host else None)
+
+    return replace(plan, time=time, time_at=None if at is None else time_at,
                    host_gib_per_node=need, host_parts={k: v * h for k, v in plan.host_parts.items()},
                    host_worker_gib=plan.host_worker_gib * h,
                    warnings=warnings, reasons=reasons)
