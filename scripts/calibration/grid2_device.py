@@ -136,6 +136,34 @@ def host_probe(when: str) -> str:
             f"{ctx.get('busiest', [])[:2]}")
 
 
+FLOOR_LEFT_S = 90  # the chain's end reads the layer floor only with this much of BUDGET_S left (~30 s, a 150 s cap)
+
+
+def layer_floor(when: str) -> str:
+    """scripts/gpu/gpu_logprob_tail.py at the 0.5B shape and 4 sequences, appended to layer_floor.jsonl: a packed
+    log-prob layer's host floor (docs/placement.md, "The micro batch on the device"), read on the machine whose host
+    factor the chain's runs give. Three H100 hosts ran one line 1.45-1.73x apart and no probe has ordered them; this
+    is the figure closest to the host terms. Never stops the chain: what went wrong is the line logged."""
+    g = gm()
+    env = {**g.env(), "PYTHONPATH": os.pathsep.join([str(FLASH_OFF), str(g.SITE), str(REPO)])}  # flash-attn wherever
+    try:
+        r = subprocess.run([g.PY, str(REPO / "scripts/gpu/gpu_logprob_tail.py"), "--shape", "qwen2.5-0.5b",
+                            "--seqs", "4"], capture_output=True, text=True, timeout=150, env=env)
+        rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    except Exception as e:  # noqa: BLE001 - a slow CUDA start or a torn line must not cost the batch's end
+        return f"layer floor ({when}) failed: {type(e).__name__}: {e}"
+    with open(OUT / "layer_floor.jsonl", "a") as fh:
+        for row in rows:
+            fh.write(json.dumps({"when": when, **row}) + "\n")
+    done = [row for row in rows if row.get("layers")]
+    if not done:
+        why = next((row["error"] for row in rows if "error" in row), r.stderr.strip()[-200:])
+        return f"layer floor ({when}) gave nothing (rc {r.returncode}): {why}"
+    row = done[-1]
+    return (f"layer floor ({when}): {row['layers_s'] / row['layers'] * 1e3:.2f} ms a layer ({row['shape']}, "
+            f"{row['seqs']} sequences, {row['tokens']} tokens; the model's FORWARD_SYNC_PASS_S is 2.0)")
+
+
 def device_setup() -> None:
     g = gm()
     g.setup()  # the staged site moved to /srv/vc/site, wrappers, the 0.5B shape and synthetic GSM8K
@@ -528,6 +556,8 @@ def chain(batches: list[str], skip: tuple[str, ...] = ()) -> None:
         raise
     finally:
         log(host_probe("end"))
+        left = BUDGET_S - (time.time() - T0)
+        log(layer_floor("end") if left >= FLOOR_LEFT_S else f"layer floor skipped: {left:.0f}s of BUDGET_S left")
         log(gc_summary())
         log("end")
         (OUT / f"grid2-{batch}.done").touch()

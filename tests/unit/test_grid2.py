@@ -553,3 +553,31 @@ def test_a_failing_host_probe_is_a_line_not_a_stopped_chain(tmp_path, monkeypatc
     torn.chmod(0o755)
     monkeypatch.setattr(grid2_device, "gm", lambda: types.SimpleNamespace(PY=str(torn), env=lambda: dict(os.environ)))
     assert grid2_device.host_probe("end").startswith("host probe (end) failed: JSONDecodeError")
+
+
+def test_the_layer_floor_is_read_at_the_chains_end_and_never_stops_it(tmp_path, monkeypatch):
+    """layer_floor runs gpu_logprob_tail.py at the 0.5B shape and 4 sequences with flash-attn on the path wherever a
+    padded run left it, keeps its rows in layer_floor.jsonl and says the floor a layer; a script that says why it
+    could not run, or a Python that is missing, is a line."""
+    import types
+
+    monkeypatch.setattr(grid2_device, "OUT", tmp_path)
+    fake = tmp_path / "py.sh"  # stands in for the site's Python: echoes its arguments and PYTHONPATH as the row
+    fake.write_text('#!/bin/sh\necho "{\\"shape\\": \\"$3\\", \\"seqs\\": $5, \\"tokens\\": 1341, '
+                    '\\"layers\\": 24, \\"layers_s\\": 0.055, \\"path\\": \\"$PYTHONPATH\\"}"\n')
+    fake.chmod(0o755)
+    site = types.SimpleNamespace(PY=str(fake), SITE=tmp_path / "site", env=lambda: dict(os.environ))
+    monkeypatch.setattr(grid2_device, "gm", lambda: site)
+    line = grid2_device.layer_floor("end")
+    assert line == ("layer floor (end): 2.29 ms a layer (qwen2.5-0.5b, 4 sequences, 1341 tokens; the model's "
+                    "FORWARD_SYNC_PASS_S is 2.0)")
+    row = json.loads((tmp_path / "layer_floor.jsonl").read_text())
+    assert row["when"] == "end" and row["path"].split(os.pathsep)[:2] == [str(grid2_device.FLASH_OFF), str(site.SITE)]
+    said = tmp_path / "err.sh"
+    said.write_text('#!/bin/sh\necho \'{"error": "no GPU (--cpu checks the script on the CPU)"}\'; exit 2\n')
+    said.chmod(0o755)
+    site.PY = str(said)
+    assert grid2_device.layer_floor("end") == ("layer floor (end) gave nothing (rc 2): no GPU (--cpu checks the "
+                                               "script on the CPU)")
+    site.PY = str(tmp_path / "no-python")
+    assert grid2_device.layer_floor("end").startswith("layer floor (end) failed: FileNotFoundError")

@@ -333,16 +333,18 @@ def test_w_s_deep_run_again_on_a_third_h100_the_step_held_its_generate_a_poll_ap
     one poll of verl's replay buffer (2.05-2.08 s) and three took two (4.06-4.09), where the plan said two (4.14):
     a rollout of about one period on this host, so one run of it sits between the two. The host factors: 0.82 on
     the model's host terms (host_factor.py), 0.88 by the plan's table (check_run.host_fit), where W's first machine
-    was 0.57 and 0.50. A one-step packed log-prob pass's layers (gpu_logprob_tail.py, after the chain) took 2.29 ms
+    was 0.57 and 0.50. One packed log-prob micro batch's layers (gpu_logprob_tail.py, after the chain) took 2.29 ms
     a layer at 4 sequences of the 0.5B and 1.58 of the 1.5B, the first tail machine's 2.06 and the model's
-    FORWARD_SYNC_PASS_S 2.0: the floor does not order the machines either."""
+    FORWARD_SYNC_PASS_S 2.0: a floor above the model's on a host faster than the fit's, so it does not give the
+    factor alone."""
     host_factor = load_script("scripts/calibration/host_factor.py")
     rep = recorded()
     by = {r["run"]: r for r in rep["runs"]}
     r, first = by["g1fa15b-m4-b"], by["g1fa15b-m4"]
     assert grid2.BY_NAME["g1fa15b-m4-b"].line() == grid2.BY_NAME["g1fa15b-m4"].line()
     assert r["role"] == "hold-out" and r["blind"] and r["commit"][:7] == "9614583" and not r["newer_rounds_before_run"]
-    assert abs(r["step_predicted"] - first["step_predicted"]) < 0.05 and 0.15 < r["step_error"] < 0.17 and not r["meets_target"]
+    assert abs(r["step_predicted"] - first["step_predicted"]) < 0.05  # one line, its fill a little apart
+    assert 0.15 < r["step_error"] < 0.17 and not r["meets_target"]
     held = {p["phase"]: p for p in r["phases"] if p["held"]}
     assert [n for n, p in held.items() if abs(p["error"]) > 0.30] == ["gen"]
     assert all(0 < p["error"] < 0.15 for n, p in held.items() if n != "gen")
