@@ -354,6 +354,8 @@ def test_w_s_deep_run_again_on_a_third_h100_the_step_held_its_generate_a_poll_ap
     assert held["gen"]["predicted"] > 2 * step_time.GEN_POLL_S  # the plan: two polls
     assert doc["host_cpu"]["model_number"] == "207" and doc["submit_flags"] == ["--no-gc-freeze"]
     assert 1.40 < r["step_measured"] / first["step_measured"] < 1.50  # the same line on two H100s
+    lo, hi = doc["product"]["eta"]["plan_range_s"]  # the plan's directional bar, as the run's ETA line carried it
+    assert (lo, hi) == (14.0, 27.0) and all(lo <= x["step_measured"] <= hi for x in (r, first))
     assert r["host"]["factor"] == 0.88 and first["host"]["factor"] == 0.5
     done = host_factor.unbound_replays(figures={n: json.loads((ROOT / "tests/fixtures/verl_runs/grid2_runs.json")
                                                               .read_text())["runs"][n] for n in HELD_OUT_X2}, runs={})
