@@ -450,6 +450,9 @@ def host_line(host: dict[str, Any]) -> str:
                 f"calibrated hosts' the step is still {at:+.0%} off the plan")
     how = ("a faster host than the plan's calibration" if h < 1 else
            "a slower or busier host than the plan's calibration: `verl-cluster doctor` says its CPU steal")
+    # one card kind ran one verl line 1.45-1.73x apart on three hosts (docs/placement.md): the factor is the
+    # machine's, so it carries over to the next job on it, where a phase's own factor does not
     return (f"the host explains it: with verl's host-side work (the CPU's part of each phase: launches, Python "
             f"between kernels, the rollout's scheduling) at {h:g}x the calibrated hosts' time the plan's step is "
-            f"{at:+.0%} and every phase over {HOST_PHASE_MIN_S:g} s within {HOST_PHASE_WITHIN:.0%}: {how}")
+            f"{at:+.0%} and every phase over {HOST_PHASE_MIN_S:g} s within {HOST_PHASE_WITHIN:.0%}: {how}; from two "
+            f"such jobs `plan --factors` (scripts/plan_factors.py from `jobs --json`) takes the next plan here to it")
