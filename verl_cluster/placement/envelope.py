@@ -131,18 +131,22 @@ def step_range(step_s: float, bar: Optional[dict[str, Any]]) -> Optional[tuple[f
     return step_s / (1 + bar["over"]), step_s / (1 + max(bar["under"], -0.9))
 
 
+def _places(x: float) -> int:
+    """The decimals a range prints X with: whole seconds from 10 s, tenths from 1, hundredths below."""
+    return 0 if x >= 10 else 1 if x >= 1 else 2
+
+
 def range_bounds(lo: float, hi: float) -> tuple[float, float]:
-    """LO and HI as printed, rounded outward: whole seconds from 10 s, tenths from 1, hundredths below."""
+    """LO and HI as printed (_places), rounded outward."""
     def shown(x: float, up: bool) -> float:
-        q = 1 if x >= 10 else 10 if x >= 1 else 100
+        q = 10 ** _places(x)
         return (math.ceil(x * q - 1e-9) if up else math.floor(x * q + 1e-9)) / q
     return shown(lo, False), shown(hi, True)
 
 
 def range_text(lo: float, hi: float) -> str:
     """'5.2-12 s' (range_bounds)."""
-    return "-".join(f"{x:.0f}" if x >= 10 else f"{x:.1f}" if x >= 1 else f"{x:.2f}"
-                    for x in range_bounds(lo, hi)) + " s"
+    return "-".join(f"{x:.{_places(x)}f}" for x in range_bounds(lo, hi)) + " s"
 
 
 def with_range(t: dict[str, Any]) -> dict[str, Any]:
