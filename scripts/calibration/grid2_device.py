@@ -113,22 +113,35 @@ def host_cpu() -> dict[str, Any]:
         return {"probe_error": f"{type(e).__name__}: {e}"}
 
 
+def site_rows(what: str, when: str, argv: list[str], jsonl: str, timeout: float,
+              env: Optional[dict] = None) -> tuple[list[dict], str]:
+    """A script of this repo (ARGV: its path and arguments) in the site's Python, its JSON lines appended to
+    OUT/JSONL, each with WHEN: (its result rows, "") or ([], the line that says why there are none: it failed, or
+    gave none - with the {"error": ...} row it printed, else its stderr). Never raises."""
+    g = gm()
+    try:
+        r = subprocess.run([g.PY, *argv], capture_output=True, text=True, timeout=timeout, env=env or g.env())
+        rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+        with open(OUT / jsonl, "a") as fh:
+            for row in rows:
+                fh.write(json.dumps({"when": when, **row}) + "\n")
+    except Exception as e:  # noqa: BLE001 - a slow CUDA start or a torn line must not cost the batch
+        return [], f"{what} ({when}) failed: {type(e).__name__}: {e}"
+    done = [row for row in rows if "error" not in row]
+    if done:
+        return done, ""
+    why = next((row["error"] for row in rows if "error" in row), r.stderr.strip()[-200:])
+    return [], f"{what} ({when}) gave nothing (rc {r.returncode}): {why}"
+
+
 def host_probe(when: str) -> str:
     """scripts/gpu/gpu_host_probe.py in the site's Python (the Python probe, a launch, an `.item()`), appended to
     host_probe.jsonl: the host's speed beside each batch's runs, which the card's name does not tell. Never stops
     the chain: what went wrong is the line logged."""
-    g = gm()
-    try:
-        r = subprocess.run([g.PY, str(REPO / "scripts/gpu/gpu_host_probe.py"), "--repeats", "3"],
-                           capture_output=True, text=True, timeout=120, env=g.env())
-        rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-        with open(OUT / "host_probe.jsonl", "a") as fh:
-            for row in rows:
-                fh.write(json.dumps({"when": when, **row}) + "\n")
-    except Exception as e:  # noqa: BLE001 - a slow CUDA start or a torn line must not cost the batch
-        return f"host probe ({when}) failed: {type(e).__name__}: {e}"
+    rows, why = site_rows("host probe", when, [str(REPO / "scripts/gpu/gpu_host_probe.py"), "--repeats", "3"],
+                          "host_probe.jsonl", 120)
     if not rows:
-        return f"host probe ({when}) gave nothing (rc {r.returncode}): {r.stderr.strip()[-200:]}"
+        return why
     last = rows[-1]
     ctx = last.get("context") or {}
     return (f"host probe ({when}): python {last.get('host_python_ms')} ms, launch {last.get('launch_us')} us, "
@@ -146,20 +159,11 @@ def layer_floor(when: str) -> str:
     is the figure closest to the host terms. Never stops the chain: what went wrong is the line logged."""
     g = gm()
     env = {**g.env(), "PYTHONPATH": os.pathsep.join([str(FLASH_OFF), str(g.SITE), str(REPO)])}  # flash-attn wherever
-    try:
-        r = subprocess.run([g.PY, str(REPO / "scripts/gpu/gpu_logprob_tail.py"), "--shape", "qwen2.5-0.5b",
-                            "--seqs", "4"], capture_output=True, text=True, timeout=150, env=env)
-        rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    except Exception as e:  # noqa: BLE001 - a slow CUDA start or a torn line must not cost the batch's end
-        return f"layer floor ({when}) failed: {type(e).__name__}: {e}"
-    with open(OUT / "layer_floor.jsonl", "a") as fh:
-        for row in rows:
-            fh.write(json.dumps({"when": when, **row}) + "\n")
-    done = [row for row in rows if row.get("layers")]
-    if not done:
-        why = next((row["error"] for row in rows if "error" in row), r.stderr.strip()[-200:])
-        return f"layer floor ({when}) gave nothing (rc {r.returncode}): {why}"
-    row = done[-1]
+    rows, why = site_rows("layer floor", when, [str(REPO / "scripts/gpu/gpu_logprob_tail.py"), "--shape",
+                                                "qwen2.5-0.5b", "--seqs", "4"], "layer_floor.jsonl", 150, env)
+    if not rows:
+        return why
+    row = rows[-1]
     return (f"layer floor ({when}): {row['layers_s'] / row['layers'] * 1e3:.2f} ms a layer ({row['shape']}, "
             f"{row['seqs']} sequences, {row['tokens']} tokens; the model's FORWARD_SYNC_PASS_S is 2.0)")
 
