@@ -111,6 +111,16 @@ def test_a_shell_running_the_driver_gets_no_dump(tmp_path):
         shell.wait()
 
 
+def test_a_driver_caught_mid_exec_is_left_for_the_next_read(monkeypatch):
+    # Between bash's fork and python's exec, /proc/PID/cmdline reads empty (clean-clone CI caught one: the driver
+    # came back with no command). Such a process has nothing to dump yet; it is left out, not reported as ''.
+    env = {b"RAY_JOB_CONFIG_JSON_ENV_VAR": b'{"job_submission_id": "sid-1"}'}
+    procs = {100: (1, "bash -c run.sh; : /tmp/vc-temp"), 101: (100, ""), 102: (100, "/usr/bin/python3 main.py")}
+    monkeypatch.setattr(node_script, "read_procs", lambda: procs)
+    monkeypatch.setattr(node_script, "environ", lambda pid: env)
+    assert node_script.job_pids("/tmp/vc-temp", "sid-1", "") == [(102, "driver", "/usr/bin/python3 main.py")]
+
+
 def test_the_replayed_h100_answers_as_the_real_one_did(monkeypatch):
     # gpu_nvml_check.py on the H100 (2026-11-25): the ctypes reader and nvidia-smi agreed on the GPU, its memory
     # and a 2 GiB process; the replay the other unit tests use must answer with the same device facts
