@@ -94,6 +94,8 @@ def test_the_chain_keeps_when_each_step_line_reached_the_log(tmp_path):
 
     import grid2_device
 
+    from tests.harness.wait import wait_for
+
     log, seen = tmp_path / "submit.log", {}
     tail = grid2_device.StepTimes(log, seen)
     tail.start()
@@ -101,11 +103,11 @@ def test_the_chain_keeps_when_each_step_line_reached_the_log(tmp_path):
     with open(log, "w") as fh:
         fh.write("\x1b[36m(TaskRunnerV1 pid=7)\x1b[0m step:1 - timing_s/step:9.5\n(TaskRunnerV1 pid=7) step:2 - ti")
         fh.flush()
-        time.sleep(0.6)
+        wait_for(lambda: 1 in seen, 10, "step 1")  # the poll that saw step 1 saw step 2's first half too
         first = dict(seen)
         fh.write("ming_s/step:5.1\n")
         fh.flush()
-        time.sleep(0.6)
+        wait_for(lambda: 2 in seen, 10, "step 2")
     tail.done.set()
     tail.join(5)
     assert list(first) == [1] and sorted(seen) == [1, 2]  # a half-written line waits for its end

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.harness.wait import wait_for
 from verl_cluster.config.cluster import load_cluster
 from verl_cluster.errors import ConfigError
 from verl_cluster.nodes import node_script
@@ -134,8 +135,8 @@ def test_node_script_start_refuses_before_running_anything(tmp_path):
 def test_probe_and_kill_find_a_cluster_under_its_earlier_temp_dir(tmp_path):
     new, old = f"{tmp_path}/vc-0/a", f"{tmp_path}/vc-a"
     ray = subprocess.Popen(["sh", "-c", f"sleep 30 & wait # --temp-dir={old}"])
-    try:
-        time.sleep(0.3)
+    try:  # the shell's sleep child, waited for rather than given a fixed 0.3 s on a loaded machine
+        wait_for(lambda: any(pp == ray.pid and cmd for pp, cmd in node_script.read_procs().values()), 10, "the sleep")
         procs = node_script.read_procs()
         found, was = node_script.ours_and_old(new, old, procs, "10.0.0.1:6379")
         assert found == {} and ray.pid in was
