@@ -567,10 +567,12 @@ def job_pids(temp_dir, sid, job_id, actors=""):
     workers = job_procs(temp_dir, job_id, procs, mine) if job_id else {}
     workers.update(actor_procs_here(actors, mine))
     for pid, cmd in sorted({**mine, **workers}.items()):
+        if not cmd:
+            continue  # an empty command line is a zombie or a process mid-exec: nothing to dump yet
         env = environ(pid)
         driver = b'"job_submission_id": "' + sid.encode() + b'"' in env.get(b"RAY_JOB_CONFIG_JSON_ENV_VAR", b"")
-        if not (driver or pid in workers) or not cmd:
-            continue  # an empty command line is a zombie or a process mid-exec: nothing to dump yet
+        if not (driver or pid in workers):
+            continue
         exe = cmd.split(" ", 1)[0]
         if driver and os.path.basename(exe) in SHELLS:
             continue  # `submit run.sh`: the shell holds no Python stack; its python child carries the same env
