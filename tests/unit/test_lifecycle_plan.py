@@ -88,8 +88,8 @@ def test_dry_run_cli_json(tmp_path, capsys):
     assert data["nodes"][1]["argv"][1:4] == ["start", "--address", "10.9.0.1:6379"]
 
 
-def children(pid):
-    return [p for p, (ppid, cmd) in node_script.read_procs().items() if ppid == pid and cmd]
+def descendants(pid):
+    return node_script.with_descendants({pid}, node_script.read_procs(), set()) - {pid}
 
 
 def test_node_script_matches_only_its_temp_dir(tmp_path):
@@ -97,7 +97,7 @@ def test_node_script_matches_only_its_temp_dir(tmp_path):
     mine = subprocess.Popen(["sh", "-c", f"sleep 30 & wait # --temp-dir={tmp_path}/vc-a"])
     other = subprocess.Popen(["sh", "-c", f"sleep 30 # --temp-dir={tmp_path}/vc-ab"])
     try:  # a loaded machine may take its time to fork: wait for the child, not a fixed 0.3 s
-        wait_for(lambda: len(children(mine.pid)) == 1, 10, "the shell's sleep")
+        wait_for(lambda: len(descendants(mine.pid)) == 1, 10, "the shell's sleep")
         found = node_script.ours(f"{tmp_path}/vc-a")
         assert mine.pid in found and other.pid not in found
         assert len(found) == 2  # the shell and its sleep child
@@ -112,7 +112,7 @@ def test_node_script_kill_stops_children(tmp_path):
     src = Path(node_script.__file__).read_text()
     victim = subprocess.Popen(["sh", "-c", f"sleep 60 & sleep 60 & wait # {tmp_path}/vc-k/session_x"])
     bystander = subprocess.Popen(["sleep", "60"])
-    wait_for(lambda: len(children(victim.pid)) == 2, 10, "the victim's two sleeps")
+    wait_for(lambda: len(descendants(victim.pid)) == 2, 10, "the victim's two sleeps")
     out = subprocess.run([sys.executable, "-c", src, "kill", f"{tmp_path}/vc-k"], capture_output=True, text=True)
     data = json.loads(out.stdout.strip().splitlines()[-1].split("@@VC-JSON@@")[1])
     assert data["stopped"] == 3 and data["left"] == []

@@ -135,8 +135,9 @@ def test_node_script_start_refuses_before_running_anything(tmp_path):
 def test_probe_and_kill_find_a_cluster_under_its_earlier_temp_dir(tmp_path):
     new, old = f"{tmp_path}/vc-0/a", f"{tmp_path}/vc-a"
     ray = subprocess.Popen(["sh", "-c", f"sleep 30 & wait # --temp-dir={old}"])
-    try:  # the shell's sleep child, waited for rather than given a fixed 0.3 s on a loaded machine
-        wait_for(lambda: any(pp == ray.pid and cmd for pp, cmd in node_script.read_procs().values()), 10, "the sleep")
+    try:  # the shell's child, waited for until it runs sleep (old_kinds names it) rather than for a fixed 0.3 s
+        wait_for(lambda: any(pp == ray.pid and cmd.startswith("sleep")
+                             for pp, cmd in node_script.read_procs().values()), 10, "the sleep")
         procs = node_script.read_procs()
         found, was = node_script.ours_and_old(new, old, procs, "10.0.0.1:6379")
         assert found == {} and ray.pid in was
