@@ -311,10 +311,12 @@ def decide(run: Run, flash_ok: bool, left_s: float, need_s: float, gpus: int = 2
 
 
 def need_s(run: Run, path: Path = grid2.PREDICTIONS) -> float:
-    """The latest recorded round's expected seconds for the run (the slower card), else a generous guess; plus
-    what start-up took beyond grid2.STARTUP_S when runs went side by side (STARTUP_MARGIN_S)."""
+    """The expected seconds (the slower card) of the latest recorded round that predicts the run (or its first),
+    else a generous guess; plus what start-up took beyond grid2.STARTUP_S when runs went side by side
+    (STARTUP_MARGIN_S)."""
     rounds = json.loads(path.read_text())["rounds"] if path.exists() else []
-    got = [p["expected_s"] for r in rounds[-1:] for c in grid2.CARDS if (p := grid2.prediction(r, run, c))]
+    rnd = next((r for r in reversed(rounds) if any(grid2.prediction(r, run, c) for c in grid2.CARDS)), None)
+    got = [p["expected_s"] for c in grid2.CARDS if rnd and (p := grid2.prediction(rnd, run, c))]
     return (max(got) if got else grid2.STARTUP_S + 200) + STARTUP_MARGIN_S
 
 
@@ -552,6 +554,7 @@ def chain(batches: list[str], skip: tuple[str, ...] = ()) -> None:
         log(f"chain {batch} (budget {BUDGET_S:.0f}s)")
         device_setup()
         make_shapes(batches, skip)
+        log(layer_floor("setup"))  # before the runs: a reading a plan could have had (~30 s)
         run_batch(batches, skip)
     except SystemExit as e:  # gpu_multinode's setup says what is missing (no staged site)
         log(f"chain {batch} stopped: {e}")
