@@ -25,6 +25,7 @@ GROUPS = {"batch V's H100, 2026-12-07": ("g1fa-m4", "g1pad15b-m8", "g1ppo15b-m8"
           "batch W's H100, 2026-12-07": ("g1fa15b-m4", "g1ppo-m4"),
           "batches W and X's H100, 2026-12-07 16:00": ("g1pad-m4", "g1ppo-m4-b"),
           "batch X's H100, 2026-12-07 19:09": ("g1fa15b-m4-b",),
+          "batch Y's H100, 2026-12-08 00:28": ("g1fa-m4-b",),
           "the one-H100 grid's held-out runs, 3 machines, 2026-11-26": ("hold-padded05", "hold-ppo15off", "hold-grpo3n8",
                                                    "hold-grpo05wide", "hold-grpo15big")}
 FACTORS = [f / 100 for f in range(40, 161)]  # 0.40 ... 1.60

@@ -55,13 +55,14 @@ def test_the_shipped_envelope_is_the_fit_s():
     # 5 of the first grid and none of the second: its earlier runs were fitted on after the look (grid2.FITTED_ON:
     # its first 4 at the first refit, D-F and Q's two watched runs at the second), batches T and U (one H200,
     # 2026-12-02) were looked at before the third and are seen (grid2.SEEN); batches V and W (one H100 each,
-    # 2026-12-07) are held out from the fourth, and X (W's PPO and 1.5B runs again on other H100s); the frozen one
-    # is a diagnosis: no entry
+    # 2026-12-07) are held out from the fourth, and X (W's PPO and 1.5B runs again on other H100s) and Y (V's micro 4
+    # run again on another H100, 2026-12-08); the frozen one is a diagnosis: no entry
     assert sorted(n for n, r in roles.items() if r == "hold-out" and n.startswith("g")) == [
-        "g1fa-m4", "g1fa15b-m4", "g1fa15b-m4-b", "g1pad-m4", "g1pad15b-m8", "g1ppo-m4", "g1ppo-m4-b", "g1ppo15b-m8"]
+        "g1fa-m4", "g1fa-m4-b", "g1fa15b-m4", "g1fa15b-m4-b", "g1pad-m4", "g1pad15b-m8", "g1ppo-m4", "g1ppo-m4-b",
+        "g1ppo15b-m8"]
     assert sorted(n for n, r in roles.items() if r == "seen" and n.startswith("g")) == [
         "g1fa-m16", "g1fa15b-m8", "g1fa3b-m8", "g1pad-m16", "g1ppo-m16"]
-    assert sum(1 for r in roles.values() if r == "hold-out") == 13
+    assert sum(1 for r in roles.values() if r == "hold-out") == 14
     assert all(roles[n] == "fit" for n in ("g2ppo-m32", "g2fa-m2", "g2pad-m2", "g2ppo-m2", "g2off-m8", "g2off-m32",
                                            "g2ppo-m32-gc", "g2off-m32-gc", "g2pad-m8", "g2fa-m8", "g2ppo-m8",
                                            "g2fa-m32"))
