@@ -168,6 +168,28 @@ def layer_floor(when: str) -> str:
             f"{row['seqs']} sequences, {row['tokens']} tokens; the model's FORWARD_SYNC_PASS_S is 2.0)")
 
 
+FLOOR_S = 40  # what the layer floor took before the runs (batch Y: 37 s)
+
+
+def runs_that_fit(needs: list[float], left: float) -> int:
+    """How many of the runs (their needs, in order) the chain would start in LEFT seconds, one after another, each
+    that fits in what is left (decide's rule; a side-by-side batch's lanes overlap: this errs towards the runs)."""
+    n = 0
+    for need in needs:
+        if need <= left:
+            n, left = n + 1, left - need
+    return n
+
+
+def floor_before_runs(batches: list[str], skip: tuple[str, ...] = ()) -> str:
+    """The layer floor before the first run (a reading a plan could have had), unless its ~40 s would cost a run."""
+    needs = [need_s(r) for _, runs in grid2.phases(batches, skip) for r in runs]
+    left = BUDGET_S - (time.time() - T0)
+    if runs_that_fit(needs, left - FLOOR_S) < runs_that_fit(needs, left):
+        return f"layer floor before the runs skipped: its ~{FLOOR_S}s would cost a run ({left:.0f}s of BUDGET_S left)"
+    return layer_floor("setup")
+
+
 def device_setup() -> None:
     g = gm()
     g.setup()  # the staged site moved to /srv/vc/site, wrappers, the 0.5B shape and synthetic GSM8K
@@ -554,7 +576,7 @@ def chain(batches: list[str], skip: tuple[str, ...] = ()) -> None:
         log(f"chain {batch} (budget {BUDGET_S:.0f}s)")
         device_setup()
         make_shapes(batches, skip)
-        log(layer_floor("setup"))  # before the runs: a reading a plan could have had (~30 s)
+        log(floor_before_runs(batches, skip))
         run_batch(batches, skip)
     except SystemExit as e:  # gpu_multinode's setup says what is missing (no staged site)
         log(f"chain {batch} stopped: {e}")

@@ -582,3 +582,19 @@ def test_the_layer_floor_is_read_at_the_chains_end_and_never_stops_it(tmp_path, 
                                                "script on the CPU)")
     site.PY = str(tmp_path / "no-python")
     assert grid2_device.layer_floor("end").startswith("layer floor (end) failed: FileNotFoundError")
+
+
+def test_the_layer_floor_before_the_runs_is_read_unless_it_would_cost_a_run(monkeypatch):
+    """The chain reads the floor before its first run as well as at its end, but not when its ~40 s would leave a
+    run out. Batch Y's session (BUDGET_S 880, ~140 s of setup): its first run fits either way and its second in
+    neither, so the floor was read; with ~560 s left the first run fits only without it."""
+    assert grid2_device.runs_that_fit([560, 510], 740) == 1 and grid2_device.runs_that_fit([560, 510], 700) == 1
+    assert grid2_device.runs_that_fit([300, 560, 200], 540) == 2  # a later, shorter run still fits (decide's rule)
+    read = []
+    monkeypatch.setattr(grid2_device, "layer_floor", lambda when: read.append(when) or f"floor ({when})")
+    monkeypatch.setattr(grid2_device, "need_s", lambda run: 560.0)
+    for left, said in ((740, "floor (setup)"), (590, "layer floor before the runs skipped: its ~40s would cost a run "
+                                                     "(590s of BUDGET_S left)")):
+        monkeypatch.setattr(grid2_device, "T0", time.time() - (grid2_device.BUDGET_S - left))
+        assert grid2_device.floor_before_runs(["Y"], ("g1ppo15b-m8-b",)) == said
+    assert read == ["setup"]
