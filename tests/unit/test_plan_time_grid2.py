@@ -26,6 +26,24 @@ def recorded() -> dict:
     return grid2.report([json.loads(p.read_text()) for p in RESULTS], rounds)
 
 
+def replays(names) -> dict:
+    """host_factor.py's replays of the recorded runs NAMES (their grid2_runs.json entries)."""
+    figures = json.loads((ROOT / "tests/fixtures/verl_runs/grid2_runs.json").read_text())["runs"]
+    return load_script("scripts/calibration/host_factor.py").unbound_replays(figures={n: figures[n] for n in names},
+                                                                              runs={})
+
+
+def repeat_and_first(rep: dict, name: str, commit: str) -> tuple[dict, dict]:
+    """A run again on another machine and its first, from the report REP: the same line, held out and judged blind
+    against round COMMIT (recorded before it ran, nothing newer before its start)."""
+    by = {r["run"]: r for r in rep["runs"]}
+    run = grid2.BY_NAME[name]
+    r, first = by[name], by[run.repeat_of]
+    assert run.line() == grid2.BY_NAME[run.repeat_of].line()
+    assert r["role"] == "hold-out" and r["blind"] and r["commit"][:7] == commit and not r["newer_rounds_before_run"]
+    return r, first
+
+
 LOOKED_AT = {"g2pad-m8", "g2fa-m8", "g2ppo-m8", "g2fa-m32"}  # held out when they ran, fitted on since (FITTED_ON)
 HELD_OUT = {"g2ppo-m32", "g2fa-m2", "g2pad-m2", "g2ppo-m2", "g2off-m8", "g2off-m32"}  # held out from the first refit
 HELD_OUT_Q = {"g2ppo-m32-gc", "g2off-m32-gc"}  # batch Q's watched runs, 15 steps, against round a7fd5e1
@@ -280,8 +298,7 @@ def test_batch_w_held_out_at_micro_4_ran_on_a_host_twice_the_fits_speed():
     assert 0.55 <= h["g1ppo-m4"]["factor"] <= 0.58 and h["g1ppo-m4"]["meets_target_at_factor"]
     assert h["g1fa15b-m4"]["factor"] == 0.5 and not h["g1fa15b-m4"]["meets_target_at_factor"]
     assert sum(bool(by[n]["host"]["meets_target_at_factor"]) for n in HELD_OUT_W) == 1
-    done = host_factor.unbound_replays(figures={n: json.loads((ROOT / "tests/fixtures/verl_runs/grid2_runs.json")
-                                                              .read_text())["runs"][n] for n in HELD_OUT_W}, runs={})
+    done = replays(HELD_OUT_W)
     one = host_factor.best_factor([done[n] for n in HELD_OUT_W])
     assert one == 0.57 and all(abs(host_factor.step_error(done[n], one)) < 0.03 for n in HELD_OUT_W)
     probes = [json.loads(ln) for ln in (ROOT / "tests/fixtures/gpu/host_probe_h100_w.jsonl").read_text().splitlines()]
@@ -309,8 +326,7 @@ def test_w_s_ppo_run_again_on_a_second_h100_met_the_plan_the_miss_was_the_machin
     assert min(p["error"] for p in by["g1pad-m4"]["phases"] if p["held"]) == pytest.approx(-0.178, abs=0.002)
     # the same line's measured steps on the two machines
     assert 1.70 < by["g1ppo-m4-b"]["step_measured"] / by["g1ppo-m4"]["step_measured"] < 1.76
-    figures = json.loads((ROOT / "tests/fixtures/verl_runs/grid2_runs.json").read_text())["runs"]
-    done = host_factor.unbound_replays(figures={n: figures[n] for n in HELD_OUT_WX}, runs={})
+    done = replays(HELD_OUT_WX)
     assert host_factor.best_factor([done[n] for n in HELD_OUT_WX]) == 1.02
     docs = {n: json.loads((ROOT / f"tests/fixtures/verl_runs/grid2_results/grid2-{n}.json").read_text())
             for n in HELD_OUT_WX}
@@ -339,11 +355,7 @@ def test_w_s_deep_run_again_on_a_third_h100_the_step_held_its_generate_a_poll_ap
     FORWARD_SYNC_PASS_S 2.0: a floor above the model's on a host faster than the fit's, so it does not give the
     factor alone."""
     host_factor = load_script("scripts/calibration/host_factor.py")
-    rep = recorded()
-    by = {r["run"]: r for r in rep["runs"]}
-    r, first = by["g1fa15b-m4-b"], by["g1fa15b-m4"]
-    assert grid2.BY_NAME["g1fa15b-m4-b"].line() == grid2.BY_NAME["g1fa15b-m4"].line()
-    assert r["role"] == "hold-out" and r["blind"] and r["commit"][:7] == "9614583" and not r["newer_rounds_before_run"]
+    r, first = repeat_and_first(recorded(), "g1fa15b-m4-b", "9614583")
     assert abs(r["step_predicted"] - first["step_predicted"]) < 0.05  # one line, its fill a little apart
     assert 0.15 < r["step_error"] < 0.17 and not r["meets_target"]
     held = {p["phase"]: p for p in r["phases"] if p["held"]}
@@ -358,8 +370,7 @@ def test_w_s_deep_run_again_on_a_third_h100_the_step_held_its_generate_a_poll_ap
     lo, hi = doc["product"]["eta"]["plan_range_s"]  # the plan's directional bar, as the run's ETA line carried it
     assert (lo, hi) == (14.0, 27.0) and all(lo <= x["step_measured"] <= hi for x in (r, first))
     assert r["host"]["factor"] == 0.88 and first["host"]["factor"] == 0.5
-    done = host_factor.unbound_replays(figures={n: json.loads((ROOT / "tests/fixtures/verl_runs/grid2_runs.json")
-                                                              .read_text())["runs"][n] for n in HELD_OUT_X2}, runs={})
+    done = replays(HELD_OUT_X2)
     assert host_factor.best_factor([done[n] for n in HELD_OUT_X2]) == 0.82
     tails = [json.loads(ln) for ln in (ROOT / "tests/fixtures/gpu/logprob_tail_h100_x.jsonl").read_text().splitlines()]
     first_tail = [json.loads(ln) for ln in (ROOT / "tests/fixtures/gpu/logprob_tail_h100.jsonl").read_text()
@@ -384,10 +395,7 @@ def test_v_s_micro_4_run_again_on_another_h100_met_the_plan_the_miss_was_the_mac
     moves with the host as the probes do and orders the machines no better (docs/placement.md, "Batch Y")."""
     host_factor = load_script("scripts/calibration/host_factor.py")
     rep = recorded()
-    by = {r["run"]: r for r in rep["runs"]}
-    r, first = by["g1fa-m4-b"], by["g1fa-m4"]
-    assert grid2.BY_NAME["g1fa-m4-b"].line() == grid2.BY_NAME["g1fa-m4"].line()
-    assert r["role"] == "hold-out" and r["blind"] and r["commit"][:7] == "5970744" and not r["newer_rounds_before_run"]
+    r, first = repeat_and_first(rep, "g1fa-m4-b", "5970744")
     assert r["card"].startswith("NVIDIA H100") and r["meets_target"] and 0.08 < r["step_error"] < 0.09
     held = {p["phase"]: p for p in r["phases"] if p["held"]}
     assert set(held) == {"gen", "old_log_prob", "ref", "update_actor"} and all(abs(p["error"]) < 0.17 for p in
@@ -400,8 +408,7 @@ def test_v_s_micro_4_run_again_on_another_h100_met_the_plan_the_miss_was_the_mac
     lo, hi = doc["product"]["eta"]["plan_range_s"]  # the plan's directional bar, as the run's ETA line carried it
     assert (lo, hi) == (13.0, 24.0) and all(lo <= x["step_measured"] <= hi for x in (r, first))
     assert r["host"]["factor"] == 0.93 and first["host"] is None  # V's round kept no host table
-    done = host_factor.unbound_replays(figures={n: json.loads((ROOT / "tests/fixtures/verl_runs/grid2_runs.json")
-                                                              .read_text())["runs"][n] for n in HELD_OUT_Y}, runs={})
+    done = replays(HELD_OUT_Y)
     assert host_factor.best_factor([done[n] for n in HELD_OUT_Y]) == 0.92
     floors = {t["when"]: t["layers_s"] / t["layers"] * 1e3 for t in
               map(json.loads, (ROOT / "tests/fixtures/gpu/logprob_tail_h100_y.jsonl").read_text().splitlines())}
