@@ -299,10 +299,10 @@ RUNS = (  # batch = the device session it runs in, most wanted first; the hold-o
     Run("g1ppo-m4-b", "1gpu-ppo", "X", 1, "gae", PACKED, 4, 8, steps=8, held_out=True, repeat_of="g1ppo-m4"),
     Run("g1fa15b-m4-b", "1gpu-deep", "X", 1, "grpo", PACKED, 4, 8, steps=8, held_out=True, shape="qwen2.5-1.5b",
         repeat_of="g1fa15b-m4"),
-    # Y: V's two misses again on another machine (g1fa-m4 +51.8%, g1ppo15b-m8 +36.9% on V's H100, factor ~0.7), with
-    # the chain's layer floor read before the runs as well as after: the first machine to give a floor and a grid
-    # run's host factor side by side (docs/placement.md, "The 1.5B line on a third H100"). Predicted again by the
-    # round recorded before the session (the model of 2173f09's form, no refit since)
+    # Y: V's two misses again on another machine (g1fa-m4 +51.7%, g1ppo15b-m8 +36.9% on V's H100, factor ~0.7), with
+    # the chain's layer floor read before the runs as well as after (X's machine read it after its run only:
+    # docs/placement.md, "The 1.5B line on a third H100"). Predicted again by round 5970744, recorded before the
+    # session (the model V was judged by, no refit since)
     Run("g1fa-m4-b", "1gpu-packed", "Y", 1, "grpo", PACKED, 4, 8, steps=8, held_out=True, repeat_of="g1fa-m4"),
     Run("g1ppo15b-m8-b", "1gpu-ppo", "Y", 1, "gae", PACKED, 8, 16, steps=8, held_out=True, shape="qwen2.5-1.5b",
         repeat_of="g1ppo15b-m8"),
