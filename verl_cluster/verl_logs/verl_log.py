@@ -423,9 +423,10 @@ def describe(summary: dict[str, Any]) -> list[str]:
 
 
 def vs_plan_lines(rows: list[dict[str, Any]], host: Optional[dict[str, Any]] = None) -> list[str]:
-    """One line of predicted vs measured, and a warning for each figure off by more than 25%; with the run's host
-    factor (check_run.host_fit), when the step is one of them, whether the host's speed explains it."""
-    from verl_cluster.placement.check_run import WARN_OFF_BY, off
+    """One line of predicted vs measured, and a warning for each figure off by more than 25% (a phase under half a
+    second on both sides excepted); with the run's host factor (check_run.host_fit), when the step is one of them,
+    whether the host's speed explains it."""
+    from verl_cluster.placement.check_run import WARN_OFF_BY, worth_warning
 
     if not rows:
         return []
@@ -434,8 +435,8 @@ def vs_plan_lines(rows: list[dict[str, Any]], host: Optional[dict[str, Any]] = N
     out = [f"verl vs plan{at}: " + ", ".join(f"{r['what']} {r['predicted']:g} predicted / {r['measured']:g} measured "
                                         f"({r['error']:+.0%})" for r in rows)]
     out += [f"warning: {r['what']} is {r['error']:+.0%} off the plan (more than {WARN_OFF_BY:.0%}): "
-            "the plan's model does not hold for this run" for r in off(rows)]
-    if host and any(r["what"] == "time step (s)" for r in off(rows)):
+            "the plan's model does not hold for this run" for r in worth_warning(rows)]
+    if host and any(r["what"] == "time step (s)" for r in worth_warning(rows)):
         out.append(host_line(host))
     return out
 
