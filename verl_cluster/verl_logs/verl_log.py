@@ -434,16 +434,17 @@ def vs_plan_lines(rows: list[dict[str, Any]], host: Optional[dict[str, Any]] = N
     at = f" (time at the run's lengths, fill {fill:.2g})" if fill else ""
     out = [f"verl vs plan{at}: " + ", ".join(f"{r['what']} {r['predicted']:g} predicted / {r['measured']:g} measured "
                                         f"({r['error']:+.0%})" for r in rows)]
+    warned = worth_warning(rows)
     out += [f"warning: {r['what']} is {r['error']:+.0%} off the plan (more than {WARN_OFF_BY:.0%}): "
-            "the plan's model does not hold for this run" for r in worth_warning(rows)]
-    if host and any(r["what"] == "time step (s)" for r in worth_warning(rows)):
+            "the plan's model does not hold for this run" for r in warned]
+    if host and any(r["what"] == "time step (s)" for r in warned):
         out.append(host_line(host))
     return out
 
 
 def host_line(host: dict[str, Any]) -> str:
     """What the host factor says of a step off the plan."""
-    from verl_cluster.placement.check_run import HOST_PHASE_MIN_S, HOST_PHASE_WITHIN
+    from verl_cluster.placement.check_run import HOST_PHASE_WITHIN, PHASE_MIN_S
 
     h, at = host["factor"], host["step_error_at_factor"]
     if not host.get("explains"):
@@ -455,5 +456,5 @@ def host_line(host: dict[str, Any]) -> str:
     # machine's, so it carries over to the next job on it, where a phase's own factor does not
     return (f"the host explains it: with verl's host-side work (the CPU's part of each phase: launches, Python "
             f"between kernels, the rollout's scheduling) at {h:g}x the calibrated hosts' time the plan's step is "
-            f"{at:+.0%} and every phase over {HOST_PHASE_MIN_S:g} s within {HOST_PHASE_WITHIN:.0%}: {how}; from two "
+            f"{at:+.0%} and every phase over {PHASE_MIN_S:g} s within {HOST_PHASE_WITHIN:.0%}: {how}; from two "
             f"such jobs `plan --factors` (scripts/plan_factors.py from `jobs --json`) takes the next plan here to it")
