@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from verl_cluster.submit.integrations import _with_shared_host
+from verl_cluster.submit.integrations import _with_machines
 from verl_cluster.placement.check_run import pairs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,12 +51,12 @@ def test_every_node_together_holds_the_machine_the_hosts_shared(tmp_path):
 def test_one_machine_for_several_nodes_is_held_against_all_of_them():
     predicted = {"host_gib": 26.6, "host_gib_all_nodes": 37.1, "nnodes": 2}
     facts = [SimpleNamespace(hostname="gpu-box"), SimpleNamespace(hostname="gpu-box")]
-    rows = pairs(_with_shared_host(predicted, facts), {"host_gib": 37.67})
+    rows = pairs(_with_machines(predicted, facts), {"host_gib": 37.67})
     assert [r["what"] for r in rows] == ["host RAM, all nodes on one machine (GiB)"] and rows[0]["predicted"] == 37.1
     apart = [SimpleNamespace(hostname="gpu-1"), SimpleNamespace(hostname="gpu-2")]
-    rows = pairs(_with_shared_host(predicted, apart), {"host_gib": 30.0})
+    rows = pairs(_with_machines(predicted, apart), {"host_gib": 30.0})
     assert [r["what"] for r in rows] == ["host RAM per node (GiB)"] and rows[0]["predicted"] == 26.6
-    assert "shared_machine" not in _with_shared_host(predicted, [SimpleNamespace(hostname="gpu-box")])
+    assert "shared_machine" not in _with_machines(predicted, [SimpleNamespace(hostname="gpu-box")])
 
 
 def test_the_recorded_node_loss_waited_its_grace_before_deciding():

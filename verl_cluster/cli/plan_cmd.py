@@ -172,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
     job = JobInput.from_words(args.job, list(args.overrides or []), before).job()
     factors_file = getattr(args, "factors", None) or job_factors_path(job)
     factors = read_factors(factors_file) if factors_file else None  # bad input before the work
+    from verl_cluster.placement.learned_host import stated
+
+    stated(job)  # a bad placement.host_factor too
     facts = hardware(args, job.placement.gpus)
     spec = None
     if getattr(args, "cluster", None) and not args.data:  # the prompts measured on the head node, as submit does
@@ -187,9 +190,15 @@ def run(args: argparse.Namespace) -> int:
     # a live cluster's bus bandwidth as `check` last measured it (not when --gpus/--facts set the hardware)
     bus = cluster_bus(args.cluster) if getattr(args, "cluster", None) and not (args.gpus or args.facts) else ()
     plans = plan_lengths(job, facts, lengths, strategy=args.strategy, bus=bus)
+    host_said = ""
     if factors is not None:  # both plans, so the one shown is still `plans.worst` or `plans.known`
         plans = replace(plans, worst=apply_factors(plans.worst, factors, factors_file),
                         known=apply_factors(plans.known, factors, factors_file))
+    else:  # the host's speed placement.host_factor gives: earlier runs' on these machines (auto), or stated
+        from verl_cluster.submit.integrations import with_host_factor
+
+        worst, host_said = with_host_factor(job, plans.worst, facts)
+        plans = replace(plans, worst=worst, known=with_host_factor(job, plans.known, facts)[0])
     # --fill asks what the plan is at that fill; otherwise the plan submit would run
     result = plans.known if args.fill is not None and plans.known is not None else plans.chosen
     not_applied = merge_overrides(job, result.overrides)[1]
@@ -204,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
             said = [n for n in [*((result.time or {}).get("notes") or []), *result.reasons]
                     if n.startswith("factors from")]  # apply_factors's own: it knew whether the host factor took
             notes = [*notes, *(said[:1] or [factors_note(factors, factors_file)])]
+        elif host_said and args.brief:
+            notes = [*notes, host_said]
         for n in notes:
             err.print(f"[dim]note: {escape(n)}[/]")
         print_not_applied(not_applied)

@@ -72,6 +72,9 @@ class PlacementSpec:
     # factors measured on earlier runs (scripts/plan_factors.py --out FILE from `jobs --json`): plan and submit
     # scale their predicted seconds and host RAM by them (relative to the job file; plan --factors wins)
     factors: Optional[str] = None
+    # the host's speed to plan the step time at (placement/learned_host.py): auto, the speed earlier runs showed on
+    # the same machines (none kept: the calibrated hosts'); off, the calibrated hosts'; or a number from 0.5 to 2
+    host_factor: str = "auto"
 
 
 @dataclass(frozen=True)

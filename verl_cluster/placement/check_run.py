@@ -183,12 +183,19 @@ def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[d
     HOST_PHASE_WITHIN at it. Machines of one GPU kind ran verl's host side up to ~1.4x apart, one machine 1.2x apart
     within 20 minutes (docs/placement.md, "Batch R"). Each phase at the run's lengths times its ratio at the plan's
     (the plan's by_host_factor, linear between its factors; tried only within them). None when the plan kept no
-    such table, the run no phases, or no factor moves the phases (none of them the host's)."""
+    such table, the run no phases, or no factor moves the phases (none of them the host's). A plan made at a host
+    factor (its `host_factor`: placement.host_factor, `plan --factors`) has its phases at that factor and its table
+    at the calibrated hosts': the factor is taken back out first, so the one found is the host's against theirs."""
     table, meas = host_table(predicted), got.get("phases_s") or {}
     if table is None or not meas:
         return None
     phases, _ = at_run_lengths(predicted, got)
     one = _ratios(table, 1.0)
+    as_made, applied = phases, predicted.get("host_factor")
+    if isinstance(applied, (int, float)) and not isinstance(applied, bool) and applied != 1.0 \
+            and table[0][0] <= applied <= table[-1][0]:
+        back = _ratios(table, float(applied))
+        phases = {k: v / back[k] if back.get(k) else v for k, v in phases.items()}
     names = [k for k in phases if meas.get(k) and k in one]
     big = [k for k in names if meas[k] >= PHASE_MIN_S] or names
     tried = [h for h in HOST_FIT if table[0][0] <= h <= table[-1][0]]
@@ -206,7 +213,7 @@ def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[d
     there, total = at(best), sum(meas[k] for k in names)
     errors = {k: round(there[k] / meas[k] - 1, 3) for k in big}
     step = sum(there.values()) / total - 1
-    return {"factor": best, "step_error": round(sum(phases[k] for k in names) / total - 1, 3),
+    return {"factor": best, "step_error": round(sum(as_made[k] for k in names) / total - 1, 3),
             "step_error_at_factor": round(step, 3), "phases_at_factor": errors,
             "explains": tried[0] < best < tried[-1] and abs(step) <= HOST_STEP_WITHIN
             and all(abs(e) <= HOST_PHASE_WITHIN for e in errors.values())}

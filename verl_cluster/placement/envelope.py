@@ -227,6 +227,24 @@ def with_host(bar: ErrorBar, host: Optional[dict[str, Any]]) -> ErrorBar:
     return replace(bar, pct=pct, why=why, host=host, over=over)
 
 
+# one machine's own runs, their host factors apart (check_run.host_fit; docs/placement.md): batch V's three 0.59 to
+# 0.89 within a session, W's two 1.16x, R's one line 1.2x in 20 minutes. A plan at a machine's host factor is still
+# this far from the next run's
+MACHINE_DRIFT = 1.5
+
+
+def with_drift(bar: ErrorBar, lo: float, hi: float, over: float, under: float) -> ErrorBar:
+    """BAR of a plan made at a host factor, widened to the step's errors were the host at LO (its factor over
+    MACHINE_DRIFT; OVER >= 0: the run faster than planned) and HI (times it; UNDER <= 0) where those are larger."""
+    wide = {"over": max(bar.over, over), "under": min(bar.under, under)}
+    pct = _round_up(max(over, -under))
+    if pct <= bar.pct:
+        return replace(bar, **wide)
+    why = (f"{bar.why}; one machine's host moved up to {MACHINE_DRIFT:g}x between runs: at {lo:.2f} "
+           f"to {hi:.2f} of the fit's host time this step would be {over:+.0%} to {under:+.0%}")
+    return replace(bar, pct=pct, why=why, **wide)
+
+
 def error_bar(job: dict[str, Any], doc: Optional[dict[str, Any]] = None,
               host: Optional[dict[str, Any]] = None) -> ErrorBar:
     """The error bar of a job's predicted step; HOST (group, factor, error) the step's error on the fastest recorded

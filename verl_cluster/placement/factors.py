@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional
 from verl_cluster.config.loader import NotRegularFile, open_regular
 from verl_cluster.errors import ConfigError
 from verl_cluster.placement.check_run import STEP_PHASES, host_ratios
-from verl_cluster.placement.envelope import error_bar, with_range
+from verl_cluster.placement.envelope import MACHINE_DRIFT, error_bar, with_drift, with_range
 
 MIN_RUNS = 2  # a figure from fewer runs is shown, not applied
 FACTOR_RANGE = (0.05, 20.0)  # measured / predicted: a plan 20 times off is a wrong plan, not a factor to apply
@@ -142,19 +142,36 @@ def _scaled_time(t: Optional[dict], f: dict[str, float]) -> Optional[dict]:
             "tokens_per_gpu_s": round(rate, 1)}
 
 
-def _adjusted(t: Optional[dict], used: dict[str, float], ratios: Optional[dict[str, float]]) -> Optional[dict]:
-    """T with the factors USED applied; with RATIOS (T's phases at a host factor over their own: host_ratios), the
-    phases at that host's speed in place of their own factors (those were measured with the host in them). A plan a
-    factor changed keeps no table of host factors (a host fit against it would count the factors twice), and with
-    RATIOS its error bar is the envelope's alone: the host's speed is stated, not a spread."""
+def _adjusted(t: Optional[dict], used: dict[str, float], ratios: Optional[dict[str, float]],
+              speed: Optional[float] = None) -> Optional[dict]:
+    """T with the factors USED applied; with RATIOS (T's phases at host factor SPEED over their own: host_ratios),
+    the phases at that host's speed in place of their own factors (those were measured with the host in them). With
+    RATIOS the plan keeps its table of host factors and says SPEED (`host_factor`), so a run's host fit is still
+    the host's against the calibrated hosts' (check_run.host_fit takes the factor back out), and its error bar is
+    the envelope's alone: the host's speed is stated, not a spread. A plan a phase's own factor changed keeps no
+    table (a host fit against it would count the factors twice)."""
     f = used if ratios is None else {**{k: v for k, v in used.items() if k not in STEP_PHASES}, **ratios}
     out = _scaled_time(t, f)
     if out is None or not (ratios or any(k in STEP_PHASES for k in f)):
         return out
-    out.pop("by_host_factor", None)
+    if ratios and speed is not None and out.get("by_host_factor"):
+        out["host_factor"] = speed
+    else:
+        out.pop("by_host_factor", None)
     bar = out.get("error_bar") or {}
     if ratios and bar.get("axes"):
-        out["error_bar"] = error_bar(bar["axes"]).to_dict()
+        stated = error_bar(bar["axes"])
+        if speed is not None and out.get("by_host_factor") and out["step_s"] > 0:
+            def step_at(h: float) -> float:
+                r = host_ratios(t, h) or {}
+                return sum(v * r.get(k, 1.0) for k, v in t["phases_s"].items())
+
+            table = out["by_host_factor"]  # the plan keeps its phases at host factors within its table only
+            lo, hi = max(speed / MACHINE_DRIFT, table[0][0]), min(speed * MACHINE_DRIFT, table[-1][0])
+            fast, slow = step_at(lo), step_at(hi)
+            stated = with_drift(stated, lo, hi, out["step_s"] / fast - 1 if fast > 0 else 0.0,
+                                out["step_s"] / slow - 1 if slow > 0 else 0.0)
+        out["error_bar"] = stated.to_dict()
     return with_range(out)
 
 
@@ -181,17 +198,19 @@ def factors_note(factors: dict[str, tuple[float, Optional[int], bool]], source: 
     return note
 
 
-def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], source: str = ""):
+def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], source: str = "",
+                  note: Optional[str] = None):
     """The Plan with each phase's seconds, the checkpoint save and host RAM (every part) times its factor, the step
-    the sum of its phases; figures from too few runs and the step's own factor are named in the notes, not applied."""
+    the sum of its phases; figures from too few runs and the step's own factor are named in the notes, not applied.
+    NOTE: what the plan says of them where the host factor took (factors_note's when None, or when it did not)."""
     if plan is None:
         return None
     used = {k: f for k, (f, _, enough) in factors.items() if enough and k != STEP}
     speed = used.pop(HOST_FACTOR, None)  # the host's, against the fit's
     ratios = host_ratios(plan.time or {}, speed) if speed is not None else None
     on_host = ratios is not None
-    note = factors_note(factors, source, on_host)
-    time, reasons = _adjusted(plan.time, used, ratios), plan.reasons
+    note = note if note and on_host else factors_note(factors, source, on_host)
+    time, reasons = _adjusted(plan.time, used, ratios, speed), plan.reasons
     if time is not None:
         time["notes"] = list(time.get("notes") or []) + [note]
     else:
@@ -206,7 +225,7 @@ def apply_factors(plan, factors: dict[str, tuple[float, Optional[int], bool]], s
 
     def time_at(fill: float, host_table: bool = False) -> Optional[dict]:  # each fill through its own host table
         t = at(fill, True) if on_host else at(fill)
-        return _adjusted(t, used, host_ratios(t or {}, speed) if on_host else None)
+        return _adjusted(t, used, host_ratios(t or {}, speed) if on_host else None, speed)
 
     return replace(plan, time=time, time_at=None if at is None else time_at,
                    host_gib_per_node=need, host_parts={k: v * h for k, v in plan.host_parts.items()},

@@ -164,6 +164,8 @@ class Plan:
                "host_gib_all_nodes": round(self.host_cluster_gib, 2), "nnodes": self.nnodes}
         if t.get("by_host_factor"):  # the phases at other hosts' speeds (check_run.host_fit)
             out["by_host_factor"] = t["by_host_factor"]
+            if t.get("host_factor"):  # the phases are at this host factor (factors.apply_factors), the table not
+                out["host_factor"] = t["host_factor"]
         bar = t.get("error_bar") or {}
         if bar.get("pct") and "over" in bar:  # which way the step may be off (envelope.step_range), for the ETA
             out["error_bar"] = {"pct": bar["pct"], "over": bar["over"], "under": bar["under"]}

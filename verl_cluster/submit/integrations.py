@@ -71,7 +71,7 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
         facts, lengths, notes = _facts_and_lengths(job, spec, facts)
         findings = tuple(lengths_findings(job, lengths, notes))
         plans = plan_lengths(job, facts, lengths, bus=recorded(spec.cluster_name) if spec is not None else ())
-        plan = _with_factors(job, plans.chosen)
+        plan, host_note = _with_factors(job, plans.chosen, facts)
     except Exception as e:  # noqa: BLE001 - planning trouble becomes a preflight finding, not a crash
         msg = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
         return PlanInfo({}, False, {}, _strategy_note(job, facts) or f"placement planner: {msg}",
@@ -79,6 +79,8 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
     summary = plan.to_dict() if hasattr(plan, "to_dict") else {}
     findings += tuple(lengths_findings(job, None, (), plans))
     note = "placement planned" + (f" ({plan.strategy})" if getattr(plan, "strategy", None) else "")
+    if host_note:
+        note += f"; {host_note}"
     limit = plan.at_limit_phases()
     if limit:  # it runs, with no room for longer sequences: say so where the user looks before a long run
         note += f"; {', '.join(limit)} at the GPU's limit (`verl-cluster plan {job.source or 'JOB'}` says why)"
@@ -96,29 +98,50 @@ def placement_plan(job: JobSpec, spec: ClusterSpec, facts: Optional[list] = None
                         findings=findings)
     return PlanInfo(dict(plan.overrides or {}), bool(plan.feasible), summary, note, flash, flash_note,
                     lengths=plans.lengths.to_dict(), findings=findings,
-                    hint="" if plan.feasible else plans.refusal_hint(), predicted=_with_shared_host(plan.predictions(),
-                                                                                                      facts))
+                    hint="" if plan.feasible else plans.refusal_hint(), predicted=_with_machines(plan.predictions(),
+                                                                                                   facts))
 
 
-def _with_shared_host(predicted: dict[str, Any], facts) -> dict[str, Any]:
-    """Nodes that are one machine (one hostname: namespace hosts, several Ray nodes on a box) show verl one figure
-    for all of them: perf/cpu_memory_used_gb is that machine's used RAM, held against every node's plan together."""
+def _with_machines(predicted: dict[str, Any], facts) -> dict[str, Any]:
+    """The predictions with the machines they are for (learned_host.machines_key: a run's host speed is kept under
+    it for the next plan there). Nodes that are one machine (one hostname: namespace hosts, several Ray nodes on a
+    box) show verl one figure for all of them: perf/cpu_memory_used_gb is that machine's used RAM, held against
+    every node's plan together."""
+    from verl_cluster.placement.learned_host import machines_key
+
     names = {getattr(f, "hostname", "") for f in facts or ()}
     if len(facts or ()) > 1 and len(names) == 1 and "" not in names:
         predicted = {**predicted, "shared_machine": True}
-    return predicted
+    key = machines_key(facts)
+    return {**predicted, "machines": key} if key else predicted
 
 
-def _with_factors(job: JobSpec, plan):
-    """The plan with the job's placement.factors applied (its predictions are what the run is held against)."""
+def _with_factors(job: JobSpec, plan, facts) -> tuple[Any, str]:
+    """The plan with the job's placement.factors applied, else the host factor placement.host_factor gives on these
+    machines (learned_host.host_factors; its predictions are what the run is held against), and a few words on the
+    host factor applied ("" when none)."""
     from verl_cluster.config.job import job_factors_path
-
-    path = job_factors_path(job)
-    if not path:
-        return plan
     from verl_cluster.placement.factors import apply_factors, read_factors
 
-    return apply_factors(plan, read_factors(path), path)
+    path = job_factors_path(job)
+    if path:
+        return apply_factors(plan, read_factors(path), path), ""
+    return with_host_factor(job, plan, facts)
+
+
+def with_host_factor(job: JobSpec, plan, facts) -> tuple[Any, str]:
+    """The plan at the host factor placement.host_factor gives on these machines (none: the plan as it is, "")."""
+    from verl_cluster.placement.factors import apply_factors
+    from verl_cluster.placement.learned_host import RUNS, host_factors, host_note
+    from verl_cluster.records.host_speed import for_machines
+
+    got = host_factors(job, facts, lambda key: for_machines(key, RUNS))
+    if got is None or plan is None:
+        return plan, ""
+    factors, source = got
+    planned = apply_factors(plan, factors, source, host_note(factors, source))
+    took = planned.time is not None and planned.time.get("host_factor") is not None
+    return planned, host_note(factors, source, short=True) if took else ""
 
 
 def _facts_and_lengths(job: JobSpec, spec: ClusterSpec, facts: Optional[list]):

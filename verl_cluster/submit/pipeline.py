@@ -111,6 +111,9 @@ def plan_submission(job: JobSpec, cluster_file: str, *, launcher: Optional[str] 
     from verl_cluster.placement.lengths import check_placement_lengths
 
     check_placement_lengths(job)  # a bad placement.fill / mean_response_tokens is bad input (exit 2), before any probe
+    from verl_cluster.placement.learned_host import stated
+
+    stated(job)  # and a bad placement.host_factor
     if launcher:
         from dataclasses import replace
 

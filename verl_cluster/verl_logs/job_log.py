@@ -389,7 +389,10 @@ def _here() -> Optional[str]:
 
 
 def _remember_lengths(job_id: str, progress: Optional[Any]) -> None:
+    """What the next plan of the job (its lengths) and of these machines (their host speed) takes from the run."""
     if progress is not None:
+        from verl_cluster.records import host_speed
         from verl_cluster.records.length_store import remember_run
 
         remember_run(job_id, progress)
+        host_speed.remember_run(job_id, progress)

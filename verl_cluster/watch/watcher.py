@@ -146,12 +146,14 @@ class Watcher:
     def _after_attempt(self, sid: str, progress) -> None:
         """The sequence lengths verl logged (`progress`: the attempt's verl_log.VerlProgress), kept for the next plan
         of this job, and the attempt held against the plan it was submitted with (as `submit`'s follow does both)."""
+        from verl_cluster.records import host_speed
         from verl_cluster.records.length_store import remember_run
         from verl_cluster.verl_logs.verl_log import vs_plan_lines
 
         progress.flush()
         try:
             remember_run(sid, progress)
+            host_speed.remember_run(sid, progress)  # the machines' speed, for the next plan on them
         except OSError:
             pass  # best effort: a read-only home costs the next plan its measured lengths only
         lines = vs_plan_lines(*progress.vs_plan_both()) if progress.predicted else []
