@@ -11,7 +11,7 @@ import pytest
 
 from tests.harness.cli import run_cli
 from verl_cluster.config.cluster import load_cluster
-from verl_cluster.records import job_records
+from verl_cluster.records import host_speed, job_records
 from verl_cluster.jobs import ray_jobs
 from verl_cluster.submit.integrations import PlanInfo, plan_metadata, plan_predictions
 from verl_cluster.job_list.job_pairs import pairs_of
@@ -30,7 +30,8 @@ def test_jobs_json_carries_the_pairs_of_a_planned_job(shared_cluster, tmp_path, 
     calib = load_script("scripts/calibration/calib_from_runs.py")
     entry = json.loads((FIX / "verl_runs/calibration_runs.json").read_text())["runs"]["fit-grpo15"]
     plan, _ = calib.replay(entry, FIX / "verl_logs", tmp_path)
-    meta = plan_metadata(PlanInfo({}, True, {}, "placement planned", predicted=plan.predictions()))
+    predicted = {**plan.predictions(), "machines": "k-shared"}  # as submit's plan names the machines it is for
+    meta = plan_metadata(PlanInfo({}, True, {}, "placement planned", predicted=predicted))
     log = FIX / "verl_logs" / entry["logs"][0]
     want = pairs_of(log.read_text(), plan_predictions(meta))["vs_plan"]  # what the metadata kept, held to the log
     assert any(r["what"] == "time step (s)" for r in want)
@@ -51,6 +52,10 @@ def test_jobs_json_carries_the_pairs_of_a_planned_job(shared_cluster, tmp_path, 
     assert jobs[sid]["vs_plan"] == want and "vs_plan_reason" not in jobs[sid]
     assert jobs[sid]["plan"]["predicted"] == plan_predictions(meta)  # an object, not JSON inside a string
     assert all("vs_plan" not in j for j in jobs.values() if not (j["plan"] or {}).get("predicted"))
+    # the run ended: its host factor is kept for the next plan on its machines (records/host_speed.py)
+    assert jobs[sid]["vs_plan_host"]["explains"]
+    assert [(e["submission_id"], e["factor"]) for e in host_speed.for_machines("k-shared", 3)] == [
+        (sid, jobs[sid]["vs_plan_host"]["factor"])]
     r = run_cli("jobs", "-c", shared_cluster.path, env={"HOME": str(home), "COLUMNS": "250"})  # the table as before
     assert r.returncode == 0 and sid in r.stdout and "vs_plan" not in r.stdout, r.stderr[-2000:]
 

@@ -50,8 +50,7 @@ def test_the_line_says_it_only_when_the_step_is_off():
     off = [{"what": "time step (s)", "predicted": 6.6, "measured": 5.1, "error": 0.294}]
     lines = vs_plan_lines(off, host)
     assert lines[-1].startswith("the host explains it") and "0.7x" in lines[-1] and "a faster host" in lines[-1]
-    assert lines[-1].endswith("from two such jobs `plan --factors` (scripts/plan_factors.py from `jobs --json`) takes "
-                              "the next plan here to it")
+    assert lines[-1].endswith("; the next plan on these machines starts from it (placement.host_factor: auto)")
     near = [{"what": "time step (s)", "predicted": 6.6, "measured": 6.0, "error": 0.1}]
     assert not any("host" in ln for ln in vs_plan_lines(near, host))
     worse = {**host, "explains": False, "step_error_at_factor": 0.31}

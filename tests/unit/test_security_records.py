@@ -261,3 +261,32 @@ def test_a_run_json_that_is_a_fifo_or_a_link_is_no_run(home):
     (folder / "run.json").unlink()
     (folder / "run.json").symlink_to("/dev/zero")
     assert RunState.load("c", "r1") is None
+
+
+@pytest.mark.parametrize("entry", [{"factor": float("nan")}, {"factor": 1e308}, {"factor": 0.01}, {"factor": True},
+                                   {"recorded_at": float("nan")}, {"recorded_at": 1e308}, {"machines": ["k"]}])
+def test_host_speed_json_with_a_strange_entry_teaches_no_plan(home, entry):
+    from verl_cluster.records import host_speed
+
+    good = {"machines": "k", "submission_id": "r1", "factor": 0.7, "recorded_at": 1.7e9}
+    host_speed.store_path().parent.mkdir(parents=True, exist_ok=True)
+    host_speed.store_path().write_text(json.dumps({"runs": [good | entry | {"submission_id": "r2"}, good]}))
+    assert [e["submission_id"] for e in host_speed.for_machines("k", 3)] == ["r1"]
+
+
+def test_host_speed_json_is_read_within_bounds_from_a_regular_file_only(home):
+    from verl_cluster.records import host_speed
+
+    path = host_speed.store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    result = []
+    t = threading.Thread(target=lambda: result.append(host_speed.entries()), daemon=True)
+    t.start()
+    t.join(10)
+    assert result == [[]], "reading a FIFO hung"
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    assert host_speed.entries() == []
+    assert host_speed.record("k", "r1", 0.7)  # written through a new file, never through the link it replaced
+    assert not path.is_symlink() and oct(path.stat().st_mode & 0o777) == "0o600"

@@ -114,6 +114,23 @@ def test_a_watched_attempt_keeps_the_lengths_verl_logged(tmp_path, monkeypatch):
     assert kept and kept["response_length_mean"] > 0 and kept["prompt_length_mean"] > 60
 
 
+def test_a_watched_attempt_keeps_the_host_speed_it_showed(tmp_path, monkeypatch):
+    """The machines' host factor (records/host_speed.py), for the next plan on them, as submit's follow keeps it."""
+    import json
+
+    from tests.harness.scripts import load_script
+    from verl_cluster.records import host_speed, job_records
+
+    w, st = _watcher(tmp_path, monkeypatch, [])
+    entry = json.loads((ROOT / "tests/fixtures/verl_runs/calibration_runs.json").read_text())["runs"]["hold-grpo3n8"]
+    plan, _ = load_script("scripts/calibration/calib_from_runs.py").replay(entry, LOGS, tmp_path / "replay")
+    job_records.record("r-h", st.cluster_file, "local", "grpo3n8")
+    progress = _verl((LOGS / entry["logs"][0]).read_text(), {**plan.predictions(), "machines": "k-3b"})
+    w._after_attempt("r-h", progress)
+    (kept,) = host_speed.for_machines("k-3b", 3)
+    assert kept["submission_id"] == "r-h" and kept["factor"] == progress.vs_plan_both()[1]["factor"] < 0.9
+
+
 def test_a_watched_attempt_is_held_against_its_plan(tmp_path, monkeypatch):
     """As `submit`'s follow does: the plan's predictions kept in the job's metadata against what verl logged,
     one event with the pairs and a warning line for each figure off by more than 25%."""

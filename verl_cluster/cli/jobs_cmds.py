@@ -41,8 +41,9 @@ rows of what, predicted, measured, error), read from its log within --timeout; w
 the factor on the plan's host terms closest to the run and whether it explains a miss. A job
 submitted from here keeps them in its record (~/.verl-cluster/jobs): once it has ended its log
 is not read again; while it runs, only what it wrote since the last `jobs --json` is read.
-scripts/plan_factors.py turns a set of them into factors for `plan --factors`. The table
-does not read logs.
+scripts/plan_factors.py turns a set of them into factors for `plan --factors`; an ended run's
+vs_plan_host that explained it is kept for the next plan on its machines (placement.host_factor).
+The table does not read logs.
 
 exit status: without -c, 0 once every recorded cluster has been reported (its jobs, that it is
 down, or one line saying why it did not answer): clusters long gone never make `jobs` fail

@@ -74,7 +74,7 @@ class PlacementSpec:
     factors: Optional[str] = None
     # the host's speed to plan the step time at (placement/learned_host.py): auto, the speed earlier runs showed on
     # the same machines (none kept: the calibrated hosts'); off, the calibrated hosts'; or a number from 0.5 to 2
-    host_factor: str = "auto"
+    host_factor: Any = "auto"  # checked by learned_host.stated (YAML reads a bare `off` as false)
 
 
 @dataclass(frozen=True)

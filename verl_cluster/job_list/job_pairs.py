@@ -67,10 +67,10 @@ def read_pairs(api: ray_jobs.JobsApi, row: ray_jobs.JobRow, predicted: dict[str,
         keep = {"vs_plan_final": got} if final else {"vs_plan_log": {"offset": f.line_offset,
                                                                       "progress": prog.to_json()}}
         job_records.update(row.submission_id, **keep)
-        if final:  # the machines' speed, for the next plan on them (as submit's follow keeps it)
-            from verl_cluster.records import host_speed
+    if final:  # the machines' speed, for the next plan on them (as submit's follow keeps it), whoever submitted it
+        from verl_cluster.records import host_speed
 
-            host_speed.remember(row.submission_id, predicted, got.get("vs_plan_host"))
+        host_speed.remember(row.submission_id, predicted, got.get("vs_plan_host"))
     if f.behind:
         raise TimeoutError
     return got

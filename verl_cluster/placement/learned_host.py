@@ -21,36 +21,40 @@ HINT = ("auto (the speed earlier runs showed on these machines), off (the calibr
 
 
 def machines_key(facts: Sequence[Any]) -> Optional[str]:
-    """A name for the machines a plan is for: each node's hostname and its GPUs (the cards' UUIDs, else models),
-    hashed. None for hypothetical hardware (a node without a hostname): nothing ran there."""
+    """A name for the machines a plan is for: each node's hostname and its GPUs' UUIDs (NVML's), hashed. None for
+    hardware no run can have shown a speed on: hypothetical (`--gpus`: cards without a UUID), no GPU, a node
+    without a hostname."""
     nodes = []
     for f in facts or ():
-        name = getattr(f, "hostname", "") or ""
-        if not name:
+        name, gpus = getattr(f, "hostname", "") or "", list(getattr(f, "gpus", ()) or ())
+        if not name or not all(g.uuid for g in gpus):
             return None
-        cards = sorted(g.uuid or g.name for g in getattr(f, "gpus", ()) or ())
-        nodes.append(name + "|" + ",".join(cards))
-    if not nodes:
+        nodes.append(name + "|" + ",".join(sorted(g.uuid for g in gpus)))
+    if not any(getattr(f, "gpus", None) for f in facts or ()):
         return None
     return hashlib.sha256("\n".join(sorted(nodes)).encode()).hexdigest()[:16]
 
 
 def stated(job: Any) -> str | float:
     """placement.host_factor as auto, off or a number; ConfigError naming the field for anything else."""
+    from verl_cluster.config.loader import short
     from verl_cluster.placement.factors import HOST_FACTOR_RANGE
     from verl_cluster.placement.lengths import field_origin
 
-    raw = str(job.placement.host_factor).strip().lower()
+    value = job.placement.host_factor
+    if value is False:  # YAML reads a bare `off` as false
+        return OFF
+    raw = str(value).strip().lower()
     if raw in (AUTO, OFF):
         return raw
     try:
-        x = float(raw)
+        x = math.nan if isinstance(value, (bool, list, dict)) else float(raw)
     except ValueError:
         x = math.nan
     lo, hi = HOST_FACTOR_RANGE
     if not lo <= x <= hi:  # NaN fails too
         raise ConfigError(f"{field_origin(job, 'host_factor')}: placement.host_factor must be auto, off or a number "
-                          f"from {lo:g} to {hi:g}, got {job.placement.host_factor!r}", HINT)
+                          f"from {lo:g} to {hi:g}, got {short(repr(value), 80)}", HINT)
     return x
 
 

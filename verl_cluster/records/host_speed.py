@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from verl_cluster.config.state_files import finite_time, read_state_json
+from verl_cluster.placement.factors import HOST_FACTOR_RANGE
 
 STORE = "~/.verl-cluster/host_speed.json"
 KEEP = 200  # entries kept, newest first: a few per set of machines is all a plan reads
@@ -31,8 +32,8 @@ def store_path() -> Path:
 def _valid(e: Any) -> bool:
     if not isinstance(e, dict) or not isinstance(e.get("machines"), str) or not isinstance(e.get("submission_id"), str):
         return False
-    f = e.get("factor")
-    return (isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and 0.1 < f < 10
+    f, (lo, hi) = e.get("factor"), HOST_FACTOR_RANGE  # the factors check_run.host_fit can find
+    return (isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and lo <= f <= hi
             and finite_time(e.get("recorded_at")) > 0)
 
 
@@ -45,8 +46,9 @@ def entries() -> list[dict[str, Any]]:
 
 def record(machines: str, submission_id: str, factor: float, *, job: str = "", cluster: str = "",
            step_error_at_factor: Optional[float] = None, now: Optional[float] = None) -> bool:
-    """Keep one run's host factor; a run recorded again replaces its entry. Best effort: a read-only home costs the
-    next plan this figure only."""
+    """Keep one run's host factor; a run recorded again replaces its entry and keeps its first time (`jobs --json`
+    reads an ended run of another machine's each time). Best effort: a read-only home costs the next plan this
+    figure only."""
     if isinstance(factor, bool) or not isinstance(factor, (int, float)):
         return False
     entry = {"machines": machines, "submission_id": submission_id, "factor": round(float(factor), 4), "job": job,
@@ -55,7 +57,11 @@ def record(machines: str, submission_id: str, factor: float, *, job: str = "", c
         entry["step_error_at_factor"] = step_error_at_factor
     if not _valid(entry):
         return False
-    runs = [entry] + [e for e in entries() if e["submission_id"] != submission_id]
+    kept = entries()
+    entry["recorded_at"] = next((e["recorded_at"] for e in kept if e["submission_id"] == submission_id),
+                                entry["recorded_at"])
+    runs = sorted([entry] + [e for e in kept if e["submission_id"] != submission_id],
+                  key=lambda e: -finite_time(e["recorded_at"]))
     path = store_path()
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

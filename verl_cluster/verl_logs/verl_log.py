@@ -456,5 +456,5 @@ def host_line(host: dict[str, Any]) -> str:
     # machine's, so it carries over to the next job on it, where a phase's own factor does not
     return (f"the host explains it: with verl's host-side work (the CPU's part of each phase: launches, Python "
             f"between kernels, the rollout's scheduling) at {h:g}x the calibrated hosts' time the plan's step is "
-            f"{at:+.0%} and every phase over {PHASE_MIN_S:g} s within {HOST_PHASE_WITHIN:.0%}: {how}; from two "
-            f"such jobs `plan --factors` (scripts/plan_factors.py from `jobs --json`) takes the next plan here to it")
+            f"{at:+.0%} and every phase over {PHASE_MIN_S:g} s within {HOST_PHASE_WITHIN:.0%}: {how}; the next "
+            f"plan on these machines starts from it (placement.host_factor: auto)")
