@@ -435,7 +435,9 @@ def _grow(nf: dict[str, Any], gpus: int) -> None:
 def plan_argv(run: Run, card: str, folder: Path, fill: Optional[float] = None) -> list[str]:
     """The arguments of `verl-cluster` that plan the run's line on a node of CARD, as --json."""
     argv = ["plan", "--json", "--facts", str(facts_file(card, run.flash, folder, run.gpus))]
-    return [*argv, *(["--fill", str(fill)] if fill is not None else []), "--", *run.line()]
+    # the calibrated hosts' plan: a round predicts the model, not a speed this machine's store learned
+    return [*argv, *(["--fill", str(fill)] if fill is not None else []), "placement.host_factor=off", "--",
+            *run.line()]
 
 
 def plan(run: Run, card: str, folder: Path, fill: Optional[float] = None) -> dict[str, Any]:

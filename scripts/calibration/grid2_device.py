@@ -359,8 +359,9 @@ def one(run: Run, card: str, cluster: Path, have_flash: bool, machine_gpus: int,
     tail = StepTimes(OUT / f"grid2-submit-{run.name}.log", seen)
     tail.start()
     try:
-        r = sh(f"submit-{run.name}", vc("submit", "-c", str(cluster), "--json", *run.flags, "--",
-                                               *run.line()), limit)
+        # the calibrated hosts' plan, as the round recorded it: not the speed earlier runs of the chain showed here
+        r = sh(f"submit-{run.name}", vc("submit", "-c", str(cluster), "--json", *run.flags,
+                                        "placement.host_factor=off", "--", *run.line()), limit)
     finally:
         freeze.unlink(missing_ok=True)
         tail.done.set()

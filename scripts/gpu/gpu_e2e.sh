@@ -5,6 +5,7 @@
 #   bash scripts/gpu/gpu_e2e.sh [STEP ...]      # steps: env facts cluster calib (default: all, in that order)
 #   bash scripts/gpu/gpu_e2e.sh fa verlenv verldata up ppo grpo ppo05 reject down  # verl for real (see below)
 #   bash scripts/gpu/gpu_e2e.sh fa verlenv verldata up ppo2 ppo052 down            # on 2 GPUs
+#   bash scripts/gpu/gpu_e2e.sh verldata up learn down   # the second plan of a line starts from the first's host speed
 #   bash scripts/gpu/gpu_e2e.sh verldata up watch-kill watch-hang watch-refused watch-argv watch-script  # --watch
 #   bash scripts/gpu/gpu_e2e.sh fa griddata up-only pcie grid-a # the planner's calibration grid (grid-b: the hold-out)
 # Every step logs to $LOGS/<n>-<name>.log (time, exit code in $LOGS/steps.log) and failures do not stop the run;
@@ -114,6 +115,8 @@ VC="python3 -m verl_cluster"
 # process and each log line is stamped with the time it appeared (to line memory up with verl's phases)
 run_verl() {
   local name=$1 job=$2; shift 2
+  # the calibrated hosts' plan (what calib_from_runs.py replays), unless HOST_FACTOR says otherwise (the learn step)
+  set -- "$@" "placement.host_factor=${HOST_FACTOR:-off}"
   local a planargs=(); for a in "$@"; do [ "$a" = --skip-preflight ] || planargs+=("$a"); done
   step "plan-$name" 90 $VC plan "$job" "${planargs[@]}" --json
   cp "$LOGS/$(printf %02d $N)-plan-$name.out" "$LOGS/plan-$name.json" 2>/dev/null
@@ -156,6 +159,16 @@ named ppo05 && run_verl ppo05 launch/gsm8k.yaml model.path=$MODELS/qwen2.5-0.5b 
   actor_rollout_ref.actor.ppo_mini_batch_size=32 trainer.default_local_dir=$CKPT/ppo05
 named grpo05 && run_verl grpo05 launch/gsm8k_grpo.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" data.train_batch_size=64 \
   actor_rollout_ref.actor.ppo_mini_batch_size=32 trainer.default_local_dir=$CKPT/grpo05
+# the plan learns the machine's host speed (placement.host_factor: auto): the same line twice from an empty store;
+# the second plan starts from the first run's host fit (its note: "host factor X from run on these machines")
+if named learn; then
+  mv -f "$HOME/.verl-cluster/host_speed.json" "$HOME/.verl-cluster/host_speed.json.before-learn" 2>/dev/null
+  for r in learn-a learn-b; do
+    HOST_FACTOR=auto run_verl $r launch/gsm8k_grpo.yaml model.path=$MODELS/qwen2.5-0.5b "${COMMON[@]}" data.train_batch_size=64 \
+      actor_rollout_ref.actor.ppo_mini_batch_size=32 trainer.total_training_steps=5 trainer.default_local_dir=$CKPT/$r
+  done
+  step learn-store 10 cat "$HOME/.verl-cluster/host_speed.json"
+fi
 # 2 GPUs: every role on both GPUs (verl.trainer.main_ppo has one resource pool, so the plan never splits it)
 named ppo2 && run_verl ppo2 launch/gsm8k.yaml model.path=$MODELS/tiny "${COMMON[@]}" data.train_batch_size=16 \
   actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.default_local_dir=$CKPT/ppo2
