@@ -18,23 +18,16 @@ from verl_cluster.placement import check_run, parse_gpus
 from verl_cluster.placement.learned_host import machines_key, stated
 from verl_cluster.records import host_speed, job_records
 from verl_cluster.submit.integrations import with_host_factor
+from tests.unit.test_plan_host_factor import MACHINES, replays  # noqa: F401 - the machines' runs, the fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPO = ROOT / "launch/gsm8k_grpo.yaml"
 FACTS = ROOT / "tests/fixtures/facts"
-MACHINES = {"W": ("g1fa15b-m4", "g1ppo-m4"), "V": ("g1fa-m4", "g1ppo15b-m8", "g1pad15b-m8")}
 
 
 @pytest.fixture(autouse=True)
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture(scope="module")
-def replays():
-    fit = load_script("scripts/calibration/fit_plan_calibration.py")
-    figures = json.loads((ROOT / "tests/fixtures/verl_runs/grid2_runs.json").read_text())["runs"]
-    return fit.replays({}, {n: figures[n] for runs in MACHINES.values() for n in runs})
 
 
 def _node(hostname: str, uuid: str) -> NodeFacts:
