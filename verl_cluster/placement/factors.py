@@ -148,8 +148,9 @@ def _adjusted(t: Optional[dict], used: dict[str, float], ratios: Optional[dict[s
     the phases at that host's speed in place of their own factors (those were measured with the host in them). With
     RATIOS the plan keeps its table of host factors and says SPEED (`host_factor`), so a run's host fit is still
     the host's against the calibrated hosts' (check_run.host_fit takes the factor back out), and its error bar is
-    the envelope's alone: the host's speed is stated, not a spread. A plan a phase's own factor changed keeps no
-    table (a host fit against it would count the factors twice)."""
+    the envelope's widened by a machine's own drift (envelope.with_drift), no longer the fastest host's: the host's
+    speed is stated. A plan a phase's own factor changed keeps no table (a host fit against it would count the
+    factors twice)."""
     f = used if ratios is None else {**{k: v for k, v in used.items() if k not in STEP_PHASES}, **ratios}
     out = _scaled_time(t, f)
     if out is None or not (ratios or any(k in STEP_PHASES for k in f)):

@@ -2,8 +2,9 @@
 (records/host_speed.py), a number the job states, or none.
 
 The plan's step time is fitted on a mix of hosts; machines of one GPU kind ran verl's host side up to 1.75x apart
-and no probe before a run told them apart (docs/placement.md, "Batch V" to "Batch Y"), while a machine's own runs
-came within 13% of each other. So the factor is learned from the machine's runs, never guessed from a probe.
+and no probe before a run told them apart (docs/placement.md, "Batch V" to "Batch Y"), while a run planned from its
+machine's other runs came within 13% on four of five held-out runs. So the factor is learned from the machine's
+runs, never guessed from a probe.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 When a planned verl run's steps are in (`submit`'s follow and `watch` at a run's end or detach, `jobs --json` once a
 run has ended), the factor on the plan's host terms that explained it (check_run.host_fit, `vs_plan_host`) is kept
-here under the machines it ran on (placement/learned_host.machines_key: the nodes' hostnames and GPU models). The
+here under the machines it ran on (placement/learned_host.machines_key: the nodes' hostnames and GPU UUIDs). The
 next plan for the same machines starts from it (placement.host_factor: auto). One GPU kind ran one verl line up to
-1.75x apart on different machines, while the runs of one machine came within 13% of each other
-(docs/placement.md, "The host speed a cluster's runs showed").
+1.75x apart on different machines, while a run planned from its machine's other runs came within 13% on four of
+five held-out runs (docs/placement.md, "The host speed a cluster's runs showed").
 """
 
 from __future__ import annotations
