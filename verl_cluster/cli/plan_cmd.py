@@ -51,7 +51,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                         "measured on earlier runs (scripts/plan_factors.py --out FILE from `jobs --json`); the step "
                         "is the sum of its phases, and the notes say which factors were applied, from how many runs; "
                         "the file's host_factor (the host's speed that explained earlier jobs) takes the phases to "
-                        "that speed in place of their own factors")
+                        "that speed in place of their own factors. Without a file the plan starts from the host "
+                        "speed earlier runs showed on the same machines (placement.host_factor=auto; off: the "
+                        "calibrated hosts'; or a number from 0.5 to 2)")
     add_model_config(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
