@@ -190,3 +190,18 @@ def test_submits_plan_is_made_at_the_learned_factor_and_keeps_its_machines(tmp_p
     assert kept["step_s"] < plain.predicted["step_s"]
     off = placement_plan(load_job(GRPO, ["data.train_files=[]", "placement.host_factor=off"]), spec, facts)
     assert off.predicted == plain.predicted and "host factor" not in off.note
+
+
+def test_a_run_off_a_plan_made_at_its_machines_factor_is_told_against_that_factor(replays):
+    """V's micro 4 run planned at 1.3 (a machine whose earlier runs were slow): the host explains the miss, and the
+    line says the host was faster than the factor the plan was made at, not than the calibration."""
+    from verl_cluster.placement.factors import HOST_FACTOR, apply_factors
+    from verl_cluster.verl_logs.verl_log import host_line
+
+    _, plan, got = replays["g1fa-m4"]
+    slow = apply_factors(plan, {HOST_FACTOR: (1.3, 2, True)}, "runs here")
+    fit = check_run.host_fit(slow.predictions(), got)
+    assert fit["planned_at"] == 1.3 and fit["explains"] and fit["step_error"] > 0.8 and fit["factor"] < 0.8
+    assert "a faster host than the 1.3 the plan was made at (placement.host_factor)" in host_line(fit)
+    assert "planned_at" not in check_run.host_fit(plan.predictions(), got)
+    assert "than the plan's calibration" in host_line(check_run.host_fit(plan.predictions(), got))

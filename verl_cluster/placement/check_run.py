@@ -192,9 +192,10 @@ def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[d
     phases, _ = at_run_lengths(predicted, got)
     one = _ratios(table, 1.0)
     as_made, applied = phases, predicted.get("host_factor")
+    planned_at = None
     if isinstance(applied, (int, float)) and not isinstance(applied, bool) and applied != 1.0 \
             and table[0][0] <= applied <= table[-1][0]:
-        back = _ratios(table, float(applied))
+        back, planned_at = _ratios(table, float(applied)), float(applied)
         phases = {k: v / back[k] if back.get(k) else v for k, v in phases.items()}
     names = [k for k in phases if meas.get(k) and k in one]
     big = [k for k in names if meas[k] >= PHASE_MIN_S] or names
@@ -216,7 +217,8 @@ def host_fit(predicted: Mapping[str, Any], got: Mapping[str, Any]) -> Optional[d
     return {"factor": best, "step_error": round(sum(as_made[k] for k in names) / total - 1, 3),
             "step_error_at_factor": round(step, 3), "phases_at_factor": errors,
             "explains": tried[0] < best < tried[-1] and abs(step) <= HOST_STEP_WITHIN
-            and all(abs(e) <= HOST_PHASE_WITHIN for e in errors.values())}
+            and all(abs(e) <= HOST_PHASE_WITHIN for e in errors.values()),
+            **({"planned_at": planned_at} if planned_at is not None else {})}
 
 
 def off(rows: list[dict[str, Any]], bound: float = WARN_OFF_BY) -> list[dict[str, Any]]:

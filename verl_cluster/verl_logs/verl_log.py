@@ -450,8 +450,11 @@ def host_line(host: dict[str, Any]) -> str:
     if not host.get("explains"):
         return (f"not the host alone: with verl's host-side work (the CPU's part of each phase) at {h:g}x the "
                 f"calibrated hosts' the step is still {at:+.0%} off the plan")
-    how = ("a faster host than the plan's calibration" if h < 1 else
-           "a slower or busier host than the plan's calibration: `verl-cluster doctor` says its CPU steal")
+    base = host.get("planned_at") or 1.0  # a plan made at a host factor (learned here, or stated) was made for it
+    than = (f"than the {base:g} the plan was made at (placement.host_factor)" if base != 1.0 else
+            "than the plan's calibration")
+    how = (f"a faster host {than}" if h < base else
+           f"a slower or busier host {than}: `verl-cluster doctor` says its CPU steal")
     # one card kind ran one verl line 1.45-1.73x apart on three hosts (docs/placement.md): the factor is the
     # machine's, so it carries over to the next job on it, where a phase's own factor does not
     return (f"the host explains it: with verl's host-side work (the CPU's part of each phase: launches, Python "
