@@ -205,3 +205,20 @@ def test_a_run_off_a_plan_made_at_its_machines_factor_is_told_against_that_facto
     assert "a faster host than the 1.3 the plan was made at (placement.host_factor)" in host_line(fit)
     assert "planned_at" not in check_run.host_fit(plan.predictions(), got)
     assert "than the plan's calibration" in host_line(check_run.host_fit(plan.predictions(), got))
+
+
+def test_a_plan_without_phases_at_host_factors_says_nothing_of_the_host():
+    """A plan with no step time (a Megatron job's) or none kept at host factors: the learned factor is neither applied
+    nor named (a factors file's note would say it was not applied; here nothing was asked for)."""
+    from dataclasses import replace
+
+    from verl_cluster.placement import plan_job
+
+    facts = [_node("gpu-a", "GPU-1")]
+    host_speed.record(machines_key(facts), "r1", 0.6)
+    job = load_job(GRPO, [])
+    plan = plan_job(job, facts)
+    assert with_host_factor(job, plan, facts)[1] == "host factor 0.6 from run on these machines"
+    for bare in (replace(plan, time=None), replace(plan, time={k: v for k, v in plan.time.items()
+                                                               if k != "by_host_factor"})):
+        assert with_host_factor(job, bare, facts) == (bare, "")

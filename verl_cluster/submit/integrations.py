@@ -136,12 +136,10 @@ def with_host_factor(job: JobSpec, plan, facts) -> tuple[Any, str]:
     from verl_cluster.records.host_speed import for_machines
 
     got = host_factors(job, facts, lambda key: for_machines(key, RUNS))
-    if got is None or plan is None:
-        return plan, ""
+    if got is None or plan is None or not (plan.time or {}).get("by_host_factor"):
+        return plan, ""  # no step time kept at host factors (no fit, a Megatron job): nothing to say of the host
     factors, source = got
-    planned = apply_factors(plan, factors, source, host_note(factors, source))
-    took = planned.time is not None and planned.time.get("host_factor") is not None
-    return planned, host_note(factors, source, short=True) if took else ""
+    return apply_factors(plan, factors, source, host_note(factors, source)), host_note(factors, source, short=True)
 
 
 def _facts_and_lengths(job: JobSpec, spec: ClusterSpec, facts: Optional[list]):
