@@ -222,3 +222,17 @@ def test_a_plan_without_phases_at_host_factors_says_nothing_of_the_host():
     for bare in (replace(plan, time=None), replace(plan, time={k: v for k, v in plan.time.items()
                                                                if k != "by_host_factor"})):
         assert with_host_factor(job, bare, facts) == (bare, "")
+
+
+def test_runs_ending_at_once_are_all_kept():
+    """Processes recording at the same moment (two shells following runs, `watch` beside `jobs --json`)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=host_speed.record, args=("k", f"r{i}", 0.6 + i / 100)) for i in range(12)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    assert all(p.exitcode == 0 for p in procs)
+    assert sorted(e["submission_id"] for e in host_speed.entries()) == sorted(f"r{i}" for i in range(12))

@@ -10,6 +10,7 @@ five held-out runs (docs/placement.md, "The host speed a cluster's runs showed")
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -57,14 +58,19 @@ def record(machines: str, submission_id: str, factor: float, *, job: str = "", c
         entry["step_error_at_factor"] = step_error_at_factor
     if not _valid(entry):
         return False
-    kept = entries()
-    entry["recorded_at"] = next((e["recorded_at"] for e in kept if e["submission_id"] == submission_id),
-                                entry["recorded_at"])
-    runs = sorted([entry] + [e for e in kept if e["submission_id"] != submission_id],
-                  key=lambda e: -finite_time(e["recorded_at"]))
     path = store_path()
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = os.open(path.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return False
+    try:  # two runs ending at once (two shells following, `watch` beside `jobs --json`) both stay
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kept = entries()
+        entry["recorded_at"] = next((e["recorded_at"] for e in kept if e["submission_id"] == submission_id),
+                                    entry["recorded_at"])
+        runs = sorted([entry] + [e for e in kept if e["submission_id"] != submission_id],
+                      key=lambda e: -finite_time(e["recorded_at"]))
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -72,6 +78,8 @@ def record(machines: str, submission_id: str, factor: float, *, job: str = "", c
         tmp.replace(path)
     except OSError:
         return False
+    finally:
+        os.close(lock)  # and its lock with it
     return True
 
 
