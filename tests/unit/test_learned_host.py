@@ -118,6 +118,10 @@ def test_submits_follow_keeps_a_recorded_runs_host_factor(tmp_path):
     _, host = prog.vs_plan_both()  # what `submit` and `jobs --json` say of the run (vs_plan_host)
     assert e["submission_id"] == "raysubmit_big" and e["factor"] == host["factor"] and host["explains"]
     assert e["factor"] < 0.8 and abs(e["factor"] - check_run.host_fit(plan.predictions(), got)["factor"]) < 0.05
+    job_records.record("raysubmit_big2", str(ROOT / "cluster_configs/local.yaml"), "local", "grpo15big")
+    _remember_lengths("raysubmit_big2", prog, prog.summary())  # at the run's end, from the summary follow made
+    assert [(x["submission_id"], x["factor"]) for x in host_speed.for_machines("k-big", 3)] == [
+        ("raysubmit_big2", e["factor"]), ("raysubmit_big", e["factor"])]
 
 
 def _plan_json(capsys, *words: str) -> dict:

@@ -377,7 +377,7 @@ def follow(api: Any, job_id: str, out: Any = None, status_out: Any = None, poll_
         found = classify(list(f.tail), here=_here())
         failure = found.to_json() if found else None
     summary = progress.summary() if progress is not None else None
-    _remember_lengths(job_id, progress)
+    _remember_lengths(job_id, progress, summary)
     return FollowResult(row.status, row.message, list(f.tail)[-tail_lines:], summary, failure, f.source.stats)
 
 
@@ -388,11 +388,15 @@ def _here() -> Optional[str]:
         return None
 
 
-def _remember_lengths(job_id: str, progress: Optional[Any]) -> None:
-    """What the next plan of the job (its lengths) and of these machines (their host speed) takes from the run."""
+def _remember_lengths(job_id: str, progress: Optional[Any], summary: Optional[dict[str, Any]] = None) -> None:
+    """What the next plan of the job (its lengths) and of these machines (their host speed) takes from the run;
+    SUMMARY: progress.summary() when made already (its vs_plan_host is the run's host fit)."""
     if progress is not None:
         from verl_cluster.records import host_speed
         from verl_cluster.records.length_store import remember_run
 
         remember_run(job_id, progress)
-        host_speed.remember_run(job_id, progress)
+        if summary is None:
+            host_speed.remember_run(job_id, progress)
+        else:
+            host_speed.remember(job_id, progress.predicted, summary.get("vs_plan_host"))

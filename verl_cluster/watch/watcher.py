@@ -151,12 +151,13 @@ class Watcher:
         from verl_cluster.verl_logs.verl_log import vs_plan_lines
 
         progress.flush()
+        rows, host = progress.vs_plan_both() if progress.predicted else ([], None)
         try:
             remember_run(sid, progress)
-            host_speed.remember_run(sid, progress)  # the machines' speed, for the next plan on them
+            host_speed.remember(sid, progress.predicted, host)  # the machines' speed, for the next plan on them
         except OSError:
             pass  # best effort: a read-only home costs the next plan its measured lengths only
-        lines = vs_plan_lines(*progress.vs_plan_both()) if progress.predicted else []
+        lines = vs_plan_lines(rows, host)
         if lines:
             self.emit(Note.INFO, "verl vs plan", lines[0], lines=lines[1:], sid=sid)
 
