@@ -56,7 +56,7 @@ def test_each_run_planned_from_its_machines_other_runs(replays, tmp_path):
                 if other != n:
                     assert host_speed.record(machines_key(facts), other, fits[other]["factor"])
             _, plan, got = replays[n]
-            learned, said = with_host_factor(job, plan, facts)
+            (learned,), said = with_host_factor(job, facts, plan)
             t = learned.time
             want = round(math.exp(sum(math.log(fits[o]["factor"]) for o in runs if o != n) / (len(runs) - 1)), 2)
             assert t["host_factor"] == want and said == f"host factor {want:g} from " + (
@@ -222,10 +222,10 @@ def test_a_plan_without_phases_at_host_factors_says_nothing_of_the_host():
     host_speed.record(machines_key(facts), "r1", 0.6)
     job = load_job(GRPO, [])
     plan = plan_job(job, facts)
-    assert with_host_factor(job, plan, facts)[1] == "host factor 0.6 from run on these machines"
+    assert with_host_factor(job, facts, plan)[1] == "host factor 0.6 from run on these machines"
     for bare in (replace(plan, time=None), replace(plan, time={k: v for k, v in plan.time.items()
                                                                if k != "by_host_factor"})):
-        assert with_host_factor(job, bare, facts) == (bare, "")
+        assert with_host_factor(job, facts, bare) == ((bare,), "")
 
 
 def test_runs_ending_at_once_are_all_kept():

@@ -199,8 +199,8 @@ def run(args: argparse.Namespace) -> int:
     else:  # the host's speed placement.host_factor gives: earlier runs' on these machines (auto), or stated
         from verl_cluster.submit.integrations import with_host_factor
 
-        worst, host_said = with_host_factor(job, plans.worst, facts)
-        plans = replace(plans, worst=worst, known=with_host_factor(job, plans.known, facts)[0])
+        (worst, known), host_said = with_host_factor(job, facts, plans.worst, plans.known)
+        plans = replace(plans, worst=worst, known=known)
     # --fill asks what the plan is at that fill; otherwise the plan submit would run
     result = plans.known if args.fill is not None and plans.known is not None else plans.chosen
     not_applied = merge_overrides(job, result.overrides)[1]

@@ -126,20 +126,26 @@ def _with_factors(job: JobSpec, plan, facts) -> tuple[Any, str]:
     path = job_factors_path(job)
     if path:
         return apply_factors(plan, read_factors(path), path), ""
-    return with_host_factor(job, plan, facts)
+    (plan,), said = with_host_factor(job, facts, plan)
+    return plan, said
 
 
-def with_host_factor(job: JobSpec, plan, facts) -> tuple[Any, str]:
-    """The plan at the host factor placement.host_factor gives on these machines (none: the plan as it is, "")."""
+def with_host_factor(job: JobSpec, facts, *plans) -> tuple[tuple[Any, ...], str]:
+    """PLANS at the host factor placement.host_factor gives on these machines (the store read once for them all), and
+    a few words on it ("" when it took on none). A plan with no step time kept at host factors (none fitted, a
+    Megatron job's) stays as it is: nothing to say of the host."""
     from verl_cluster.placement.factors import apply_factors
     from verl_cluster.placement.learned_host import RUNS, host_factors, host_note
     from verl_cluster.records.host_speed import for_machines
 
     got = host_factors(job, facts, lambda key: for_machines(key, RUNS))
-    if got is None or plan is None or not (plan.time or {}).get("by_host_factor"):
-        return plan, ""  # no step time kept at host factors (no fit, a Megatron job): nothing to say of the host
+    if got is None:
+        return plans, ""
     factors, source = got
-    return apply_factors(plan, factors, source, host_note(factors, source)), host_note(factors, source, short=True)
+    out = tuple(p if p is None or not (p.time or {}).get("by_host_factor") else
+                apply_factors(p, factors, source, host_note(factors, source)) for p in plans)
+    took = any(a is not b for a, b in zip(out, plans))
+    return out, host_note(factors, source, short=True) if took else ""
 
 
 def _facts_and_lengths(job: JobSpec, spec: ClusterSpec, facts: Optional[list]):
